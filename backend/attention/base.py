@@ -1,0 +1,24 @@
+"""The attention-backend interface the model calls once per layer."""
+from __future__ import annotations
+
+import abc
+
+import torch
+
+
+class AttentionBackend(abc.ABC):
+    """Computes attention for every token of a step, and owns how K/V are stored.
+
+    The runner calls ``prepare(...)`` once per step with that step's metadata; the
+    model then calls ``forward`` once per layer. ``q/k/v`` are already rotated.
+    """
+
+    @abc.abstractmethod
+    def forward(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    ) -> torch.Tensor:    # [num_tokens, num_heads, head_dim]
+        ...

@@ -1,0 +1,26 @@
+"""Causal attention over a dense batch of equal-length sequences, with no KV cache.
+
+Used for training and as the simplest reference: the flat tokens are
+``batch_size`` sequences of ``seq_len`` tokens each, laid end to end.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .base import AttentionBackend
+
+
+class DenseCausalAttention(AttentionBackend):
+    def __init__(self, batch_size: int, seq_len: int):
+        self.batch_size = batch_size
+        self.seq_len = seq_len
+
+    def forward(self, layer_idx, q, k, v):
+        b, s = self.batch_size, self.seq_len
+        qh = q.view(b, s, *q.shape[1:]).transpose(1, 2)  # [b, heads, s, head_dim]
+        kh = k.view(b, s, *k.shape[1:]).transpose(1, 2)  # [b, kv_heads, s, head_dim]
+        vh = v.view(b, s, *v.shape[1:]).transpose(1, 2)
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True,
+                                             enable_gqa=qh.shape[1] != kh.shape[1])
+        return out.transpose(1, 2).reshape(q.shape)

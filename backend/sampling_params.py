@@ -1,0 +1,99 @@
+"""Per-request generation options, validated once at the boundary.
+
+Every check raises ``ValueError`` naming the offending field, so the Triton
+adapters can turn it into a client error without crashing the engine.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GuideSpec:
+    """A structured-output constraint: ``kind`` is json | json_schema | regex | ebnf_grammar."""
+
+    kind: str
+    guide: str = ""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Options for one request. Defaults follow vLLM (temperature 1, filters off).
+
+    Terms: ``top_k=0`` disables top-k; ``top_p=1`` disables top-p; ``min_p=0`` disables min-p.
+    ``logprobs=None`` returns none; ``0`` returns the chosen token's logprob; ``k`` adds the top-k.
+    ``stop_token_ids`` end a sequence like EOS (``end_id`` in the Triton API).
+    """
+
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    n: int = 1
+    logprobs: int | None = None
+    guide: GuideSpec | None = None
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        _check_int("max_tokens", self.max_tokens, lo=1)
+        _check_int("min_tokens", self.min_tokens, lo=0)
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        _check_float("temperature", self.temperature, lo=0.0)
+        _check_int("top_k", self.top_k, lo=0)
+        _check_float("top_p", self.top_p, lo=0.0, lo_open=True, hi=1.0)
+        _check_float("min_p", self.min_p, lo=0.0, hi=1.0)
+        _check_float("repetition_penalty", self.repetition_penalty, lo=0.0, lo_open=True)
+        _check_float("presence_penalty", self.presence_penalty, lo=-2.0, hi=2.0)
+        _check_float("frequency_penalty", self.frequency_penalty, lo=-2.0, hi=2.0)
+        if self.seed is not None:
+            _check_int("seed", self.seed, lo=0, hi=2**64 - 1)
+        for t in self.stop_token_ids:
+            _check_int("stop_token_ids", t, lo=0)
+        for seq in self.bad_words_ids:
+            if not seq:
+                raise ValueError("bad_words_ids: empty token sequence")
+            for t in seq:
+                _check_int("bad_words_ids", t, lo=0)
+        _check_int("n", self.n, lo=1, hi=64)
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, lo=0, hi=20)
+        if self.guide is not None and self.guide.kind not in ("json", "json_schema", "regex", "ebnf_grammar"):
+            raise ValueError(
+                f"guided_decoding_guide_type: unknown type {self.guide.kind!r} "
+                "(expected json, json_schema, regex or ebnf_grammar)"
+            )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _check_int(name: str, value, lo: int | None = None, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}: expected an integer, got {value!r}")
+    if lo is not None and value < lo:
+        raise ValueError(f"{name}: must be >= {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise ValueError(f"{name}: must be <= {hi}, got {value}")
+
+
+def _check_float(name: str, value, lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name}: expected a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name}: must be finite, got {value}")
+    if lo is not None and (value <= lo if lo_open else value < lo):
+        raise ValueError(f"{name}: must be {'>' if lo_open else '>='} {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise ValueError(f"{name}: must be <= {hi}, got {value}")
