@@ -85,12 +85,17 @@ class ModelConfig:
         if heads % kv_heads:
             raise CheckpointError(f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
         head_dim = d.get("head_dim") or d["hidden_size"] // heads
-        rope_scaling = d.get("rope_scaling")
+        # transformers >= 5 writes "rope_parameters" (with rope_theta inside) instead of "rope_scaling"
+        rope_scaling = d.get("rope_scaling") or d.get("rope_parameters")
+        rope_theta = d.get("rope_theta") or (rope_scaling or {}).get("rope_theta") or 10000.0
+        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) in (None, "default"):
+            rope_scaling = None
         if rope_scaling:
             rtype = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
             if rtype not in SUPPORTED_ROPE_TYPES:
                 raise CheckpointError(f"{source}: unknown rope type {rtype!r} in rope_scaling; supported: {SUPPORTED_ROPE_TYPES}")
-            rope_scaling = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in rope_scaling.items()))
+            rope_scaling = tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
+                                        for k, v in rope_scaling.items() if k != "rope_theta"))
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         dtype = d.get("torch_dtype") or d.get("dtype") or "float32"
@@ -106,7 +111,7 @@ class ModelConfig:
             num_key_value_heads=kv_heads,
             head_dim=head_dim,
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(d.get("rope_theta", 10000.0)),
+            rope_theta=float(rope_theta),
             rope_scaling=rope_scaling,
             max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
