@@ -5,13 +5,20 @@ import abc
 
 import torch
 
+from .metadata import AttentionMetadata
+
 
 class AttentionBackend(abc.ABC):
     """Computes attention for every token of a step, and owns how K/V are stored.
 
-    The runner calls ``prepare(...)`` once per step with that step's metadata; the
-    model then calls ``forward`` once per layer. ``q/k/v`` are already rotated.
+    The runner calls ``prepare(metadata)`` once per step; the model then calls ``forward``
+    once per layer. ``q/k/v`` are already rotated. Anything shared by the layers of a step
+    (gather indices, masks, kernel launch parameters) belongs in ``prepare``.
     """
+
+    @abc.abstractmethod
+    def prepare(self, metadata: AttentionMetadata) -> None:
+        """Take this step's metadata; precompute what every layer shares."""
 
     @abc.abstractmethod
     def forward(

@@ -16,6 +16,9 @@ class DenseCausalAttention(AttentionBackend):
         self.batch_size = batch_size
         self.seq_len = seq_len
 
+    def prepare(self, metadata=None) -> None:
+        """Nothing to precompute: the layout is fixed by ``batch_size`` and ``seq_len``."""
+
     def forward(self, layer_idx, q, k, v):
         b, s = self.batch_size, self.seq_len
         qh = q.view(b, s, *q.shape[1:]).transpose(1, 2)  # [b, heads, s, head_dim]
