@@ -1,0 +1,16 @@
+"""Pick the attention backend for a KV cache: Triton kernels on CUDA, plain torch elsewhere."""
+from __future__ import annotations
+
+from ..kv_cache import KVCache
+from .base import AttentionBackend
+from .torch_paged import TorchPagedAttention
+
+
+def make_attention_backend(kv_cache: KVCache, scale: float | None = None, kind: str = "auto") -> AttentionBackend:
+    """``kind``: ``auto`` (triton when the cache is on CUDA), ``torch`` or ``triton``."""
+    if kind not in ("auto", "torch", "triton"):
+        raise ValueError(f"attention backend must be auto, torch or triton, got {kind!r}")
+    if kind == "triton" or (kind == "auto" and kv_cache.device.type == "cuda"):
+        from .triton_paged import TritonPagedAttention  # imports triton: only when wanted
+        return TritonPagedAttention(kv_cache, scale)
+    return TorchPagedAttention(kv_cache, scale)
