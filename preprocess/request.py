@@ -1,0 +1,285 @@
+"""Parse and validate one Triton request (TensorRT-LLM input names) into a ``PreprocessedRequest``.
+
+The inputs and their defaults are documented in docs/api.md. Every problem raises
+``RequestError`` whose ``field`` is the Triton input name at fault. Range checks reuse
+``SamplingParams``' validation by constructing it, with its field names mapped back to inputs.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from backend.sampling_params import GuideSpec, SamplingParams
+
+from .chat_template import ChatTemplate, ChatTemplateError
+from .errors import RequestError
+from .inputs import UINT64, get_bool, get_float, get_int, get_str, get_str_list
+from .options import OutputOptions
+from .tokenizer import Tokenizer
+
+GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
+
+# Every input this parser understands (TensorRT-LLM names, plus our messages / skip / include-stop).
+KNOWN_INPUTS = frozenset({
+    "text_input", "messages", "max_tokens", "stream", "temperature", "top_p", "top_k", "min_p",
+    "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop_words", "bad_words",
+    "end_id", "pad_id", "min_tokens", "min_length", "num_return_sequences", "beam_width",
+    "exclude_input_in_output", "return_log_probs", "return_num_input_tokens", "return_num_output_tokens",
+    "guided_decoding_guide_type", "guided_decoding_guide", "skip_special_tokens", "include_stop_str_in_output",
+})
+
+# Boolean inputs carried in the output options, with their defaults (TensorRT-LLM's where it has one).
+_FLAG_DEFAULTS = {
+    "include_stop_str_in_output": False, "skip_special_tokens": True, "exclude_input_in_output": False,
+    "stream": False, "return_log_probs": False, "return_num_input_tokens": False,
+    "return_num_output_tokens": False,
+}
+
+# SamplingParams field -> the Triton input a client sets it with.
+_PARAM_TO_INPUT = {
+    "stop_token_ids": "end_id", "bad_words_ids": "bad_words", "n": "num_return_sequences",
+    "logprobs": "return_log_probs", "guide": "guided_decoding_guide_type",
+}
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Server-side limits. ``max_model_len``: the model's context in tokens (``None``: the
+    tokenizer's ``model_max_length``; no check when both are unknown)."""
+
+    max_prompt_bytes: int = 1_000_000
+    max_model_len: int | None = None
+    max_stop_words: int = 64
+    max_stop_word_chars: int = 1_000
+    max_bad_words: int = 256
+    prompt_tail_tokens: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("max_prompt_bytes", "max_stop_words", "max_stop_word_chars", "max_bad_words"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError("max_model_len: must be >= 2")
+        if self.prompt_tail_tokens < 0:
+            raise ValueError("prompt_tail_tokens: must be >= 0")
+
+
+@dataclass(frozen=True)
+class PreprocessedRequest:
+    """One validated request: what the engine needs, and what postprocess needs (``options``)."""
+
+    prompt_token_ids: tuple[int, ...]
+    prompt_text: str
+    sampling_params: SamplingParams
+    options: OutputOptions
+
+    @property
+    def stop(self) -> tuple[str, ...]:
+        return self.options.stop
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    def options_json(self) -> str:
+        return self.options.to_json()
+
+
+def output_options_json(request: PreprocessedRequest) -> str:
+    """The JSON string the engine forwards to postprocess with the request's first response."""
+    return request.options.to_json()
+
+
+class RequestParser:
+    """Holds the tokenizer, the compiled chat template and the limits; ``parse`` is thread-safe."""
+
+    def __init__(self, tokenizer: Tokenizer, limits: RequestLimits | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.limits = limits or RequestLimits()
+        self.max_model_len = self.limits.max_model_len or tokenizer.model_max_length
+        src = tokenizer.chat_template
+        self.chat_template = ChatTemplate(src, tokenizer.template_variables()) if src else None
+
+    def parse(self, inputs: Mapping[str, Any]) -> PreprocessedRequest:
+        """Validate ``inputs`` (name -> numpy array or None) and tokenize the prompt."""
+        for name in inputs:
+            if name not in KNOWN_INPUTS:
+                raise RequestError(name, "unknown input")
+        beam = get_int(inputs, "beam_width", 1)
+        if beam != 1:
+            raise RequestError("beam_width", f"beam search is not supported (beam_width must be 1, got {beam})")
+        get_int(inputs, "pad_id", None)  # accepted for TensorRT-LLM clients, type-checked, unused
+
+        max_tokens = get_int(inputs, "max_tokens", None)
+        if max_tokens is None:
+            raise RequestError("max_tokens", "required input is missing")
+        if max_tokens <= 0:
+            raise RequestError("max_tokens", f"must be >= 1, got {max_tokens}")
+        guide = self._guide(inputs)
+        stop = tuple(self._stop_words(inputs))
+        flags = {name: get_bool(inputs, name, default) for name, default in _FLAG_DEFAULTS.items()}
+        params = self._sampling_params(inputs, max_tokens, guide, flags["return_log_probs"])
+        # The prompt last: tokenizing is the expensive step, so every cheap check runs first.
+        prompt_text, prompt_ids = self._prompt(inputs)
+        tail = self.limits.prompt_tail_tokens
+        exclude_input = flags["exclude_input_in_output"]
+        options = OutputOptions(
+            stop=stop, n=params.n, num_input_tokens=len(prompt_ids),
+            prompt_token_ids=tuple(prompt_ids[-tail:] if tail else ()) if exclude_input else tuple(prompt_ids),
+            guide_type=guide.kind if guide else None, **flags,
+        )
+        return PreprocessedRequest(tuple(prompt_ids), prompt_text, params, options)
+
+    # -- prompt -------------------------------------------------------------------------------
+    def _prompt(self, inputs: Mapping[str, Any]) -> tuple[str, list[int]]:
+        text = get_str(inputs, "text_input")
+        raw_messages = get_str(inputs, "messages")
+        if text is not None and raw_messages is not None:
+            raise RequestError("messages", "give either text_input or messages, not both")
+        if text is None and raw_messages is None:
+            raise RequestError("text_input", "required input is missing (or send messages)")
+        field = "text_input" if text is not None else "messages"
+        raw = text if text is not None else raw_messages
+        size = len(raw.encode("utf-8"))
+        if size > self.limits.max_prompt_bytes:
+            raise RequestError(field, f"too large: {size} bytes (limit {self.limits.max_prompt_bytes})")
+        if text is not None:
+            if text == "":
+                raise RequestError("text_input", "empty prompt")
+            prompt_text, ids = text, self.tokenizer.encode(text, add_special_tokens=True)
+        else:
+            prompt_text = self._render(raw_messages)
+            ids = self.tokenizer.encode(prompt_text, add_special_tokens=False)  # the template wrote BOS
+        if not ids:
+            raise RequestError(field, "the prompt encodes to no tokens")
+        limit = self.max_model_len
+        if limit is not None and len(ids) >= limit:
+            raise RequestError(field, f"prompt is {len(ids)} tokens; the model's context is {limit} tokens "
+                                      f"(at most {limit - 1} prompt tokens, to leave room for output)")
+        return prompt_text, ids
+
+    def _render(self, raw: str) -> str:
+        try:
+            messages = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise RequestError("messages", f"not valid JSON ({e})") from None
+        if not isinstance(messages, list) or not messages:
+            raise RequestError("messages", "expected a non-empty JSON list of {role, content} objects")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict):
+                raise RequestError("messages", f"message {i} is not an object")
+            if not isinstance(m.get("role"), str) or not m["role"]:
+                raise RequestError("messages", f"message {i}: 'role' must be a non-empty string")
+            content = m.get("content")
+            parts_ok = isinstance(content, list) and all(isinstance(c, dict) for c in content)
+            if not (isinstance(content, str) or parts_ok):
+                raise RequestError("messages", f"message {i}: 'content' must be a string or a list of parts")
+        if self.chat_template is None:
+            raise RequestError("messages", "this model has no chat_template; send text_input instead")
+        try:
+            rendered = self.chat_template.render(messages, add_generation_prompt=True)
+        except ChatTemplateError as e:
+            raise RequestError("messages", f"chat template: {e}") from None
+        if not rendered:
+            raise RequestError("messages", "the chat template rendered an empty prompt")
+        return rendered
+
+    # -- words --------------------------------------------------------------------------------
+    def _stop_words(self, inputs: Mapping[str, Any]) -> list[str]:
+        words = get_str_list(inputs, "stop_words") or []
+        lim = self.limits
+        if len(words) > lim.max_stop_words:
+            raise RequestError("stop_words", f"too many: {len(words)} (limit {lim.max_stop_words})")
+        out: list[str] = []
+        for w in words:
+            if not w:
+                raise RequestError("stop_words", "empty stop string")
+            if len(w) > lim.max_stop_word_chars:
+                raise RequestError("stop_words",
+                                   f"stop string of {len(w)} characters (limit {lim.max_stop_word_chars})")
+            if w not in out:
+                out.append(w)
+        return out
+
+    def _bad_words(self, inputs: Mapping[str, Any]) -> tuple[tuple[int, ...], ...]:
+        words = get_str_list(inputs, "bad_words") or []
+        if len(words) > self.limits.max_bad_words:
+            raise RequestError("bad_words", f"too many: {len(words)} (limit {self.limits.max_bad_words})")
+        seqs: list[tuple[int, ...]] = []
+        for w in words:
+            if not w:
+                raise RequestError("bad_words", "empty bad word")
+            variants = [w] if w.startswith(" ") else [w, " " + w]
+            for v in variants:
+                ids = tuple(self.tokenizer.encode(v, add_special_tokens=False))
+                if ids and ids not in seqs:
+                    seqs.append(ids)
+        return tuple(seqs)
+
+    # -- sampling -----------------------------------------------------------------------------
+    def _guide(self, inputs: Mapping[str, Any]) -> GuideSpec | None:
+        kind = get_str(inputs, "guided_decoding_guide_type")
+        guide = get_str(inputs, "guided_decoding_guide")
+        if kind is None:
+            if guide:
+                raise RequestError("guided_decoding_guide_type", "guided_decoding_guide was given without a type")
+            return None
+        if kind not in GUIDE_TYPES:
+            raise RequestError("guided_decoding_guide_type",
+                               f"unknown type {kind!r} (expected json, json_schema, regex or ebnf_grammar)")
+        guide = guide or ""
+        if kind != "json" and not guide:
+            raise RequestError("guided_decoding_guide", f"required when guided_decoding_guide_type is {kind!r}")
+        if kind == "json_schema":
+            try:
+                schema = json.loads(guide)
+            except json.JSONDecodeError as e:
+                raise RequestError("guided_decoding_guide", f"not a valid JSON schema ({e})") from None
+            if not isinstance(schema, (dict, bool)):
+                raise RequestError("guided_decoding_guide", "a JSON schema must be an object (or true/false)")
+        return GuideSpec(kind=kind, guide=guide)
+
+    def _sampling_params(self, inputs: Mapping[str, Any], max_tokens: int, guide: GuideSpec | None,
+                         logprobs: bool) -> SamplingParams:
+        min_tokens = get_int(inputs, "min_tokens", None)
+        min_length = get_int(inputs, "min_length", None)
+        if min_tokens is not None and min_length is not None and min_tokens != min_length:
+            raise RequestError("min_tokens",
+                               f"min_tokens ({min_tokens}) and its alias min_length ({min_length}) differ")
+        min_field = "min_tokens" if min_tokens is not None or min_length is None else "min_length"
+        end_id = get_int(inputs, "end_id", None)
+        if end_id is not None and not 0 <= end_id < self.tokenizer.vocab_size:
+            raise RequestError("end_id", f"must be a token id in [0, {self.tokenizer.vocab_size - 1}], got {end_id}")
+        kwargs = dict(
+            max_tokens=max_tokens,
+            min_tokens=min_tokens if min_tokens is not None else (min_length if min_length is not None else 0),
+            temperature=get_float(inputs, "temperature", 1.0),
+            top_k=get_int(inputs, "top_k", 0),
+            top_p=get_float(inputs, "top_p", 1.0),
+            min_p=get_float(inputs, "min_p", 0.0),
+            repetition_penalty=get_float(inputs, "repetition_penalty", 1.0),
+            presence_penalty=get_float(inputs, "presence_penalty", 0.0),
+            frequency_penalty=get_float(inputs, "frequency_penalty", 0.0),
+            seed=get_int(inputs, "seed", None, bounds=UINT64),
+            stop_token_ids=(end_id,) if end_id is not None else (),
+            bad_words_ids=self._bad_words(inputs),
+            n=get_int(inputs, "num_return_sequences", 1),
+            logprobs=0 if logprobs else None,
+            guide=guide,
+        )
+        try:
+            return SamplingParams(**kwargs)
+        except ValueError as e:
+            raise _as_request_error(e, min_field) from None
+
+
+def _as_request_error(e: ValueError, min_field: str) -> RequestError:
+    """Map SamplingParams' ``"<field>: ..."`` / ``"<field> (..) ..."`` message to the Triton input name."""
+    msg = str(e)
+    m = re.match(r"\s*([a-z_]+)", msg)
+    name = m.group(1) if m else "request"
+    field = min_field if name == "min_tokens" else _PARAM_TO_INPUT.get(name, name)
+    rest = msg[len(m.group(0)):] if m else ""
+    return RequestError(field, rest[1:].strip() if rest.startswith(":") else msg)
