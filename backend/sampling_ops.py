@@ -1,0 +1,186 @@
+"""The sampler's maths: small pure functions over a batch of logits rows.
+
+Each takes ``logits [num_rows, vocab]`` (fp32) plus per-row parameters and returns the
+processed logits; disabled filters are encoded so that they are no-ops (``top_k = vocab``,
+``top_p = 1``, ``min_p = 0``, penalties neutral). Functions may update ``logits`` in place
+and return it; callers pass a copy when they need the input kept.
+"""
+from __future__ import annotations
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+def unpack_bitmask(
+    bitmask: torch.Tensor,  # [num_rows, ceil(vocab / 32)] int32, bit j of word w allows token 32 * w + j
+    vocab_size: int,
+) -> torch.Tensor:          # [num_rows, vocab] bool, True = allowed
+    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    bits = (bitmask.to(torch.int32)[:, :, None] >> shifts) & 1   # [num_rows, words, 32]
+    return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
+def apply_token_bitmask(
+    logits: torch.Tensor,   # [num_rows, vocab]
+    bitmask: torch.Tensor,  # [num_rows, ceil(vocab / 32)] int32 (xgrammar layout; all bits set = no constraint)
+) -> torch.Tensor:          # [num_rows, vocab]
+    """Grammar mask: tokens whose bit is clear get ``-inf``."""
+    return logits.masked_fill_(~unpack_bitmask(bitmask, logits.shape[-1]), NEG_INF)
+
+
+def apply_bans(
+    logits: torch.Tensor,  # [num_rows, vocab]
+    rows: torch.Tensor,    # [num_bans] int64
+    tokens: torch.Tensor,  # [num_bans] int64
+) -> torch.Tensor:         # [num_rows, vocab]
+    """Forbid ``tokens[i]`` in row ``rows[i]`` (bad words, EOS/stop ids before ``min_tokens``)."""
+    if rows.numel():
+        logits[rows, tokens] = NEG_INF
+    return logits
+
+
+def token_counts(
+    token_ids: torch.Tensor,  # [num_rows, max_len] int64, padded with vocab_size
+    vocab_size: int,
+) -> torch.Tensor:            # [num_rows, vocab] int32 occurrences of each token
+    counts = torch.zeros(token_ids.shape[0], vocab_size + 1, dtype=torch.int32, device=token_ids.device)
+    counts.scatter_add_(1, token_ids, torch.ones_like(token_ids, dtype=torch.int32))
+    return counts[:, :vocab_size]
+
+
+def apply_repetition_penalty(
+    logits: torch.Tensor,    # [num_rows, vocab]
+    seen: torch.Tensor,      # [num_rows, vocab] bool, token occurs in prompt or output
+    penalty: torch.Tensor,   # [num_rows] > 0, 1 = off
+) -> torch.Tensor:           # [num_rows, vocab]
+    """HF / CTRL: a seen token's logit is divided by ``penalty`` if positive, multiplied if not."""
+    p = penalty[:, None].to(logits.dtype)
+    penalised = torch.where(logits > 0, logits / p, logits * p)
+    return torch.where(seen, penalised, logits)
+
+
+def apply_presence_frequency_penalties(
+    logits: torch.Tensor,     # [num_rows, vocab]
+    counts: torch.Tensor,     # [num_rows, vocab] occurrences in the output
+    presence: torch.Tensor,   # [num_rows]
+    frequency: torch.Tensor,  # [num_rows]
+) -> torch.Tensor:            # [num_rows, vocab]
+    """OpenAI: ``logit -= frequency * count + presence * (count > 0)``."""
+    c = counts.to(logits.dtype)
+    logits -= frequency[:, None] * c
+    logits -= presence[:, None] * (c > 0).to(logits.dtype)
+    return logits
+
+
+def apply_penalties(
+    logits: torch.Tensor,              # [num_rows, vocab]
+    prompt_ids: torch.Tensor | None,   # [num_rows, max_prompt] int64 padded with vocab; None: no repetition penalty
+    output_ids: torch.Tensor,          # [num_rows, max_output] int64 padded with vocab
+    repetition: torch.Tensor | None,   # [num_rows]
+    presence: torch.Tensor | None,     # [num_rows]
+    frequency: torch.Tensor | None,    # [num_rows]
+) -> torch.Tensor:                     # [num_rows, vocab]
+    """Repetition (over prompt + output), then presence and frequency (over the output)."""
+    vocab = logits.shape[-1]
+    out_counts = token_counts(output_ids, vocab)
+    if repetition is not None:
+        seen = out_counts > 0
+        if prompt_ids is not None:
+            seen |= token_counts(prompt_ids, vocab) > 0
+        logits = apply_repetition_penalty(logits, seen, repetition)
+    if presence is not None or frequency is not None:
+        zeros = torch.zeros(logits.shape[0], dtype=logits.dtype, device=logits.device)
+        logits = apply_presence_frequency_penalties(
+            logits, out_counts, presence if presence is not None else zeros,
+            frequency if frequency is not None else zeros)
+    return logits
+
+
+def apply_temperature(
+    logits: torch.Tensor,       # [num_rows, vocab]
+    temperature: torch.Tensor,  # [num_rows] > 0 (greedy rows carry 1)
+) -> torch.Tensor:              # [num_rows, vocab]
+    return logits.div_(temperature[:, None].to(logits.dtype))
+
+
+def apply_top_k_only(
+    logits: torch.Tensor,  # [num_rows, vocab]
+    top_k: torch.Tensor,   # [num_rows] int64 in [1, vocab]; vocab = off
+) -> torch.Tensor:         # [num_rows, vocab]
+    """Keep each row's ``k`` largest logits (ties at the k-th value are kept); no full sort."""
+    vocab = logits.shape[-1]
+    off = top_k >= vocab
+    k = torch.where(off, torch.ones_like(top_k), top_k)
+    max_k = int(k.max())
+    kth = logits.topk(max_k, dim=-1).values.gather(1, (k - 1)[:, None])         # [num_rows, 1]
+    kth = kth.masked_fill_(off[:, None], NEG_INF)
+    return logits.masked_fill_(logits < kth, NEG_INF)
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor,          # [num_rows, vocab]
+    top_k: torch.Tensor | None,    # [num_rows] int64 in [1, vocab]; vocab = off; None: off for all rows
+    top_p: torch.Tensor | None,    # [num_rows] in (0, 1]; 1 = off; None: off for all rows
+) -> torch.Tensor:                 # [num_rows, vocab]
+    """Top-k, then top-p over the top-k-renormalised distribution (smallest set reaching mass p)."""
+    if top_p is None:
+        return logits if top_k is None else apply_top_k_only(logits, top_k)
+    vocab = logits.shape[-1]
+    srt, idx = logits.sort(dim=-1)                                              # ascending
+    if top_k is not None:
+        kth = srt.gather(1, (vocab - top_k.clamp(1, vocab))[:, None])           # [num_rows, 1]
+        srt.masked_fill_(srt < kth, NEG_INF)
+    cum = srt.softmax(dim=-1).cumsum(dim=-1)    # mass of this token and every less likely one
+    drop = cum <= (1 - top_p.to(cum.dtype))[:, None]
+    drop[:, -1] = False                         # the most likely token always stays
+    srt.masked_fill_(drop, NEG_INF)
+    return logits.scatter_(1, idx, srt)
+
+
+def apply_min_p(
+    logits: torch.Tensor,  # [num_rows, vocab]
+    min_p: torch.Tensor,   # [num_rows] in [0, 1]; 0 = off
+) -> torch.Tensor:         # [num_rows, vocab]
+    """Drop tokens with ``prob < min_p * max prob``, i.e. ``logit < max logit + log(min_p)``."""
+    threshold = logits.amax(dim=-1, keepdim=True) + min_p.to(logits.dtype).log()[:, None]
+    return logits.masked_fill_(logits < threshold, NEG_INF)
+
+
+def logits_to_probs(logits: torch.Tensor) -> torch.Tensor:  # [num_rows, vocab] -> [num_rows, vocab] fp32
+    return logits.float().softmax(dim=-1)
+
+
+def exponential_race(
+    probs: torch.Tensor,                          # [num_rows, vocab]
+    generators: list[torch.Generator | None],     # per row; None: use default_generator
+    default_generator: torch.Generator | None,
+    skip_rows: list[bool] | None = None,          # rows whose draw is not needed (greedy): no RNG consumed
+) -> torch.Tensor:                                # [num_rows] int64
+    """One draw per row from ``probs``: ``argmax(probs / E)`` with ``E ~ Exp(1)`` per token.
+
+    A row with its own generator consumes exactly ``vocab`` exponentials from it, whatever
+    else is in the batch, so seeded requests reproduce regardless of batch composition.
+    """
+    noise = torch.empty_like(probs, dtype=torch.float32)
+    if any(g is None for g in generators):
+        noise.exponential_(generator=default_generator)
+    for i, g in enumerate(generators):
+        if g is not None and not (skip_rows and skip_rows[i]):
+            noise[i].exponential_(generator=g)
+    noise.clamp_min_(torch.finfo(torch.float32).tiny)
+    return (probs / noise).argmax(dim=-1)
+
+
+def gather_logprobs(
+    logits: torch.Tensor,     # [num_rows, vocab] raw model logits
+    token_ids: torch.Tensor,  # [num_rows] int64 chosen tokens
+    num_top: int,             # top alternatives per row (0: none)
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """``(chosen [num_rows], top_ids [num_rows, num_top], top_logprobs [num_rows, num_top])`` of log_softmax."""
+    lp = logits.float().log_softmax(dim=-1)
+    chosen = lp.gather(1, token_ids[:, None]).squeeze(1)
+    if num_top <= 0:
+        return chosen, None, None
+    top = lp.topk(num_top, dim=-1)
+    return chosen, top.indices, top.values
