@@ -1,0 +1,16 @@
+"""Triton adapter for postprocess (detokenize, stop strings, finish reasons): logic in postprocess/serving.py."""
+import json
+
+import triton_python_backend_utils as pb_utils
+
+from backend.triton_env import prepare_stub_process
+from postprocess.serving import PostprocessServing
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        prepare_stub_process()
+        self.serving = PostprocessServing.from_model_config(json.loads(args["model_config"]), pb_utils)
+
+    def execute(self, requests):
+        return self.serving.execute(requests)

@@ -1,0 +1,137 @@
+"""The ``postprocess`` Triton model's glue: one llm response in, one ensemble response out.
+
+For each request (one llm response): read ``output_ids``, ``output_log_probs`` and the ``response``
+meta JSON, call ``Postprocessor.process``, and build TensorRT-LLM's output tensors. Then:
+- a stop string matched (``stop_engine``): send the llm a BLS ``stop`` request for the engine's
+  request id, so it frees the sequence at once; later tokens of it come back as empty deltas;
+- the request was cancelled (the client went away; Triton 2.51's ensemble marks the *next* step's
+  requests cancelled, never the llm's in-flight one): stop the engine the same way;
+- ``meta.error`` (always on the llm's final response): drop the state, answer a ``TritonError``.
+
+Errors reach the client only on a stream's final response. On Triton 2.51 an ensemble whose
+step fails while another step is still in flight never completes, so a failure in the middle of
+a stream stops the engine and is reported when its final response arrives.
+"""
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from backend import wire
+
+from .processor import Postprocessor
+
+log = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parents[1]
+LLM_MODEL = "llm"
+
+
+def _param(model_config: dict, key: str, default: str) -> str:
+    return ((model_config.get("parameters") or {}).get(key) or {}).get("string_value", "") or default
+
+
+class PostprocessServing:
+    def __init__(self, processor: Postprocessor, pb_utils, *, llm_model: str = LLM_MODEL, max_remembered: int = 4096):
+        self.processor = processor
+        self.pb = pb_utils
+        self.llm_model = llm_model
+        self._stopped: OrderedDict[str, None] = OrderedDict()  # engine ids already sent a stop
+        self._failed: dict[str, str] = {}                      # engine id -> error to report on its final response
+        self._max_remembered = max_remembered
+
+    @classmethod
+    def from_model_config(cls, model_config: dict, pb_utils) -> "PostprocessServing":
+        from preprocess.tokenizer import load_tokenizer
+
+        path = Path(_param(model_config, "tokenizer_path", "models/demo-target"))
+        path = path if path.is_absolute() else REPO / path
+        raw = _param(model_config, "max_states", "4096")
+        try:
+            max_states = int(raw)
+        except ValueError:
+            raise ValueError(f"max_states: expected an integer parameter, got {raw!r}") from None
+        return cls(Postprocessor(load_tokenizer(path), max_requests=max_states), pb_utils,
+                   llm_model=_param(model_config, "llm_model", LLM_MODEL))
+
+    def execute(self, requests) -> list:
+        return [self.process(r) for r in requests]
+
+    def process(self, request):
+        pb = self.pb
+        try:
+            raw = pb.get_input_tensor_by_name(request, wire.RESPONSE).as_numpy().reshape(-1)[0]
+            meta = wire.LLMResponseMeta.from_json(raw)
+        except Exception as e:
+            log.exception("postprocess: unreadable llm response")
+            return pb.InferenceResponse(error=pb.TritonError(f"postprocess: unreadable llm response: {e}"))
+        rid = meta.request_id
+        if meta.stop_ack:  # the answer to a client's `stop` request: nothing to detokenize
+            return self._response("", "", meta, [], 0, 0)
+        if request.is_cancelled():
+            self.stop_engine(rid)
+        if meta.error:
+            self.processor.drop(rid)
+            self._failed.pop(rid, None)
+            return pb.InferenceResponse(error=pb.TritonError(meta.error))
+        if rid in self._failed:
+            if meta.request_finished:
+                self.processor.drop(rid)
+                return pb.InferenceResponse(error=pb.TritonError(self._failed.pop(rid)))
+            return self._response("", "", meta, [], 0, 0)
+        try:
+            ids = pb.get_input_tensor_by_name(request, wire.OUTPUT_IDS).as_numpy().reshape(-1).tolist()
+            out = self.processor.process(rid, ids, is_final=meta.finished or meta.request_finished,
+                                         finish_reason=meta.finish_reason, options_json=meta.options,
+                                         seq_index=meta.seq_index)
+            if out.stop_engine:
+                self.stop_engine(rid)
+            lps: list[float] = []
+            if out.options.return_log_probs:
+                t = pb.get_input_tensor_by_name(request, wire.OUTPUT_LOG_PROBS)
+                lps = t.as_numpy().reshape(-1)[: out.num_accepted_tokens].tolist() if t is not None else []
+            return self._response(out.text, out.finish_reason or "", meta, lps, out.num_input_tokens,
+                                  out.num_output_tokens)
+        except Exception as e:
+            log.exception("postprocess failed for %s", rid)
+            message = f"postprocess: internal error: {type(e).__name__}: {e}"
+            self.processor.drop(rid)
+            if meta.request_finished:
+                return pb.InferenceResponse(error=pb.TritonError(message))
+            self._failed[rid] = message  # reported on the final response (see the module doc)
+            self.stop_engine(rid)
+            return self._response("", "", meta, [], 0, 0)
+
+    def stop_engine(self, engine_id: str) -> None:
+        """BLS ``stop`` to the llm model (decoupled): it answers at once with a final response."""
+        if engine_id in self._stopped:
+            return
+        self._stopped[engine_id] = None
+        while len(self._stopped) > self._max_remembered:
+            self._stopped.popitem(last=False)
+        pb = self.pb
+        req = pb.InferenceRequest(model_name=self.llm_model, request_id=engine_id,
+                                  inputs=[pb.Tensor(wire.STOP, np.asarray([[True]], dtype=np.bool_))],
+                                  requested_output_names=[wire.RESPONSE])
+        try:
+            for resp in req.exec(decoupled=True):
+                if resp is not None and resp.has_error():
+                    log.warning("postprocess: stop of %s failed: %s", engine_id, resp.error().message())
+        except Exception:
+            log.exception("postprocess: stop of %s failed", engine_id)
+
+    def _response(self, text: str, reason: str, meta: wire.LLMResponseMeta, lps: list[float],
+                  num_input: int, num_output: int):
+        pb = self.pb
+        cum = meta.cum_logprob if meta.cum_logprob is not None else 0.0
+        return pb.InferenceResponse(output_tensors=[
+            pb.Tensor("text_output", np.asarray([[text.encode("utf-8")]], dtype=np.object_)),
+            pb.Tensor("finish_reason", np.asarray([[reason.encode()]], dtype=np.object_)),
+            pb.Tensor("cum_log_probs", np.asarray([[cum]], dtype=np.float32)),
+            pb.Tensor("output_log_probs", np.asarray([lps], dtype=np.float32).reshape(1, -1)),
+            pb.Tensor("num_input_tokens", np.asarray([[num_input]], dtype=np.int32)),
+            pb.Tensor("num_output_tokens", np.asarray([[num_output]], dtype=np.int32)),
+            pb.Tensor("sequence_index", np.asarray([[meta.seq_index]], dtype=np.int32)),
+        ])

@@ -1,0 +1,113 @@
+"""The ``preprocess`` Triton model's glue: Triton inputs -> ``RequestParser`` -> tensors for ``llm``.
+
+One response per request (dynamic batching hands several at once). A client error becomes a
+``TritonError`` whose message starts with the input's name. ``pb_utils`` is passed in, so this
+runs in tests without the server.
+
+Conventions at this boundary:
+- ``stop=true`` (TensorRT-LLM's cancel input) skips validation: the llm model aborts the request
+  whose id this request carries, so only the flag travels on;
+- ``text_input`` is a required ensemble input (TensorRT-LLM compatibility), so a chat request sends
+  ``messages`` with an empty ``text_input``, which is then ignored.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from backend import wire
+
+from .errors import RequestError
+from .request import RequestLimits, RequestParser
+from .tokenizer import load_tokenizer
+
+log = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _param(model_config: dict, key: str, default: str = "") -> str:
+    return ((model_config.get("parameters") or {}).get(key) or {}).get("string_value", default) or default
+
+
+def _int_param(model_config: dict, key: str) -> int | None:
+    raw = _param(model_config, key)
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{key}: expected an integer parameter, got {raw!r}") from None
+
+
+class PreprocessServing:
+    def __init__(self, parser: RequestParser, pb_utils, input_names: list[str]):
+        self.parser = parser
+        self.pb = pb_utils
+        self.input_names = list(input_names)
+
+    @classmethod
+    def from_model_config(cls, model_config: dict, pb_utils) -> "PreprocessServing":
+        path = Path(_param(model_config, "tokenizer_path", "models/demo-target"))
+        path = path if path.is_absolute() else REPO / path
+        limits = {k: v for k in ("max_model_len", "max_prompt_bytes") if (v := _int_param(model_config, k))}
+        if "max_model_len" not in limits and (ctx := model_context_length(path)):
+            limits["max_model_len"] = ctx
+        parser = RequestParser(load_tokenizer(path), RequestLimits(**limits))
+        names = [i["name"] for i in model_config.get("input", [])]
+        return cls(parser, pb_utils, names)
+
+    def read_inputs(self, request) -> dict[str, Any]:
+        inputs = {}
+        for name in self.input_names:
+            t = self.pb.get_input_tensor_by_name(request, name)
+            if t is not None:
+                inputs[name] = t.as_numpy()
+        return inputs
+
+    def execute(self, requests) -> list:
+        return [self.process(r) for r in requests]
+
+    def process(self, request):
+        pb = self.pb
+        try:
+            inputs = self.read_inputs(request)
+            stop = inputs.pop(wire.STOP, None)
+            if stop is not None and np.asarray(stop).dtype.kind == "b" and bool(np.asarray(stop).any()):
+                return self._response([], "", stop=True)
+            text = inputs.get("text_input")
+            if "messages" in inputs and text is not None and _is_empty_text(text):
+                del inputs["text_input"]
+            pre = self.parser.parse(inputs)
+            req = wire.LLMRequest(sampling=pre.sampling_params, stream=pre.options.stream,
+                                  options=pre.options_json(), request_id=request.request_id() or "")
+            return self._response(list(pre.prompt_token_ids), req.to_json(), stop=False)
+        except RequestError as e:
+            return pb.InferenceResponse(error=pb.TritonError(str(e)))
+        except Exception as e:  # a bug must answer this request, not kill the batch
+            log.exception("preprocess failed")
+            return pb.InferenceResponse(error=pb.TritonError(f"preprocess: internal error: {type(e).__name__}: {e}"))
+
+    def _response(self, ids: list[int], request_json: str, stop: bool):
+        pb = self.pb
+        return pb.InferenceResponse(output_tensors=[
+            pb.Tensor(wire.INPUT_IDS, np.asarray(ids, dtype=np.int32).reshape(1, -1)),
+            pb.Tensor(wire.REQUEST, np.asarray([[request_json.encode()]], dtype=np.object_)),
+            pb.Tensor(wire.STOP, np.asarray([[stop]], dtype=np.bool_)),
+        ])
+
+
+def model_context_length(folder: Path) -> int | None:
+    """``max_position_embeddings`` of the checkpoint's config.json beside the tokenizer, if any."""
+    try:
+        return int(json.loads((folder / "config.json").read_text())["max_position_embeddings"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _is_empty_text(arr) -> bool:
+    flat = np.asarray(arr).reshape(-1)
+    return flat.size == 0 or (flat.size == 1 and flat[0] in (b"", ""))
