@@ -48,7 +48,7 @@ class SamplingParams:
         _check_int("max_tokens", self.max_tokens, lo=1)
         _check_int("min_tokens", self.min_tokens, lo=0)
         if self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+            raise ValueError(f"min_tokens: {self.min_tokens} must not exceed max_tokens ({self.max_tokens})")
         _check_float("temperature", self.temperature, lo=0.0)
         _check_int("top_k", self.top_k, lo=0)
         _check_float("top_p", self.top_p, lo=0.0, lo_open=True, hi=1.0)
