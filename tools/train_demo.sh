@@ -4,5 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 $PY -m tools.train_tokenizer --out runs/tok --vocab-size 4096
-$PY -m tools.train_model --size target --tokenizer runs/tok --out models/demo-target --steps 1200 --seed 0
-$PY -m tools.train_model --size draft --tokenizer runs/tok --out models/demo-draft --steps 1000 --seed 0
+$PY -m tools.train_model --size target --tokenizer runs/tok --out models/demo-target --steps 900 --seed 0 --threads 1
+$PY -m tools.train_model --size draft --tokenizer runs/tok --out models/demo-draft --steps 800 --seed 0 --threads 1
