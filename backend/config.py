@@ -1,0 +1,200 @@
+"""``EngineConfig``: every engine setting, validated once, built from Triton ``config.pbtxt`` parameters.
+
+Units: ``block_size`` and ``max_num_batched_tokens`` count tokens; ``kv_cache_bytes`` counts
+bytes of K+V over all layers; ``watermark`` and ``gpu_memory_utilization`` are fractions.
+Every check raises ``ValueError`` naming the field, so a bad ``config.pbtxt`` fails model
+loading with a message that says which parameter to fix.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+DEVICES = ("auto", "cpu", "cuda")          # plus "cuda:N"
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+SPECULATIVE_METHODS = ("ngram", "draft")
+MAX_SPECULATIVE_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_path: str
+    draft_model_path: str | None = None
+    block_size: int = 16                       # tokens per KV block (a power of two)
+    num_kv_blocks: int | None = None           # None: sized from kv_cache_bytes (CPU) / gpu_memory_utilization (CUDA)
+    kv_cache_bytes: int = 256 * 1024 * 1024    # KV byte budget on CPU when num_kv_blocks is None
+    gpu_memory_utilization: float = 0.85       # fraction of GPU memory the engine may use (weights + KV + activations)
+    max_num_seqs: int = 64                     # sequences running at once
+    max_num_batched_tokens: int = 1024         # tokens computed per step (prefill chunks + decodes + drafts)
+    max_model_len: int | None = None           # None: the model's max_position_embeddings
+    enable_prefix_caching: bool = True
+    watermark: float = 0.01                    # fraction of blocks kept free when admitting new sequences
+    stream_interval: int = 1                   # emit every k tokens (the first token and the last always)
+    device: str = "auto"
+    dtype: str = "auto"
+    num_speculative_tokens: int = 0
+    speculative_method: str | None = None      # None | "ngram" | "draft"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_str("model_path", self.model_path)
+        if self.draft_model_path is not None:
+            _check_str("draft_model_path", self.draft_model_path)
+        _check_int("block_size", self.block_size, lo=1, hi=1024)
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size: must be a power of two, got {self.block_size}")
+        if self.num_kv_blocks is not None:
+            _check_int("num_kv_blocks", self.num_kv_blocks, lo=1)
+        _check_int("kv_cache_bytes", self.kv_cache_bytes, lo=1)
+        _check_fraction("gpu_memory_utilization", self.gpu_memory_utilization, lo_open=True)
+        _check_int("max_num_seqs", self.max_num_seqs, lo=1)
+        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, lo=1)
+        if self.max_model_len is not None:
+            _check_int("max_model_len", self.max_model_len, lo=2)
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching: expected a boolean, got {self.enable_prefix_caching!r}")
+        _check_fraction("watermark", self.watermark, hi_open=True)
+        _check_int("stream_interval", self.stream_interval, lo=1)
+        if not isinstance(self.device, str) or not (self.device in DEVICES or re.fullmatch(r"cuda:\d+", self.device)):
+            raise ValueError(f"device: expected one of {DEVICES} or 'cuda:N', got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: expected one of {DTYPES}, got {self.dtype!r}")
+        _check_int("num_speculative_tokens", self.num_speculative_tokens, lo=0, hi=MAX_SPECULATIVE_TOKENS)
+        if self.speculative_method is not None and self.speculative_method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative_method: expected None or one of {SPECULATIVE_METHODS}, "
+                             f"got {self.speculative_method!r}")
+        if self.num_speculative_tokens > 0 and self.speculative_method is None:
+            raise ValueError("speculative_method: required when num_speculative_tokens > 0 (ngram or draft)")
+        if self.speculative_method is not None and self.num_speculative_tokens == 0:
+            raise ValueError(f"num_speculative_tokens: must be >= 1 when speculative_method is "
+                             f"{self.speculative_method!r}")
+        if self.speculative_method == "draft" and self.draft_model_path is None:
+            raise ValueError("draft_model_path: required when speculative_method is 'draft'")
+        _check_int("seed", self.seed, lo=0, hi=2**63 - 1)
+
+    @property
+    def speculative(self) -> bool:
+        return self.num_speculative_tokens > 0
+
+    def resolve_max_model_len(self, max_position_embeddings: int) -> int:
+        """The context length to serve: ``max_model_len`` if set (never beyond the model's), else the model's."""
+        if self.max_model_len is None:
+            return max_position_embeddings
+        if self.max_model_len > max_position_embeddings:
+            raise ValueError(f"max_model_len: {self.max_model_len} exceeds the model's "
+                             f"max_position_embeddings ({max_position_embeddings})")
+        return self.max_model_len
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, object]) -> "EngineConfig":
+        """Build from Triton ``config.pbtxt`` parameters (keys are the field names).
+
+        Values are strings, or Triton's ``{"string_value": "..."}`` dicts. An empty value means
+        "use the default"; ``none``/``null`` sets an optional field to None. Keys that are not
+        fields are left to other components, except near-misses of a field name (a typo),
+        which raise.
+        """
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs: dict[str, object] = {}
+        for key, raw in params.items():
+            value = raw.get("string_value", "") if isinstance(raw, Mapping) else raw
+            if key not in fields:
+                close = difflib.get_close_matches(key, fields, n=1, cutoff=0.85)
+                if close:
+                    raise ValueError(f"{key}: unknown engine parameter; did you mean {close[0]!r}?")
+                continue
+            if not isinstance(value, str):
+                raise ValueError(f"{key}: expected a string parameter value, got {value!r}")
+            value = value.strip()
+            if value == "":
+                continue
+            kwargs[key] = _PARSERS[key](key, value)
+        if "model_path" not in kwargs:
+            raise ValueError("model_path: required engine parameter is missing")
+        return cls(**kwargs)
+
+
+# ---- parsing of string parameters ---------------------------------------------------------------
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+_NONE = ("none", "null")
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def _parse_int(key: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{key}: expected an integer, got {value!r}") from None
+
+
+def _parse_float(key: str, value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{key}: expected a number, got {value!r}") from None
+
+
+def _parse_bool(key: str, value: str) -> bool:
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise ValueError(f"{key}: expected true or false, got {value!r}")
+
+
+def _parse_bytes(key: str, value: str) -> int:
+    """``268435456``, ``256MiB``, ``1.5GiB``, ``512MB``."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-zA-Z]*)", value)
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"{key}: expected a byte count such as 268435456 or 256MiB, got {value!r}")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+def _optional(parse):
+    def parse_optional(key: str, value: str):
+        return None if value.lower() in _NONE else parse(key, value)
+    return parse_optional
+
+
+def _parse_str(key: str, value: str) -> str:
+    return value
+
+
+_PARSERS = {
+    "model_path": _parse_str, "draft_model_path": _optional(_parse_str), "block_size": _parse_int,
+    "num_kv_blocks": _optional(_parse_int), "kv_cache_bytes": _parse_bytes,
+    "gpu_memory_utilization": _parse_float, "max_num_seqs": _parse_int, "max_num_batched_tokens": _parse_int,
+    "max_model_len": _optional(_parse_int), "enable_prefix_caching": _parse_bool, "watermark": _parse_float,
+    "stream_interval": _parse_int, "device": _parse_str, "dtype": _parse_str,
+    "num_speculative_tokens": _parse_int, "speculative_method": _optional(_parse_str), "seed": _parse_int,
+}
+
+
+# ---- checks -------------------------------------------------------------------------------------
+
+def _check_str(name: str, value) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name}: expected a non-empty string, got {value!r}")
+
+
+def _check_int(name: str, value, lo: int | None = None, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}: expected an integer, got {value!r}")
+    if lo is not None and value < lo:
+        raise ValueError(f"{name}: must be >= {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise ValueError(f"{name}: must be <= {hi}, got {value}")
+
+
+def _check_fraction(name: str, value, lo_open: bool = False, hi_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name}: expected a finite number, got {value!r}")
+    if (value <= 0 if lo_open else value < 0) or (value >= 1 if hi_open else value > 1):
+        raise ValueError(f"{name}: must be in {'(' if lo_open else '['}0, 1{')' if hi_open else ']'}, got {value}")

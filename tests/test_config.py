@@ -1,0 +1,80 @@
+"""EngineConfig: validation naming the field, and parsing of Triton string parameters."""
+from __future__ import annotations
+
+import pytest
+
+from backend.config import EngineConfig
+
+
+def test_defaults_and_resolved_max_model_len():
+    c = EngineConfig(model_path="/m")
+    assert (c.block_size, c.kv_cache_bytes, c.max_num_seqs, c.max_num_batched_tokens) == (16, 256 * 2**20, 64, 1024)
+    assert c.num_kv_blocks is None and c.enable_prefix_caching and not c.speculative
+    assert c.resolve_max_model_len(4096) == 4096
+    assert EngineConfig(model_path="/m", max_model_len=512).resolve_max_model_len(4096) == 512
+    with pytest.raises(ValueError, match="max_model_len"):
+        EngineConfig(model_path="/m", max_model_len=8192).resolve_max_model_len(4096)
+    with pytest.raises(Exception):
+        c.block_size = 32      # frozen
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(model_path=""), "model_path"),
+    (dict(block_size=12), "block_size"),
+    (dict(block_size=0), "block_size"),
+    (dict(num_kv_blocks=0), "num_kv_blocks"),
+    (dict(kv_cache_bytes=0), "kv_cache_bytes"),
+    (dict(gpu_memory_utilization=0.0), "gpu_memory_utilization"),
+    (dict(gpu_memory_utilization=1.5), "gpu_memory_utilization"),
+    (dict(max_num_seqs=0), "max_num_seqs"),
+    (dict(max_num_batched_tokens=True), "max_num_batched_tokens"),
+    (dict(max_model_len=1), "max_model_len"),
+    (dict(enable_prefix_caching="yes"), "enable_prefix_caching"),
+    (dict(watermark=1.0), "watermark"),
+    (dict(watermark=float("nan")), "watermark"),
+    (dict(stream_interval=0), "stream_interval"),
+    (dict(device="tpu"), "device"),
+    (dict(dtype="int8"), "dtype"),
+    (dict(num_speculative_tokens=-1), "num_speculative_tokens"),
+    (dict(num_speculative_tokens=3), "speculative_method"),
+    (dict(speculative_method="ngram"), "num_speculative_tokens"),
+    (dict(speculative_method="medusa", num_speculative_tokens=2), "speculative_method"),
+    (dict(speculative_method="draft", num_speculative_tokens=2), "draft_model_path"),
+    (dict(seed=-1), "seed"),
+])
+def test_invalid_values_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=f"^{field}"):
+        EngineConfig(**{"model_path": "/m", **kwargs})
+
+
+def test_valid_variants():
+    EngineConfig(model_path="/m", device="cuda:1", dtype="bfloat16", watermark=0.0, num_kv_blocks=100)
+    c = EngineConfig(model_path="/m", draft_model_path="/d", speculative_method="draft", num_speculative_tokens=4)
+    assert c.speculative
+
+
+def test_from_parameters_parses_strings_and_triton_dicts():
+    c = EngineConfig.from_parameters({
+        "model_path": {"string_value": "/models/target"}, "block_size": "32", "num_kv_blocks": "none",
+        "kv_cache_bytes": "1GiB", "gpu_memory_utilization": "0.9", "enable_prefix_caching": "False",
+        "max_model_len": "", "watermark": "0.02", "speculative_method": "ngram", "num_speculative_tokens": "3",
+        "device": "cpu", "tokenizer_dir": "/elsewhere",        # other components' parameters are left alone
+    })
+    assert (c.model_path, c.block_size, c.num_kv_blocks, c.kv_cache_bytes) == ("/models/target", 32, None, 2**30)
+    assert (c.gpu_memory_utilization, c.enable_prefix_caching, c.max_model_len) == (0.9, False, None)
+    assert (c.speculative_method, c.num_speculative_tokens, c.device) == ("ngram", 3, "cpu")
+    assert EngineConfig.from_parameters({"model_path": "/m", "kv_cache_bytes": "512MB"}).kv_cache_bytes == 512 * 10**6
+
+
+@pytest.mark.parametrize("params, field", [
+    ({}, "model_path"),
+    ({"model_path": "/m", "block_size": "sixteen"}, "block_size"),
+    ({"model_path": "/m", "enable_prefix_caching": "maybe"}, "enable_prefix_caching"),
+    ({"model_path": "/m", "kv_cache_bytes": "lots"}, "kv_cache_bytes"),
+    ({"model_path": "/m", "watermark": "0.x"}, "watermark"),
+    ({"model_path": "/m", "max_num_seq": "8"}, "max_num_seq"),       # a typo is not silently ignored
+    ({"model_path": "/m", "block_size": "24"}, "block_size"),        # parsed, then validated
+])
+def test_from_parameters_errors_name_the_parameter(params, field):
+    with pytest.raises(ValueError, match=f"^{field}"):
+        EngineConfig.from_parameters(params)
