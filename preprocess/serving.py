@@ -78,6 +78,7 @@ class PreprocessServing:
             stop = inputs.pop(wire.STOP, None)
             if stop is not None and np.asarray(stop).dtype.kind == "b" and bool(np.asarray(stop).any()):
                 return self._response([], "", stop=True)
+            check_batch_of_one(inputs)
             text = inputs.get("text_input")
             if "messages" in inputs and text is not None and _is_empty_text(text):
                 del inputs["text_input"]
@@ -98,6 +99,15 @@ class PreprocessServing:
             pb.Tensor(wire.REQUEST, np.asarray([[request_json.encode()]], dtype=np.object_)),
             pb.Tensor(wire.STOP, np.asarray([[stop]], dtype=np.bool_)),
         ])
+
+
+def check_batch_of_one(inputs: dict[str, Any]) -> None:
+    """Every input carries the batch dimension (max_batch_size > 0); a request is one prompt."""
+    for name, arr in inputs.items():
+        shape = np.shape(arr)
+        if len(shape) >= 2 and shape[0] != 1:
+            raise RequestError(name, f"a request carries one prompt (batch size 1), got batch size {shape[0]}; "
+                                     "send one request per prompt (num_return_sequences for several samples)")
 
 
 def model_context_length(folder: Path) -> int | None:

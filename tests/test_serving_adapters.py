@@ -75,6 +75,12 @@ def test_preprocess_client_errors_name_the_input(pre, values, field):
     assert resp.has_error() and resp.error().message().startswith(f"{field}:"), resp.error().message()
 
 
+def test_preprocess_rejects_a_batch_of_prompts(pre):
+    r = Request({"text_input": np.asarray([[b"a"], [b"b"]], dtype=object), "max_tokens": np.asarray([[2], [2]], np.int32)})
+    resp, = pre.execute([r])
+    assert resp.has_error() and resp.error().message().startswith("text_input: a request carries one prompt")
+
+
 def test_preprocess_one_bad_request_does_not_fail_the_batch(pre):
     good, bad = Request(triton_inputs(text_input="a", max_tokens=2)), Request(triton_inputs(text_input="a", max_tokens=-1))
     r1, r2 = pre.execute([good, bad])

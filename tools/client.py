@@ -77,6 +77,9 @@ class Chunk:
     final: bool
     num_output_tokens: int = 0
     sequence_index: int = 0
+    num_input_tokens: int = 0
+    cum_log_prob: float = 0.0
+    log_probs: tuple[float, ...] = ()
 
 
 def parse_result(result) -> Chunk:
@@ -91,8 +94,11 @@ def parse_result(result) -> Chunk:
 
     text = b"".join(result.as_numpy("text_output").reshape(-1).tolist()).decode("utf-8", "replace")
     reason = scalar("finish_reason", b"")
+    lps = result.as_numpy("output_log_probs")
     return Chunk(text, reason.decode() if isinstance(reason, bytes) else str(reason), final,
-                 int(scalar("num_output_tokens", 0)), int(scalar("sequence_index", 0)))
+                 int(scalar("num_output_tokens", 0)), int(scalar("sequence_index", 0)),
+                 int(scalar("num_input_tokens", 0)), float(scalar("cum_log_probs", 0.0)),
+                 tuple(lps.reshape(-1).tolist()) if lps is not None else ())
 
 
 def stream(url: str, prompt: str, max_tokens: int, *, model: str = "ensemble", timeout: float = 600.0,

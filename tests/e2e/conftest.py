@@ -1,0 +1,112 @@
+"""End-to-end fixtures: the real tritonserver on free ports, serving model_repository/ with the
+committed demo model (models/demo-target) and a small KV budget.
+
+``E2E_MODEL_PATH`` points the server at another checkpoint (only for plumbing work while the demo
+weights are being trained; the suite is meant to run against the demo model).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tools.triton_launcher import REPO, LauncherError, Ports, TritonServer, render_model_repository
+
+DEMO_TARGET = REPO / "models" / "demo-target"
+KV_CACHE_BYTES = "8MiB"       # a few hundred blocks: enough for 32 short streams, small enough to stay fast
+MAX_NUM_SEQS = "48"
+
+
+@dataclass
+class E2EServer:
+    server: TritonServer
+    model_path: Path
+
+    @property
+    def grpc_url(self) -> str:
+        return self.server.grpc_url
+
+    @property
+    def metrics_url(self) -> str:
+        return self.server.metrics_url
+
+    def log_tail(self, lines: int = 80) -> str:
+        return self.server.log_tail(lines)
+
+
+def e2e_model_path() -> Path:
+    path = Path(os.environ.get("E2E_MODEL_PATH") or DEMO_TARGET)
+    if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
+        pytest.fail(f"{path} has no checkpoint (config.json + *.safetensors): "
+                    "the demo model is trained by tools/train_demo.sh")
+    return path
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    return e2e_model_path()
+
+
+@pytest.fixture(scope="session")
+def server(model_path, tmp_path_factory) -> E2EServer:
+    root = tmp_path_factory.mktemp("triton")
+    repo = render_model_repository(root / "model_repository", {
+        "llm": {"model_path": str(model_path), "kv_cache_bytes": KV_CACHE_BYTES, "max_num_seqs": MAX_NUM_SEQS,
+                "metrics_interval_s": "0.1", "cancel_poll_interval_s": "0.02", "device": "cpu"},
+        "preprocess": {"tokenizer_path": str(model_path)},
+        "postprocess": {"tokenizer_path": str(model_path)},
+    })
+    srv = TritonServer(repo, Ports.free(), log_path=root / "server.log", extra_args=["--exit-timeout-secs=10"])
+    srv.start()
+    try:
+        srv.wait_ready(timeout=300)
+    except LauncherError as e:
+        srv.stop()
+        pytest.fail(f"the e2e tritonserver did not start: {e}", pytrace=False)
+    yield E2EServer(srv, model_path)
+    code = srv.stop(timeout=30)
+    # A clean exit means no ensemble request was left in flight (Triton waits for them on shutdown).
+    assert code == 0, f"tritonserver exited with {code}; log tail:\n{srv.log_tail()}"
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_path):
+    from preprocess.tokenizer import load_tokenizer
+
+    return load_tokenizer(model_path)
+
+
+@pytest.fixture(scope="session")
+def reference_engine(model_path):
+    """The engine in this process, to compare the pipeline's greedy text with."""
+    from backend.config import EngineConfig
+    from backend.engine import LLMEngine
+
+    engine = LLMEngine(EngineConfig(model_path=str(model_path), kv_cache_bytes=8 * 2**20, device="cpu")).start()
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _server_log_on_failure(request, server):
+    """Attach the server log tail to a failing e2e test's report."""
+    yield
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        print(f"\n--- tritonserver log tail ---\n{server.log_tail()}")
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.when == "call":
+        item.rep_call = rep
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "tests/e2e/" in str(item.fspath).replace(os.sep, "/"):
+            item.add_marker(pytest.mark.e2e)
