@@ -29,10 +29,10 @@ from .corpus import corpus_files, read_text
 
 SIZES = {
     # hidden, layers, heads, kv_heads, intermediate
-    "target": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
-                   intermediate_size=688),
-    "draft": dict(hidden_size=96, num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=1,
-                  intermediate_size=256),
+    "target": dict(hidden_size=192, num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=2,
+                   intermediate_size=512),
+    "draft": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                  intermediate_size=192),
 }
 
 
