@@ -15,6 +15,7 @@ a stream stops the engine and is reported when its final response arrives.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from pathlib import Path
 
@@ -34,13 +35,17 @@ def _param(model_config: dict, key: str, default: str) -> str:
 
 
 class PostprocessServing:
-    def __init__(self, processor: Postprocessor, pb_utils, *, llm_model: str = LLM_MODEL, max_remembered: int = 4096):
+    def __init__(self, processor: Postprocessor, pb_utils, *, llm_model: str = LLM_MODEL, max_remembered: int = 4096,
+                 cancel_check_interval_s: float = 0.05, clock=time.monotonic):
         self.processor = processor
         self.pb = pb_utils
         self.llm_model = llm_model
         self._stopped: OrderedDict[str, None] = OrderedDict()  # engine ids already sent a stop
         self._failed: dict[str, str] = {}                      # engine id -> error to report on its final response
         self._max_remembered = max_remembered
+        self._cancel_checked: OrderedDict[str, float] = OrderedDict()  # engine id -> last is_cancelled() call
+        self._cancel_interval = cancel_check_interval_s
+        self._clock = clock
 
     @classmethod
     def from_model_config(cls, model_config: dict, pb_utils) -> "PostprocessServing":
@@ -70,7 +75,7 @@ class PostprocessServing:
         rid = meta.request_id
         if meta.stop_ack:  # the answer to a client's `stop` request: nothing to detokenize
             return self._response("", "", meta, [], 0, 0)
-        if request.is_cancelled():
+        if self._should_check_cancel(rid, meta.request_finished) and request.is_cancelled():
             self.stop_engine(rid)
         if meta.error:
             self.processor.drop(rid)
@@ -103,6 +108,22 @@ class PostprocessServing:
             self._failed[rid] = message  # reported on the final response (see the module doc)
             self.stop_engine(rid)
             return self._response("", "", meta, [], 0, 0)
+
+    def _should_check_cancel(self, engine_id: str, last: bool) -> bool:
+        """``is_cancelled()`` is a round trip to the server: ask at most every ``cancel_check_interval_s``
+        per request (the first response of a request is always checked)."""
+        now = self._clock()
+        if last:
+            previous = self._cancel_checked.pop(engine_id, None)
+            return previous is None or now - previous >= self._cancel_interval
+        previous = self._cancel_checked.get(engine_id)
+        if previous is not None and now - previous < self._cancel_interval:
+            return False
+        self._cancel_checked[engine_id] = now
+        self._cancel_checked.move_to_end(engine_id)
+        while len(self._cancel_checked) > self._max_remembered:
+            self._cancel_checked.popitem(last=False)
+        return True
 
     def stop_engine(self, engine_id: str) -> None:
         """BLS ``stop`` to the llm model (decoupled): it answers at once with a final response."""

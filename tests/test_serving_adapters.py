@@ -171,6 +171,34 @@ def test_postprocess_cancelled_request_stops_the_engine(post):
     assert [k["request_id"] for k, _ in pb.bls_calls] == ["e4"]
 
 
+def test_postprocess_asks_is_cancelled_at_most_every_interval(tokenizer):
+    now = [0.0]
+    calls = []
+
+    class Counted(Request):
+        def is_cancelled(self):
+            calls.append(1)
+            return False
+
+    pb = make_pb_utils()
+    serving = PostprocessServing(Postprocessor(tokenizer), pb, cancel_check_interval_s=0.05, clock=lambda: now[0])
+
+    def response(ids, **meta):
+        r = llm_response("e7", ids, **meta)
+        c = Counted({})
+        c.inputs = r.inputs
+        return c
+
+    serving.process(response([5], options=options()))
+    for k in range(10):
+        now[0] += 0.02
+        serving.process(response([6]))
+    assert len(calls) == 4  # at t = 0, 0.06, 0.12, 0.18
+    now[0] += 0.001
+    serving.process(response([], finished=True, request_finished=True, finish_reason="length"))
+    assert len(calls) == 4 and "e7" not in serving._cancel_checked
+
+
 def test_postprocess_stop_ack_is_an_empty_response(post):
     serving, pb = post
     resp = serving.process(llm_response("client-id", [], finished=True, request_finished=True, stop_ack=True))
