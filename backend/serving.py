@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[1]
 
 # config.pbtxt parameters read by this module (the others go to EngineConfig.from_parameters).
-SERVING_PARAMETERS = {"cancel_poll_interval_s": "0.05", "metrics_interval_s": "1.0"}
+SERVING_PARAMETERS = {"cancel_poll_interval_s": "0.2", "metrics_interval_s": "1.0"}
 PATH_PARAMETERS = ("model_path", "draft_model_path", "tokenizer_path")
 
 
@@ -83,7 +83,7 @@ class _InFlight:
 class LLMServing:
     """Owns the in-flight table between Triton's requests and the engine's callbacks."""
 
-    def __init__(self, engine, pb_utils, *, cancel_poll_interval_s: float = 0.05):
+    def __init__(self, engine, pb_utils, *, cancel_poll_interval_s: float = 0.2):
         self.engine = engine
         self.pb = pb_utils
         self._lock = threading.Lock()

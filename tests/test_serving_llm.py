@@ -247,5 +247,5 @@ def test_parameters_split_and_paths_resolved(tmp_path):
     engine, serving = split_parameters(params)
     assert engine["model_path"] == str(tmp_path / "models/demo-target") and engine["draft_model_path"] == ""
     assert "metrics_interval_s" not in engine and serving["metrics_interval_s"] == "2"
-    assert serving["cancel_poll_interval_s"] == "0.05"
+    assert serving["cancel_poll_interval_s"] == "0.2"
     assert resolve_paths({"model_path": "/abs"})["model_path"] == "/abs"

@@ -39,6 +39,12 @@ class Result:
         return sum(c.final for c in self.chunks)
 
 
+def raw_input(name: str, arr, dtype: str):
+    inp = grpcclient.InferInput(name, list(arr.shape), dtype)
+    inp.set_data_from_numpy(arr)
+    return inp
+
+
 def requested_outputs():
     return [grpcclient.InferRequestedOutput(o) for o in OUTPUTS]
 

@@ -81,3 +81,24 @@ def test_stop_request_for_an_unknown_id_is_answered(server):
         rid = s.send(build_inputs("", 1, stop=True), request_id="nobody-has-this-id")
         res = s.wait([rid], timeout=10)[rid]
     assert res.error is None and res.num_final == 1
+
+
+def test_direct_llm_request_cancellation(server):
+    """A client of the `llm` model itself: its cancellation reaches the engine through is_cancelled()."""
+    import numpy as np
+
+    from backend import wire
+    from backend.sampling_params import SamplingParams
+    from tests.e2e.helpers import raw_input
+
+    base = engine_idle(server.metrics_url, "the previous tests")
+    req = wire.LLMRequest(SamplingParams(max_tokens=LONG, min_tokens=LONG, temperature=0.0), stream=True)
+    inputs = [raw_input(wire.INPUT_IDS, np.asarray([[0, 5, 6, 7, 8]], dtype=np.int32), "INT32"),
+              raw_input(wire.REQUEST, np.asarray([[req.to_json().encode()]], dtype=np.object_), "BYTES")]
+    s = Stream(server.grpc_url)
+    s.client.async_stream_infer("llm", inputs, request_id="direct-1", enable_empty_final_response=True)
+    for _ in range(3):
+        assert s._q.get(timeout=60)[1] is None
+    s.close(cancel=True)
+    used_steps = engine_idle(server.metrics_url, "cancelling a direct llm request") - base
+    assert used_steps < LONG // 2, f"the engine ran {used_steps} steps for a request cancelled after 3 tokens"
