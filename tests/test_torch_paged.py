@@ -86,3 +86,38 @@ def test_forward_before_prepare_raises():
     attn = TorchPagedAttention(KVCache(1, 2, 4, 1, 8))
     with pytest.raises(RuntimeError):
         attn.forward(0, torch.zeros(1, 1, 8), torch.zeros(1, 1, 8), torch.zeros(1, 1, 8))
+
+
+def test_mixed_step_splits_decodes_from_prefills():
+    from backend.attention.torch_paged import plan_paged_attention
+    md = build_attention_metadata([20, 0, 5, 33, 7], [1, 9, 4, 1, 2], [[0, 1], [2], [3], [4, 5, 6], [7]], 16)
+    plan = plan_paged_attention(md, 16)
+    dec, pre = plan.groups
+    assert (dec.num_seqs, dec.max_query_len, dec.ctx_len) == (2, 1, 34)
+    assert dec.token_index.tolist() == [0, 14]
+    assert (pre.num_seqs, pre.max_query_len, pre.ctx_len) == (3, 9, 9)
+    assert pre.token_index.tolist() == list(range(1, 14)) + [15, 16]
+    assert len(plan_paged_attention(build_attention_metadata([3, 4], [1, 1], [[0], [1]], 16), 16).groups) == 1
+
+
+def test_functional_form_matches():
+    from backend.attention.torch_paged import paged_attention, plan_paged_attention, write_kv
+    case = make_case([20, 0, 5, 33], [1, 9, 4, 1], num_heads=8, num_kv_heads=2, head_dim=8, block_size=4)
+    kc, vc = case["k_cache"], case["v_cache"]
+    write_kv(kc.view(-1, 2, 8), case["k"], case["md"].slot_mapping)
+    write_kv(vc.view(-1, 2, 8), case["v"], case["md"].slot_mapping)
+    out = paged_attention(case["q"], kc, vc, plan_paged_attention(case["md"], 4))
+    torch.testing.assert_close(out, case["expected"], atol=2e-5, rtol=1e-4)
+
+
+def test_bfloat16_cache():
+    case = make_case([20, 0, 33], [1, 9, 1], num_heads=8, num_kv_heads=2, head_dim=16, block_size=16,
+                     dtype=torch.bfloat16)
+    cache = KVCache(1, case["num_blocks"], 16, 2, 16, dtype=torch.bfloat16)
+    cache.k[0].copy_(case["k_cache"])
+    cache.v[0].copy_(case["v_cache"])
+    attn = TorchPagedAttention(cache)
+    attn.prepare(case["md"])
+    out = attn.forward(0, case["q"], case["k"], case["v"])
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), case["expected"], atol=3e-2, rtol=3e-2)
