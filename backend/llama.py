@@ -18,10 +18,17 @@ from .rope import apply_rope, rope_cos_sin, rope_parameters
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in fp32, cast back (as HF does). ``x`` ``[num_tokens, hidden]``."""
+    if x.dtype == torch.float32:  # the CPU path: skip the no-op casts
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
     dtype = x.dtype
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(dtype)
+
+
+def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """``layer(x)`` without ``nn.Module.__call__``'s hook machinery (it dominates tiny decode steps)."""
+    return F.linear(x, layer.weight, layer.bias)
 
 
 class RMSNorm(nn.Module):
@@ -32,6 +39,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         return rms_norm(x, self.weight, self.eps)
+
+    __call__ = forward  # no hooks on the hot path
 
 
 class Attention(nn.Module):
@@ -49,15 +58,16 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
 
     def forward(self, x, cos, sin, attn: AttentionBackend):
-        # x: [num_tokens, hidden]; cos/sin: [num_tokens, head_dim]
-        qkv = self.qkv_proj(x)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        # x: [num_tokens, hidden]; cos/sin: [num_tokens, 1, head_dim]
         n = x.shape[0]
-        q = apply_rope(q.view(n, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.view(n, self.num_kv_heads, self.head_dim)
+        qkv = linear(x, self.qkv_proj).view(n, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        qk = apply_rope(qkv[:, :self.num_heads + self.num_kv_heads], cos, sin)  # q and k rotated together
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.num_heads + self.num_kv_heads:]
         out = attn.forward(self.layer_idx, q, k, v)  # [num_tokens, num_heads, head_dim]
-        return self.o_proj(out.reshape(n, self.q_size))
+        return linear(out.reshape(n, self.q_size), self.o_proj)
+
+    __call__ = forward
 
 
 class MLP(nn.Module):
@@ -70,8 +80,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate, up = linear(x, self.gate_up_proj).split(self.intermediate, dim=-1)
+        return linear(F.silu(gate) * up, self.down_proj)
+
+    __call__ = forward
 
 
 class DecoderLayer(nn.Module):
@@ -85,6 +97,8 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, attn):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    __call__ = forward
 
 
 class LlamaForCausalLM(nn.Module):
@@ -117,12 +131,12 @@ class LlamaForCausalLM(nn.Module):
         attn: AttentionBackend,
     ) -> torch.Tensor:            # [num_tokens, hidden] final-normed hidden states
         cos_t, sin_t = self.rope_tables()
-        cos, sin = cos_t[positions], sin_t[positions]
-        x = self.embed_tokens(input_ids)
+        cos, sin = cos_t[positions].unsqueeze(1), sin_t[positions].unsqueeze(1)  # [num_tokens, 1, head_dim]
+        x = F.embedding(input_ids, self.embed_tokens.weight)
         for layer in self.layers:
             x = layer(x, cos, sin, attn)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden`` ``[n, hidden]`` → logits ``[n, vocab]`` (fp32)."""
-        return self.lm_head(hidden).float()
+        return linear(hidden, self.lm_head).float()

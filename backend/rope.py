@@ -108,8 +108,7 @@ def rope_cos_sin(inv_freq: torch.Tensor, attention_scaling: float, max_positions
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ``[num_tokens, num_heads, head_dim]`` by per-token ``cos, sin`` ``[num_tokens, head_dim]``."""
+    """Rotate ``x`` ``[num_tokens, num_heads, head_dim]`` by per-token ``cos, sin`` ``[num_tokens, 1, head_dim]``."""
     half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    rotated = torch.cat((-x2, x1), dim=-1)
-    return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

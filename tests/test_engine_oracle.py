@@ -73,7 +73,9 @@ def test_greedy_matches_hf_under_concurrency(setup, variant):
         params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
         results = run_staggered(engine, prompts, params)
         for i, outs in enumerate(results):
-            assert output_token_ids(outs) == expected[i], f"request {i} differs from HF"
+            got = output_token_ids(outs)
+            first = next((j for j, (a, b) in enumerate(zip(got, expected[i])) if a != b), None)
+            assert got == expected[i], f"request {i} differs from HF at output position {first}"
             assert outs[-1].request_finished and outs[-1].finish_reason is FinishReason.LENGTH
             assert sum(o.request_finished for o in outs) == 1
         stats = engine.stats()

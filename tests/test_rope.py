@@ -52,6 +52,6 @@ def test_apply_rope_preserves_norm():
     inv, _ = rope_parameters(ModelConfig.from_dict({**BASE, "hidden_size": 64}))
     t = torch.arange(5).float()[:, None] * inv[None]
     emb = torch.cat([t, t], -1)
-    y = apply_rope(x, emb.cos(), emb.sin())
+    y = apply_rope(x, emb.cos()[:, None], emb.sin()[:, None])
     torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1))
     assert not torch.allclose(y[1:], x[1:])
