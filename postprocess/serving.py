@@ -6,7 +6,8 @@ meta JSON, call ``Postprocessor.process``, and build TensorRT-LLM's output tenso
   request id, so it frees the sequence at once; later tokens of it come back as empty deltas;
 - the request was cancelled (the client went away; Triton 2.51's ensemble marks the *next* step's
   requests cancelled, never the llm's in-flight one): stop the engine the same way;
-- ``meta.error`` (always on the llm's final response): drop the state, answer a ``TritonError``.
+- ``meta.error``: on the request's final response, drop the state and answer a ``TritonError``
+  (an error of one sequence of several is held until then).
 
 Errors reach the client only on a stream's final response. On Triton 2.51 an ensemble whose
 step fails while another step is still in flight never completes, so a failure in the middle of
@@ -77,7 +78,9 @@ class PostprocessServing:
             return self._response("", "", meta, [], 0, 0)
         if self._should_check_cancel(rid, meta.request_finished) and request.is_cancelled():
             self.stop_engine(rid)
-        if meta.error:
+        if meta.error and not meta.request_finished:  # one sequence of several failed: report at the end
+            self._failed.setdefault(rid, meta.error)
+        if meta.error and meta.request_finished:
             self.processor.drop(rid)
             self._failed.pop(rid, None)
             return pb.InferenceResponse(error=pb.TritonError(meta.error))

@@ -160,6 +160,16 @@ def test_postprocess_error_meta_becomes_triton_error_and_drops_state(post):
     assert len(serving.processor.table) == 0
 
 
+def test_postprocess_error_of_one_sequence_is_reported_on_the_final_response(post):
+    serving, _ = post
+    serving.process(llm_response("e8", [5], options=options(n=2), seq_index=0))
+    mid = serving.process(llm_response("e8", [], seq_index=0, finished=True, finish_reason="error", error="boom"))
+    assert not mid.has_error() and text_of(mid) == ""
+    final = serving.process(llm_response("e8", [], seq_index=1, finished=True, request_finished=True,
+                                         finish_reason="error", error="boom"))
+    assert final.has_error() and final.error().message() == "boom"
+
+
 def test_postprocess_cancelled_request_stops_the_engine(post):
     serving, pb = post
     r = llm_response("e4", [5], options=options())
