@@ -18,7 +18,7 @@ import torch
 from .outputs import TokenLogprob
 from .sampling_batch import SamplingBatch, build_sampling_batch
 from .sampling_ops import (apply_bans, apply_min_p, apply_penalties, apply_temperature, apply_token_bitmask,
-                           apply_top_k_top_p, exponential_race, gather_logprobs, logits_to_probs)
+                           apply_top_k_top_p, gather_logprobs, inverse_cdf_draw, logits_to_probs)
 from .sequence import Sequence
 
 
@@ -89,7 +89,7 @@ def sample_tokens(
         return penalised.argmax(dim=-1)
     greedy_ids = penalised.argmax(dim=-1) if batch.any_greedy else None
     probs = logits_to_probs(filter_logits(penalised, batch))
-    drawn = exponential_race(probs, batch.generators, generator, skip_rows=batch.greedy_rows)
+    drawn = inverse_cdf_draw(probs, batch.generators, generator, skip_rows=batch.greedy_rows)
     return drawn if greedy_ids is None else torch.where(batch.greedy, greedy_ids, drawn)
 
 

@@ -118,24 +118,53 @@ def apply_top_k_only(
     return logits.masked_fill_(logits < kth, NEG_INF)
 
 
+def nucleus_threshold(
+    logits: torch.Tensor,   # [num_rows, vocab]
+    top_p: torch.Tensor,    # [num_rows] in (0, 1)
+    num_candidates: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # threshold [num_rows, 1], undecided [num_rows] bool
+    """The smallest logit in each row's nucleus, looking only at the ``num_candidates`` most likely
+    tokens; ``undecided`` rows need more candidates (their nucleus is wider)."""
+    vocab = logits.shape[-1]
+    vals = logits.topk(min(vocab, num_candidates), dim=-1).values           # [num_rows, C] descending
+    p = (vals - logits.logsumexp(dim=-1, keepdim=True)).exp()               # their probabilities
+    keep = (p.cumsum(dim=-1) - p) < top_p[:, None]    # mass strictly before each candidate < p
+    threshold = vals.gather(1, keep.sum(-1, keepdim=True) - 1)              # the first one is always kept
+    undecided = keep[:, -1] if vals.shape[-1] < vocab else torch.zeros_like(keep[:, -1])
+    return threshold, undecided
+
+
+def apply_top_p(
+    logits: torch.Tensor,    # [num_rows, vocab]
+    top_p: torch.Tensor,     # [num_rows] in (0, 1]; 1 = off
+    candidate_sizes: tuple[int, ...] = (256, 4096),
+) -> torch.Tensor:           # [num_rows, vocab]
+    """Keep the most likely tokens until their mass reaches ``p`` (tokens tied with the last one
+    kept stay too). Looks at 256, then 4096 candidates, then the whole vocabulary: the full sort
+    is only paid for rows whose nucleus is that wide."""
+    vocab = logits.shape[-1]
+    threshold = torch.full((logits.shape[0], 1), NEG_INF, dtype=logits.dtype, device=logits.device)
+    pending = (top_p < 1.0).nonzero().flatten()
+    for size in candidate_sizes + (vocab,):
+        if pending.numel() == 0:
+            break
+        rows = logits if pending.numel() == logits.shape[0] else logits.index_select(0, pending)
+        t, undecided = nucleus_threshold(rows, top_p.index_select(0, pending), size)
+        done = ~undecided
+        threshold[pending[done]] = t[done]
+        pending = pending[undecided]
+    return logits.masked_fill_(logits < threshold, NEG_INF)
+
+
 def apply_top_k_top_p(
     logits: torch.Tensor,          # [num_rows, vocab]
     top_k: torch.Tensor | None,    # [num_rows] int64 in [1, vocab]; vocab = off; None: off for all rows
     top_p: torch.Tensor | None,    # [num_rows] in (0, 1]; 1 = off; None: off for all rows
 ) -> torch.Tensor:                 # [num_rows, vocab]
     """Top-k, then top-p over the top-k-renormalised distribution (smallest set reaching mass p)."""
-    if top_p is None:
-        return logits if top_k is None else apply_top_k_only(logits, top_k)
-    vocab = logits.shape[-1]
-    srt, idx = logits.sort(dim=-1)                                              # ascending
     if top_k is not None:
-        kth = srt.gather(1, (vocab - top_k.clamp(1, vocab))[:, None])           # [num_rows, 1]
-        srt.masked_fill_(srt < kth, NEG_INF)
-    cum = srt.softmax(dim=-1).cumsum(dim=-1)    # mass of this token and every less likely one
-    drop = cum <= (1 - top_p.to(cum.dtype))[:, None]
-    drop[:, -1] = False                         # the most likely token always stays
-    srt.masked_fill_(drop, NEG_INF)
-    return logits.scatter_(1, idx, srt)
+        logits = apply_top_k_only(logits, top_k)
+    return logits if top_p is None else apply_top_p(logits, top_p)
 
 
 def apply_min_p(
@@ -151,25 +180,29 @@ def logits_to_probs(logits: torch.Tensor) -> torch.Tensor:  # [num_rows, vocab] 
     return logits.float().softmax(dim=-1)
 
 
-def exponential_race(
+def inverse_cdf_draw(
     probs: torch.Tensor,                          # [num_rows, vocab]
     generators: list[torch.Generator | None],     # per row; None: use default_generator
     default_generator: torch.Generator | None,
     skip_rows: list[bool] | None = None,          # rows whose draw is not needed (greedy): no RNG consumed
 ) -> torch.Tensor:                                # [num_rows] int64
-    """One draw per row from ``probs``: ``argmax(probs / E)`` with ``E ~ Exp(1)`` per token.
+    """One draw per row: the first token whose cumulative probability exceeds ``u ~ U[0, 1)``.
 
-    A row with its own generator consumes exactly ``vocab`` exponentials from it, whatever
-    else is in the batch, so seeded requests reproduce regardless of batch composition.
+    Each row consumes exactly one uniform, from its own generator when it has one, so seeded
+    requests reproduce regardless of batch composition. One uniform per row (not one per
+    token, as an exponential race needs) is what makes this cheap on CPU.
     """
-    noise = torch.empty_like(probs, dtype=torch.float32)
-    if any(g is None for g in generators):
-        noise.exponential_(generator=default_generator)
+    n = probs.shape[0]
+    u = torch.rand(n, 1, dtype=torch.float64, generator=default_generator, device=probs.device) \
+        if any(g is None for g in generators) else torch.zeros(n, 1, dtype=torch.float64, device=probs.device)
     for i, g in enumerate(generators):
         if g is not None and not (skip_rows and skip_rows[i]):
-            noise[i].exponential_(generator=g)
-    noise.clamp_min_(torch.finfo(torch.float32).tiny)
-    return (probs / noise).argmax(dim=-1)
+            u[i] = torch.rand(1, dtype=torch.float64, generator=g, device=probs.device)
+    cdf = probs.double().cumsum(dim=-1)                                      # [num_rows, vocab]
+    ids = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=probs.shape[-1] - 1)
+    # rounding can land past the last non-zero token: fall back to the most likely one
+    ok = probs.gather(1, ids) > 0
+    return torch.where(ok, ids, probs.argmax(dim=-1, keepdim=True)).squeeze(1)
 
 
 def gather_logprobs(

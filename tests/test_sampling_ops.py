@@ -5,7 +5,7 @@ import torch
 
 from backend.sampling_ops import (apply_bans, apply_min_p, apply_penalties, apply_presence_frequency_penalties,
                                   apply_repetition_penalty, apply_temperature, apply_token_bitmask,
-                                  apply_top_k_top_p, exponential_race, gather_logprobs, token_counts,
+                                  apply_top_k_top_p, apply_top_p, gather_logprobs, inverse_cdf_draw, token_counts,
                                   unpack_bitmask)
 
 INF = float("inf")
@@ -92,6 +92,25 @@ def test_top_p_applies_to_the_top_k_renormalised_distribution():
     assert kept(out) == [[True, True, False, False]]
 
 
+def top_p_by_sorting(logits, top_p):
+    """Reference: sort ascending, drop tokens whose own + less likely mass is <= 1 - p."""
+    srt, idx = logits.sort(dim=-1)
+    drop = srt.softmax(-1).cumsum(-1) <= (1 - top_p)[:, None]
+    drop[:, -1] = False
+    return logits.scatter(1, idx, srt.masked_fill(drop, -INF))
+
+
+def test_top_p_candidates_agree_with_sorting():
+    """Few candidates push flat rows on to the larger sizes and the full vocabulary."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 300, generator=gen) * torch.tensor([0.3, 1.0, 3.0, 8.0, 0.1, 5.0])[:, None]
+    top_p = torch.tensor([0.9, 0.5, 0.95, 0.7, 1.0, 0.3])
+    want = kept(top_p_by_sorting(logits.clone(), top_p))
+    for sizes in ((4,), (4, 32), (32, 64), (300,), ()):
+        assert kept(apply_top_p(logits.clone(), top_p, candidate_sizes=sizes)) == want
+    assert all(want[4])  # top_p = 1 keeps everything
+
+
 def test_min_p():
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     out = apply_min_p(probs.log().repeat(2, 1), torch.tensor([0.25, 0.0]))
@@ -108,21 +127,21 @@ def test_gather_logprobs():
     assert gather_logprobs(logits, torch.tensor([0, 2]), 0)[1] is None
 
 
-def test_exponential_race_seeded_rows_ignore_the_batch():
+def test_inverse_cdf_draw_seeded_rows_ignore_the_batch():
     probs = torch.softmax(torch.randn(3, 50), -1)
     g = lambda: torch.Generator().manual_seed(123)  # noqa: E731
-    alone = [exponential_race(probs[1:2], [g()], None).item()]
+    alone = [inverse_cdf_draw(probs[1:2], [g()], None).item()]
     gen = g()
-    in_batch = exponential_race(probs, [None, gen, None], torch.Generator().manual_seed(9))
+    in_batch = inverse_cdf_draw(probs, [None, gen, None], torch.Generator().manual_seed(9))
     assert in_batch[1].item() == alone[0]
     # a skipped row consumes nothing from its generator
     gen2 = g()
-    exponential_race(probs[1:2], [gen2], None, skip_rows=[True])
+    inverse_cdf_draw(probs[1:2], [gen2], None, skip_rows=[True])
     assert torch.equal(gen2.get_state(), g().get_state())
 
 
-def test_exponential_race_never_draws_zero_probability_tokens():
+def test_inverse_cdf_draw_never_draws_zero_probability_tokens():
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.5]]).repeat(2000, 1)
-    drawn = exponential_race(probs, [None] * 2000, torch.Generator().manual_seed(0))
+    drawn = inverse_cdf_draw(probs, [None] * 2000, torch.Generator().manual_seed(0))
     assert set(drawn.tolist()) == {1, 3}
     assert math.isclose((drawn == 1).float().mean().item(), 0.5, abs_tol=0.06)
