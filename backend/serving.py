@@ -223,17 +223,23 @@ class LLMServing:
 
     # ---- cancellation and shutdown ------------------------------------------------------
     def _watch_cancellations(self) -> None:
+        # is_cancelled() is asked under the lock, and only of requests still in flight: _on_output removes
+        # a request under the same lock before sending its final response, after which Triton frees the
+        # response factory that is_cancelled() reads (asking then crashed tritonserver).
         while not self._closed.wait(self._poll_s):
+            cancelled = []
             with self._lock:
-                candidates = [f for f in self._inflight.values() if not f.aborted]
-            for f in candidates:
-                try:
-                    cancelled = f.request.is_cancelled()
-                except Exception:
-                    cancelled = False
-                if cancelled:
-                    f.aborted = True
-                    self.engine.abort(f.engine_id)
+                for f in self._inflight.values():
+                    if f.aborted:
+                        continue
+                    try:
+                        if f.request.is_cancelled():
+                            f.aborted = True
+                            cancelled.append(f.engine_id)
+                    except Exception:
+                        pass
+            for engine_id in cancelled:
+                self.engine.abort(engine_id)
 
     def num_in_flight(self) -> int:
         with self._lock:
