@@ -1,4 +1,7 @@
-"""Compiled Triton backend vs the torch backend on CUDA (run by test_triton_kernels on a GPU machine)."""
+"""Compiled Triton backend vs the torch backend on CUDA (run by test_triton_kernels on a GPU machine).
+
+Run alone: python tests/gpu_attention_check.py (prints one line per case, exits 1 on any mismatch).
+"""
 import sys
 
 import torch
