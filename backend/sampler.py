@@ -61,7 +61,7 @@ def process_logits(
     logits: torch.Tensor,   # [num_rows, vocab] raw (not modified)
     batch: SamplingBatch,
 ) -> torch.Tensor:          # [num_rows, vocab] fp32 after every filter, before the draw
-    return filter_logits(mask_and_penalise(logits.float().clone(), batch), batch)
+    return filter_logits(mask_and_penalise(logits.to(torch.float32, copy=True), batch), batch)
 
 
 def compute_probs(
@@ -69,7 +69,7 @@ def compute_probs(
     batch: SamplingBatch,
 ) -> torch.Tensor:          # [num_rows, vocab] fp32
     """The distribution each row is actually sampled from: greedy rows are one-hot at their argmax."""
-    penalised = mask_and_penalise(logits.float().clone(), batch)
+    penalised = mask_and_penalise(logits.to(torch.float32, copy=True), batch)
     probs = logits_to_probs(filter_logits(penalised.clone(), batch))
     if batch.any_greedy:
         one_hot = torch.zeros_like(probs).scatter_(1, penalised.argmax(dim=-1, keepdim=True), 1.0)
@@ -84,7 +84,7 @@ def sample_tokens(
 ) -> torch.Tensor:                           # [num_rows] int64
     if batch.all_greedy and not batch.has_masks and not batch.has_penalties:
         return logits.argmax(dim=-1)  # fast path: plain greedy batch
-    penalised = mask_and_penalise(logits.float().clone(), batch)
+    penalised = mask_and_penalise(logits.to(torch.float32, copy=True), batch)
     if batch.all_greedy:
         return penalised.argmax(dim=-1)
     greedy_ids = penalised.argmax(dim=-1) if batch.any_greedy else None

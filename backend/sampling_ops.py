@@ -129,7 +129,7 @@ def nucleus_threshold(
     vals = logits.topk(min(vocab, num_candidates), dim=-1).values           # [num_rows, C] descending
     p = (vals - logits.logsumexp(dim=-1, keepdim=True)).exp()               # their probabilities
     keep = (p.cumsum(dim=-1) - p) < top_p[:, None]    # mass strictly before each candidate < p
-    threshold = vals.gather(1, keep.sum(-1, keepdim=True) - 1)              # the first one is always kept
+    threshold = vals.gather(1, (keep.sum(-1, keepdim=True) - 1).clamp_(min=0))  # the first is always kept
     undecided = keep[:, -1] if vals.shape[-1] < vocab else torch.zeros_like(keep[:, -1])
     return threshold, undecided
 

@@ -130,5 +130,7 @@ def test_selector():
     with pytest.raises(ValueError):
         make_attention_backend(cache, kind="flash")
     with pytest.raises(ValueError, match="block_size"):
+        TritonPagedAttention(KVCache(1, 2, 8, 1, 16))
+    with pytest.raises(ValueError, match="block_size"):
         paged_decode_attention(torch.zeros(1, 1, 16), torch.zeros(2, 8, 1, 16), torch.zeros(2, 8, 1, 16),
                                torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32), 1)

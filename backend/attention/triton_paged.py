@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.common import check_cache_layout
 from ..kernels.paged_decode import num_partitions, paged_decode_attention
 from ..kernels.paged_prefill import paged_prefill_attention
 from ..kernels.reshape_and_cache import reshape_and_cache
@@ -29,6 +30,7 @@ class TritonPagedAttention(AttentionBackend):
                  split_k: bool | None = None, prefill_block_m: int = 64, target_programs: int | None = None):
         """``split_k``: None decides per step (``use_split_k``), True/False forces it.
         ``partition_tokens`` (a multiple of the block size) is the split-K partition length."""
+        check_cache_layout(kv_cache.k[0], kv_cache.v[0])  # power-of-two block_size >= 16
         bs = kv_cache.block_size
         if partition_tokens % bs:
             raise ValueError(f"partition_tokens ({partition_tokens}) must be a multiple of block_size ({bs})")
