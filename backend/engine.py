@@ -60,6 +60,8 @@ class LLMEngine:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError("request_id: must be a non-empty string")
         prompt = [int(t) for t in prompt_token_ids]
+        if params.guide is not None:  # grammar masks land with the constrained-decoding issue
+            raise ValueError("guided_decoding_guide_type: guided decoding is not supported yet by this engine")
         self.scheduler.check_request(prompt, params)
         with self._cv:
             if self._stopping:
