@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from .attention.base import AttentionBackend
+from .attention.selector import make_attention_backend
 from .config import EngineConfig
 from .kv_cache import KVCache, num_blocks_for_budget
 from .llama import LlamaForCausalLM
@@ -70,14 +70,6 @@ def checkpoint_identity(folder: Path) -> str:
     return h.hexdigest()[:32]
 
 
-def make_attention_backend(kv_cache: KVCache, device: torch.device) -> AttentionBackend:
-    if device.type == "cuda":
-        from .attention.triton_paged import TritonPagedAttention
-        return TritonPagedAttention(kv_cache)
-    from .attention.torch_paged import TorchPagedAttention
-    return TorchPagedAttention(kv_cache)
-
-
 def num_kv_blocks(config: EngineConfig, model: LlamaForCausalLM, device: torch.device, dtype: torch.dtype) -> int:
     cfg = model.config
     if config.num_kv_blocks is not None:
@@ -107,5 +99,5 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     scheduler = Scheduler(config, num_blocks=blocks, max_model_len=max_model_len, vocab_size=mcfg.vocab_size,
                           eos_token_ids=eos, cache_key=checkpoint_identity(folder))
     sampler = Sampler(vocab_size=mcfg.vocab_size, device=device, seed=config.seed, eos_token_ids=sorted(eos))
-    runner = ModelRunner(model, kv_cache, make_attention_backend(kv_cache, device), sampler, device)
+    runner = ModelRunner(model, kv_cache, make_attention_backend(kv_cache), sampler, device)
     return EngineParts(model, kv_cache, scheduler, runner, device, dtype)
