@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from .validation import check_int as _check_int
+
 DEVICES = ("auto", "cpu", "cuda")          # plus "cuda:N"
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 SPECULATIVE_METHODS = ("ngram", "draft")
@@ -182,15 +184,6 @@ _PARSERS = {
 def _check_str(name: str, value) -> None:
     if not isinstance(value, str) or not value:
         raise ValueError(f"{name}: expected a non-empty string, got {value!r}")
-
-
-def _check_int(name: str, value, lo: int | None = None, hi: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}: expected an integer, got {value!r}")
-    if lo is not None and value < lo:
-        raise ValueError(f"{name}: must be >= {lo}, got {value}")
-    if hi is not None and value > hi:
-        raise ValueError(f"{name}: must be <= {hi}, got {value}")
 
 
 def _check_fraction(name: str, value, lo_open: bool = False, hi_open: bool = False) -> None:

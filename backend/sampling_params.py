@@ -5,8 +5,10 @@ adapters can turn it into a client error without crashing the engine.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
+
+from .validation import check_float as _check_float
+from .validation import check_int as _check_int
 
 
 @dataclass(frozen=True)
@@ -77,23 +79,3 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
-
-
-def _check_int(name: str, value, lo: int | None = None, hi: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}: expected an integer, got {value!r}")
-    if lo is not None and value < lo:
-        raise ValueError(f"{name}: must be >= {lo}, got {value}")
-    if hi is not None and value > hi:
-        raise ValueError(f"{name}: must be <= {hi}, got {value}")
-
-
-def _check_float(name: str, value, lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name}: expected a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name}: must be finite, got {value}")
-    if lo is not None and (value <= lo if lo_open else value < lo):
-        raise ValueError(f"{name}: must be {'>' if lo_open else '>='} {lo}, got {value}")
-    if hi is not None and value > hi:
-        raise ValueError(f"{name}: must be <= {hi}, got {value}")
