@@ -53,14 +53,19 @@ def heldout_ids(tok: Tokenizer) -> np.ndarray:
 
 
 def function_headers(n: int) -> list[str]:
-    """The first ``n`` function headers (with their indentation) in held-out files."""
+    """One top-level function header from each of the first ``n`` held-out files that have one.
+
+    The prompt stops after the colon: BPE merges a newline with the indentation that follows, so a
+    prompt ending in a bare newline would be an unnatural token boundary.
+    """
     _, heldout = corpus_files(include_tests=False)
     heads = []
     for f in heldout:
-        for m in re.finditer(r"^[ ]*def \w+\(.*\):\n", read_text(f) or "", re.M):
+        m = re.search(r"^def \w+\(.*\):$", read_text(f) or "", re.M)
+        if m:
             heads.append(m.group(0))
             if len(heads) == n:
-                return heads
+                break
     return heads
 
 
