@@ -58,7 +58,7 @@ def server(model_path, tmp_path_factory) -> E2EServer:
         "preprocess": {"tokenizer_path": str(model_path)},
         "postprocess": {"tokenizer_path": str(model_path)},
     })
-    srv = TritonServer(repo, Ports.free(), log_path=root / "server.log", extra_args=["--exit-timeout-secs=10"])
+    srv = TritonServer(repo, Ports.free(), log_path=root / "server.log", extra_args=["--exit-timeout-secs=30"])
     srv.start()
     try:
         srv.wait_ready(timeout=300)
@@ -66,9 +66,12 @@ def server(model_path, tmp_path_factory) -> E2EServer:
         srv.stop()
         pytest.fail(f"the e2e tritonserver did not start: {e}", pytrace=False)
     yield E2EServer(srv, model_path)
-    code = srv.stop(timeout=30)
+    code = srv.stop(timeout=45)
     # A clean exit means no ensemble request was left in flight (Triton waits for them on shutdown).
-    assert code == 0, f"tritonserver exited with {code}; log tail:\n{srv.log_tail()}"
+    if code != 0:
+        shutdown = [line for line in srv.log_tail(400).splitlines() if "in-flight" in line or "live models" in line]
+        raise AssertionError(f"tritonserver exited with {code}; shutdown log:\n" + "\n".join(shutdown[-12:]) +
+                             f"\n--- log tail ---\n{srv.log_tail(30)}")
 
 
 @pytest.fixture(scope="session")
