@@ -41,6 +41,7 @@ class EngineConfig:
     num_speculative_tokens: int = 0
     speculative_method: str | None = None      # None | "ngram" | "draft"
     seed: int = 0
+    cpu_threads: int = 0                       # torch intra-op threads on CPU (0: torch's default, one per core)
 
     def __post_init__(self) -> None:
         _check_str("model_path", self.model_path)
@@ -77,6 +78,7 @@ class EngineConfig:
         if self.speculative_method == "draft" and self.draft_model_path is None:
             raise ValueError("draft_model_path: required when speculative_method is 'draft'")
         _check_int("seed", self.seed, lo=0, hi=2**63 - 1)
+        _check_int("cpu_threads", self.cpu_threads, lo=0, hi=1024)
 
     @property
     def speculative(self) -> bool:
@@ -176,6 +178,7 @@ _PARSERS = {
     "max_model_len": _optional(_parse_int), "enable_prefix_caching": _parse_bool, "watermark": _parse_float,
     "stream_interval": _parse_int, "device": _parse_str, "dtype": _parse_str,
     "num_speculative_tokens": _parse_int, "speculative_method": _optional(_parse_str), "seed": _parse_int,
+    "cpu_threads": _parse_int,
 }
 
 

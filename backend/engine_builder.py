@@ -87,6 +87,9 @@ def num_kv_blocks(config: EngineConfig, model: LlamaForCausalLM, device: torch.d
 def build_engine_parts(config: EngineConfig) -> EngineParts:
     folder = Path(config.model_path)
     device = resolve_device(config.device)
+    if device.type == "cpu" and config.cpu_threads:
+        # process-wide; on a small shared CPU fewer threads than cores avoids OpenMP barrier stalls
+        torch.set_num_threads(config.cpu_threads)
     from .model_config import ModelConfig
     mcfg = ModelConfig.from_file(folder / "config.json")
     dtype = resolve_dtype(config.dtype, device, mcfg.dtype)
