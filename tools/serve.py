@@ -8,6 +8,7 @@ overrides one for this run (e.g. ``--set llm.model_path=/path/to/checkpoint``). 
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import sys
 import tempfile
@@ -72,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         server.stop()
+        if repo != args.model_repository:  # the rendered copy with --set overrides
+            shutil.rmtree(repo, ignore_errors=True)
 
 
 if __name__ == "__main__":
