@@ -1,17 +1,16 @@
 """Paged attention in plain torch: the CPU path and the reference for the Triton kernels.
 
 Per step, ``prepare`` turns the metadata into a ``PagedPlan``: which cache blocks to gather
-for each sequence, where each flat query token sits in a padded ``[num_seqs, max_query_len]``
-grid, and the boolean mask (causal by position, within length). Per layer, ``forward``
-scatters the new K/V into their slots, gathers the contexts with one ``index_select`` over
-whole blocks, and runs one batched SDPA call: no Python loop over sequences.
+for each sequence and the masks. Per layer, ``forward`` scatters the new K/V into their
+slots and gathers the contexts with one ``index_select`` over whole blocks.
 
-A mixed step is split into two groups, the decodes (one query each) and the rest, each
-with its own SDPA call, so a long prefill chunk does not pad every decode to its length.
-
-GQA without copies: the ``G = num_heads / num_kv_heads`` query heads sharing a KV head are
-folded into the query-length axis (``[B, KVH, Qmax * G, D]`` against ``[B, KVH, S, D]``), so
-keys and values are never repeated per query head.
+A step is split into two groups. Decodes (one query each, the hot path) run as ONE batched
+SDPA call: the ``G = num_heads / num_kv_heads`` query heads sharing a KV head are folded into
+the query axis (``[B, KVH, G, D]`` against ``[B, KVH, S, D]``), so K/V are never repeated per
+head. Sequences with several query tokens (prefill chunks, prefix hits, drafts) run one causal
+SDPA each over exactly their own context: padding them to the longest one in a batched call
+cost ~3x the attention FLOPs on mixed prompt lengths, and a fresh prompt gets the flash
+``is_causal`` path with no mask at all. Those few calls per step are compute-bound.
 """
 from __future__ import annotations
 
@@ -34,38 +33,17 @@ class PagedPlan:
     ctx_len: int                      # keys gathered per sequence (the group's longest context)
     slot_mapping: torch.Tensor        # [num_tokens_in_step] int64
     gather_blocks: torch.Tensor       # [num_seqs * blocks_per_seq] int64  block ids, row-major
-    query_rows: torch.Tensor | None   # [num_tokens] int64  row in the [num_seqs * max_query_len] grid; None: identity
-    mask: torch.Tensor | None         # [num_seqs, 1, max_query_len, ctx_len] bool; None: attend to everything
+    mask: torch.Tensor | None         # decodes: [num_seqs, 1, 1, ctx_len] bool; None: attend to everything
     token_index: torch.Tensor | None = None  # [num_tokens] int64  this group's tokens in the step; None: all
     rest: "PagedPlan | None" = None   # the other group of a mixed step (decodes here, the rest there)
-    _folded_masks: dict = field(default_factory=dict)  # group size -> [num_seqs, 1, Qmax * G, ctx_len]
-
-    def folded_mask(self, group: int) -> torch.Tensor | None:
-        """The mask with each query row repeated ``group`` times (one per query head of a KV head)."""
-        if self.mask is None or group == 1 or self.max_query_len == 1:
-            return self.mask
-        if group not in self._folded_masks:
-            self._folded_masks[group] = self.mask.repeat_interleave(group, dim=2)
-        return self._folded_masks[group]
+    # multi-token groups: per sequence (query_len, context_len), and its causal mask [query_len, context_len]
+    # aligned bottom-right (None when query_len == context_len: plain is_causal)
+    seq_shapes: list[tuple[int, int]] = field(default_factory=list)
+    seq_masks: list[torch.Tensor | None] = field(default_factory=list)
 
     @property
     def groups(self) -> list["PagedPlan"]:
         return [self] if self.rest is None else [self, self.rest]
-
-
-def causal_position_mask(
-    seq_lens: torch.Tensor,    # [num_seqs] context length after this step
-    query_lens: torch.Tensor,  # [num_seqs] new tokens per sequence
-    max_query_len: int,
-    ctx_len: int,
-) -> torch.Tensor:             # [num_seqs, max_query_len, ctx_len] bool
-    """Query ``i`` of sequence ``s`` (position ``seq_len - query_len + i``) sees keys ``j <= position``.
-
-    Padded query rows (``i >= query_len``) get a harmless non-empty row; their output is dropped.
-    """
-    pos = (seq_lens - query_lens)[:, None] + torch.arange(max_query_len, device=seq_lens.device)  # [S, Qmax]
-    keys = torch.arange(ctx_len, device=seq_lens.device)
-    return keys[None, None, :] <= pos[:, :, None]
 
 
 def plan_group(
@@ -81,18 +59,14 @@ def plan_group(
     ctx_len = int(seq_lens.max())
     qmax = int(query_lens.max())
     gather_blocks = block_tables[:, :-(-ctx_len // block_size)].long().reshape(-1)
-    query_rows = None
-    if b > 1 and qmax > 1:  # queries need a padded grid
-        seq_of_token = torch.repeat_interleave(torch.arange(b, device=dev), query_lens)
-        start = torch.cumsum(query_lens, 0) - query_lens
-        query_rows = seq_of_token * qmax + torch.arange(seq_of_token.shape[0], device=dev) - start[seq_of_token]
-    if b == 1 and qmax == 1:
-        mask = None  # one decode token: gather exactly seq_len keys, all visible
-    elif qmax == 1:
-        mask = (torch.arange(ctx_len, device=dev)[None, :] < seq_lens[:, None])[:, None, None, :]
-    else:
-        mask = causal_position_mask(seq_lens, query_lens, qmax, ctx_len)[:, None]
-    return PagedPlan(b, qmax, ctx_len, slot_mapping, gather_blocks, query_rows, mask, token_index)
+    if qmax == 1:
+        mask = None if b == 1 else (torch.arange(ctx_len, device=dev)[None, :] < seq_lens[:, None])[:, None, None, :]
+        return PagedPlan(b, qmax, ctx_len, slot_mapping, gather_blocks, mask, token_index)
+    shapes = list(zip(query_lens.tolist(), seq_lens.tolist()))
+    masks = [None if ql == sl else torch.arange(sl, device=dev)[None, :] <= torch.arange(sl - ql, sl, device=dev)[:, None]
+             for ql, sl in shapes]
+    return PagedPlan(b, qmax, ctx_len, slot_mapping, gather_blocks, None, token_index, seq_shapes=shapes,
+                     seq_masks=masks)
 
 
 def plan_paged_attention(md: AttentionMetadata, block_size: int) -> PagedPlan:
@@ -149,7 +123,7 @@ def attend(
     plan: PagedPlan,
     scale: float | None = None,
 ) -> torch.Tensor:         # [num_tokens, num_heads, head_dim]
-    """One SDPA call for the whole batch, the query-head group folded into the query axis."""
+    """Decodes: one SDPA call for the whole group, the query-head group folded into the query axis."""
     t, h, d = q.shape
     b, kvh, qmax = plan.num_seqs, keys.shape[1], plan.max_query_len
     g = h // kvh
@@ -158,14 +132,17 @@ def attend(
     if qmax == 1:  # pure decode: token i is sequence i, no padding at all
         out = F.scaled_dot_product_attention(q.view(b, kvh, g, d), keys, values, attn_mask=plan.mask, scale=scale)
         return out.view(t, h, d)
-    if plan.query_rows is None:  # a single sequence: its tokens already form the grid
-        grid = q.view(b, qmax, kvh, g, d)
-    else:
-        grid = q.new_zeros(b * qmax, h, d).index_copy_(0, plan.query_rows, q).view(b, qmax, kvh, g, d)
-    qf = grid.permute(0, 2, 1, 3, 4).reshape(b, kvh, qmax * g, d)          # [B, KVH, Qmax * G, D]
-    out = F.scaled_dot_product_attention(qf, keys, values, attn_mask=plan.folded_mask(g), scale=scale)
-    out = out.view(b, kvh, qmax, g, d).permute(0, 2, 1, 3, 4).reshape(b * qmax, h, d)
-    return out if plan.query_rows is None else out.index_select(0, plan.query_rows)
+    # several query tokens per sequence (prefill chunks, prefix hits, drafts): one causal SDPA per
+    # sequence over its own context, with no padding to the longest one (decodes stay batched above)
+    outs, start = [], 0
+    for i, ((qlen, ctx), mask) in enumerate(zip(plan.seq_shapes, plan.seq_masks)):
+        qi = q[start:start + qlen].transpose(0, 1).unsqueeze(0)           # [1, H, qlen, D]
+        ki, vi = keys[i:i + 1, :, :ctx], values[i:i + 1, :, :ctx]          # [1, KVH, ctx, D]
+        o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                           enable_gqa=g > 1)
+        outs.append(o[0].transpose(0, 1))                                  # [qlen, H, D]
+        start += qlen
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 def attend_groups(
