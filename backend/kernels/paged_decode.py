@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from .common import check_cache_layout, dot_precision, next_pow2, padded_dim, softmax_scale_log2
+from .online_softmax import attend_kv_block
 
 
 @triton.jit
@@ -59,16 +60,8 @@ def _decode_kernel(
         t_mask = blk * BLOCK_SIZE + offs_t < seq_len
         kv_off = phys * stride_cb + offs_t[:, None] * stride_ct + kvh * stride_ch + offs_d[None, :]
         kv_mask = t_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)           # [BLOCK_SIZE, HEAD_DIM_PAD]
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [GROUP_PAD, BLOCK_SIZE]
-        s = tl.where(t_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = attend_kv_block(q, k_cache_ptr, v_cache_ptr, kv_off, kv_mask, t_mask[None, :],
+                                        m_i, l_i, acc, scale_log2, PRECISION)
 
     out = acc / l_i[:, None]
     out_mask = g_mask[:, None] & d_mask[None, :]

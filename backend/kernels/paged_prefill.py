@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from .common import check_cache_layout, dot_precision, next_pow2, padded_dim, softmax_scale_log2
+from .online_softmax import attend_kv_block
 
 
 @triton.jit
@@ -66,18 +67,10 @@ def _prefill_kernel(
         t_mask = k_pos < kv_end
         kv_off = phys * stride_cb + offs_t[:, None] * stride_ct + kvh * stride_ch + offs_d[None, :]
         kv_mask = t_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)   # [BLOCK_SIZE, HEAD_DIM_PAD]
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_M, BLOCK_SIZE]
         visible = (k_pos[None, :] <= q_pos[:, None]) & t_mask[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        # every row (padding rows too) sees key 0, so m_new is finite from the first block on
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        # every row (padding rows too) sees key 0, so the running max is finite from the first block on
+        m_i, l_i, acc = attend_kv_block(q, k_cache_ptr, v_cache_ptr, kv_off, kv_mask, visible,
+                                        m_i, l_i, acc, scale_log2, PRECISION)
 
     out = acc / l_i[:, None]
     tl.store(out_ptr + tok[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
