@@ -15,16 +15,23 @@ def dense_logits(model, ids: list[int]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def dense_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """Greedy continuation by full recomputation each step (slow, obviously correct)."""
+def dense_greedy(model, prompt: list[int], max_new_tokens: int, banned: tuple[int, ...] = ()) -> list[int]:
+    """Greedy continuation by full recomputation each step (slow, obviously correct).
+
+    ``banned`` ids are never chosen: pass the EOS ids to match ``hf_greedy``, whose
+    ``min_new_tokens`` masks EOS until the last token.
+    """
     ids = list(prompt)
     for _ in range(max_new_tokens):
-        ids.append(int(dense_logits(model, ids)[-1].argmax()))
+        logits = dense_logits(model, ids)[-1]
+        logits[list(banned)] = float("-inf")
+        ids.append(int(logits.argmax()))
     return ids[len(prompt):]
 
 
 @torch.no_grad()
 def hf_greedy(hf_model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """HF greedy with EOS masked for all ``max_new_tokens`` (``min_new_tokens``)."""
     out = hf_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                             do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
                             pad_token_id=0)

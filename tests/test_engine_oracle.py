@@ -70,7 +70,8 @@ def test_greedy_matches_hf_under_concurrency(setup, variant):
         kw["enable_prefix_caching"] = False
     engine = LLMEngine(EngineConfig(**kw)).start()
     try:
-        params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+        # min_tokens masks EOS until the end, exactly as HF's min_new_tokens does for the reference
+        params = SamplingParams(max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, temperature=0.0)
         results = run_staggered(engine, prompts, params)
         for i, outs in enumerate(results):
             got = output_token_ids(outs)

@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 
 from backend.attention.dense import DenseCausalAttention
 from backend.llama import LlamaForCausalLM
-from backend.loader import save_model
+from backend.loader import load_model, save_model
 from backend.model_config import ModelConfig
 
 from .corpus import corpus_files, read_text
@@ -105,6 +105,9 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="continue from this HF folder's weights (same size) instead of a random init")
+    ap.add_argument("--warmup", type=int, default=100)
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -118,11 +121,16 @@ def main() -> None:
           f"from {len(heldout_files)} files", flush=True)
 
     cfg_dict = hf_config(args.size, tok, max_pos=1024)
-    model = LlamaForCausalLM(ModelConfig.from_dict(cfg_dict))
-    for name, p in model.named_parameters():
-        if p.dim() == 2:
-            torch.nn.init.normal_(p, std=0.02 / (math.sqrt(2 * model.config.num_hidden_layers)
-                                                 if name.endswith(("o_proj.weight", "down_proj.weight")) else 1))
+    if args.init_from is not None:
+        model = load_model(args.init_from).train().requires_grad_(True)
+        prior = json.loads((args.init_from / "training_stats.json").read_text())
+    else:
+        prior = {}
+        model = LlamaForCausalLM(ModelConfig.from_dict(cfg_dict))
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                torch.nn.init.normal_(p, std=0.02 / (math.sqrt(2 * model.config.num_hidden_layers)
+                                                     if name.endswith(("o_proj.weight", "down_proj.weight")) else 1))
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{args.size}: {n_params / 1e6:.2f}M parameters", flush=True)
     decay = [p for p in model.parameters() if p.dim() == 2]
@@ -130,7 +138,7 @@ def main() -> None:
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), fused=False)
 
-    total, warmup = args.steps or 10**9, 100
+    total, warmup = args.steps or 10**9, args.warmup
     tokens_per_step = args.batch * args.seq_len
     t0 = time.time()
     step = 0
@@ -164,9 +172,15 @@ def main() -> None:
     gen = {"bos_token_id": cfg_dict["bos_token_id"], "eos_token_id": cfg_dict["eos_token_id"],
            "pad_token_id": cfg_dict["pad_token_id"], "do_sample": False}
     (args.out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
-    stats = {"size": args.size, "parameters": n_params, "steps": step, "tokens_seen": step * tokens_per_step,
+    runs = prior.get("runs", [{k: prior[k] for k in ("steps", "tokens_seen", "training_minutes", "peak_lr", "seed")
+                                if k in prior}] if prior else [])
+    runs.append({"steps": step, "tokens_seen": step * tokens_per_step, "training_minutes": elapsed / 60,
+                 "peak_lr": args.lr, "seed": args.seed})
+    stats = {"size": args.size, "parameters": n_params, "runs": runs,
+             "steps": sum(r["steps"] for r in runs), "tokens_seen": sum(r["tokens_seen"] for r in runs),
              "train_tokens": int(len(train)), "heldout_tokens": int(len(heldout)),
-             "epochs": step * tokens_per_step / len(train), "training_minutes": elapsed / 60,
+             "epochs": sum(r["tokens_seen"] for r in runs) / len(train),
+             "training_minutes": sum(r["training_minutes"] for r in runs),
              "heldout_loss": ho, "heldout_perplexity": math.exp(ho), "seq_len": args.seq_len,
              "batch": args.batch, "peak_lr": args.lr, "seed": args.seed}
     (args.out / "training_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
