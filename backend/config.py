@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from .validation import check_int as _check_int
+from contracts.validation import check_int as _check_int
 
 DEVICES = ("auto", "cpu", "cuda")          # plus "cuda:N"
 DTYPES = ("auto", "float32", "float16", "bfloat16")

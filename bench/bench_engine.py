@@ -21,9 +21,9 @@ from tokenizers import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backend.config import EngineConfig  # noqa: E402
-from backend.engine import LLMEngine  # noqa: E402
-from backend.sampling_params import SamplingParams  # noqa: E402
+from backend.engine.llm_engine import LLMEngine  # noqa: E402
 from bench.workload import mixed_workload, shared_stem_workload  # noqa: E402
+from contracts.sampling_params import SamplingParams  # noqa: E402
 
 
 def pct(xs, q):

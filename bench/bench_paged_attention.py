@@ -14,7 +14,7 @@ import torch
 
 from backend.attention.metadata import build_attention_metadata
 from backend.attention.torch_paged import TorchPagedAttention
-from backend.kv_cache import KVCache
+from backend.core.kv_cache import KVCache
 
 
 def best_time(fn, iters: int, reps: int = 5) -> float:

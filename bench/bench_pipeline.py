@@ -54,8 +54,15 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tools.client import INPUT_TYPES, parse_result, to_array  # noqa: E402
-from tools.triton_launcher import (CACHE, MODEL_REPOSITORY, LauncherError, Ports, TritonServer,  # noqa: E402
-                                   render_model_repository, set_parameters)
+from tools.triton_launcher import (  # noqa: E402
+    CACHE,
+    MODEL_REPOSITORY,
+    LauncherError,
+    Ports,
+    TritonServer,
+    render_model_repository,
+    set_parameters,
+)
 
 LEVELS = (1, 4, 8, 16, 32)
 GOAL_TPOT_RATIO = 1.15      # pipeline TPOT at concurrency 1 / in-process, at most
@@ -382,7 +389,7 @@ def repository_overrides(model: Path | None, sets: Sequence[str]) -> dict[str, d
 def engine_config(overrides: dict[str, dict[str, str]]):
     """The EngineConfig the ``llm`` model builds from its config.pbtxt (with the same overrides)."""
     from backend.config import EngineConfig
-    from backend.serving import resolve_paths, split_parameters
+    from backend.serving.llm_serving import resolve_paths, split_parameters
 
     text = set_parameters((MODEL_REPOSITORY / "llm" / "config.pbtxt").read_text(), overrides.get("llm", {}))
     engine_params, _ = split_parameters(resolve_paths(pbtxt_parameters(text)))
@@ -504,7 +511,7 @@ async def sweep(args, url: str, cfg, workloads: dict[int, list[WorkItem]], deadl
                 server: TritonServer | None = None) -> list[dict]:
     import tritonclient.grpc.aio as grpcclient
 
-    from backend.engine import LLMEngine
+    from backend.engine.llm_engine import LLMEngine
 
     engine = None if args.skip_engine else LLMEngine(cfg).start()
     client = grpcclient.InferenceServerClient(url)

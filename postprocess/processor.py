@@ -24,11 +24,20 @@ import enum
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from preprocess.options import OutputOptions
-
-from .detokenizer import DEFAULT_CONTEXT_TOKENS, IncrementalDetokenizer, TextDecoder
-from .state import DEFAULT_MAX_REQUESTS, RequestState, RequestStateTable, SequenceState, TableStats
-from .stop_matcher import StopMatcher
+from contracts.output_options import OutputOptions
+from postprocess.detokenizer import (
+    DEFAULT_CONTEXT_TOKENS,
+    IncrementalDetokenizer,
+    TextDecoder,
+)
+from postprocess.state import (
+    DEFAULT_MAX_REQUESTS,
+    RequestState,
+    RequestStateTable,
+    SequenceState,
+    TableStats,
+)
+from postprocess.stop_matcher import StopMatcher
 
 FINISH_REASONS = ("stop", "length", "abort", "cancelled", "error")
 

@@ -18,21 +18,21 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from pathlib import Path
 
 import numpy as np
 
-from backend import wire
-
-from .processor import Postprocessor
+from contracts import wire
+from contracts.triton_config import (
+    DEFAULT_TOKENIZER,
+    int_param,
+    model_parameters,
+    resolve_path,
+    str_param,
+)
+from postprocess.processor import Postprocessor
 
 log = logging.getLogger(__name__)
-REPO = Path(__file__).resolve().parents[1]
 LLM_MODEL = "llm"
-
-
-def _param(model_config: dict, key: str, default: str) -> str:
-    return ((model_config.get("parameters") or {}).get(key) or {}).get("string_value", "") or default
 
 
 class PostprocessServing:
@@ -52,15 +52,11 @@ class PostprocessServing:
     def from_model_config(cls, model_config: dict, pb_utils) -> "PostprocessServing":
         from preprocess.tokenizer import load_tokenizer
 
-        path = Path(_param(model_config, "tokenizer_path", "models/demo-target"))
-        path = path if path.is_absolute() else REPO / path
-        raw = _param(model_config, "max_states", "4096")
-        try:
-            max_states = int(raw)
-        except ValueError:
-            raise ValueError(f"max_states: expected an integer parameter, got {raw!r}") from None
+        params = model_parameters(model_config)
+        path = resolve_path(str_param(params, "tokenizer_path", DEFAULT_TOKENIZER))
+        max_states = int_param(params, "max_states", 4096)
         return cls(Postprocessor(load_tokenizer(path), max_requests=max_states), pb_utils,
-                   llm_model=_param(model_config, "llm_model", LLM_MODEL))
+                   llm_model=str_param(params, "llm_model", LLM_MODEL))
 
     def execute(self, requests) -> list:
         return [self.process(r) for r in requests]

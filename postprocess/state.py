@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from preprocess.options import OutputOptions
-
-from .detokenizer import IncrementalDetokenizer
-from .stop_matcher import StopMatcher
+from contracts.output_options import OutputOptions
+from postprocess.detokenizer import IncrementalDetokenizer
+from postprocess.stop_matcher import StopMatcher
 
 DEFAULT_MAX_REQUESTS = 4096
 

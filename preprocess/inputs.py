@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .errors import RequestError
+from preprocess.errors import RequestError
 
 INT32 = (-(2**31), 2**31 - 1)
 UINT64 = (0, 2**64 - 1)

@@ -11,15 +11,20 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from backend.sampling_params import GuideSpec, SamplingParams
-
-from .chat_template import ChatTemplate, ChatTemplateError
-from .errors import RequestError
-from .inputs import UINT64, get_bool, get_float, get_int, get_str, get_str_list
-from .options import OutputOptions
-from .tokenizer import Tokenizer
-
-GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
+from contracts.field_names import ensemble_input_name
+from contracts.output_options import OutputOptions
+from contracts.sampling_params import GUIDE_TYPES, GuideSpec, SamplingParams
+from preprocess.chat_template import ChatTemplate, ChatTemplateError
+from preprocess.errors import RequestError
+from preprocess.inputs import (
+    UINT64,
+    get_bool,
+    get_float,
+    get_int,
+    get_str,
+    get_str_list,
+)
+from preprocess.tokenizer import Tokenizer
 
 # Every input this parser understands (TensorRT-LLM names, plus our messages / skip / include-stop).
 KNOWN_INPUTS = frozenset({
@@ -35,12 +40,6 @@ _FLAG_DEFAULTS = {
     "include_stop_str_in_output": False, "skip_special_tokens": True, "exclude_input_in_output": False,
     "stream": False, "return_log_probs": False, "return_num_input_tokens": False,
     "return_num_output_tokens": False,
-}
-
-# SamplingParams field -> the Triton input a client sets it with.
-_PARAM_TO_INPUT = {
-    "stop_token_ids": "end_id", "bad_words_ids": "bad_words", "n": "num_return_sequences",
-    "logprobs": "return_log_probs", "guide": "guided_decoding_guide_type",
 }
 
 
@@ -280,6 +279,6 @@ def _as_request_error(e: ValueError, min_field: str) -> RequestError:
     msg = str(e)
     m = re.match(r"\s*([a-z_]+)", msg)
     name = m.group(1) if m else "request"
-    field = min_field if name == "min_tokens" else _PARAM_TO_INPUT.get(name, name)
+    field = min_field if name == "min_tokens" else ensemble_input_name(name)
     rest = msg[len(m.group(0)):] if m else ""
     return RequestError(field, rest[1:].strip() if rest.startswith(":") else msg)

@@ -19,30 +19,19 @@ from typing import Any
 
 import numpy as np
 
-from backend import wire
-
-from .errors import RequestError
-from .request import RequestLimits, RequestParser
-from .tokenizer import load_tokenizer
+from contracts import wire
+from contracts.triton_config import (
+    DEFAULT_TOKENIZER,
+    int_param,
+    model_parameters,
+    resolve_path,
+    str_param,
+)
+from preprocess.errors import RequestError
+from preprocess.request import RequestLimits, RequestParser
+from preprocess.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _param(model_config: dict, key: str, default: str = "") -> str:
-    return ((model_config.get("parameters") or {}).get(key) or {}).get("string_value", default) or default
-
-
-def _int_param(model_config: dict, key: str) -> int | None:
-    raw = _param(model_config, key)
-    if not raw:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{key}: expected an integer parameter, got {raw!r}") from None
-
-
 class PreprocessServing:
     def __init__(self, parser: RequestParser, pb_utils, input_names: list[str]):
         self.parser = parser
@@ -51,9 +40,9 @@ class PreprocessServing:
 
     @classmethod
     def from_model_config(cls, model_config: dict, pb_utils) -> "PreprocessServing":
-        path = Path(_param(model_config, "tokenizer_path", "models/demo-target"))
-        path = path if path.is_absolute() else REPO / path
-        limits = {k: v for k in ("max_model_len", "max_prompt_bytes") if (v := _int_param(model_config, k))}
+        params = model_parameters(model_config)
+        path = resolve_path(str_param(params, "tokenizer_path", DEFAULT_TOKENIZER))
+        limits = {k: v for k in ("max_model_len", "max_prompt_bytes") if (v := int_param(params, k, None))}
         if "max_model_len" not in limits and (ctx := model_context_length(path)):
             limits["max_model_len"] = ctx
         parser = RequestParser(load_tokenizer(path), RequestLimits(**limits))

@@ -1,52 +1,14 @@
-"""Shared fixtures: the committed demo checkpoints, and tiny random checkpoints for fast tests."""
+"""Shared fixtures: the committed demo checkpoints, and tiny random checkpoints for fast tests.
+
+Helpers live in ``tests/helpers/`` and are imported one way: ``from tests.helpers.X import ...``.
+"""
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
-REPO = Path(__file__).resolve().parents[1]
-DEMO_TARGET = REPO / "models" / "demo-target"
-DEMO_DRAFT = REPO / "models" / "demo-draft"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-
-
-def make_random_checkpoint(folder: Path, *, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
-                           intermediate: int = 128, tie: bool = True, seed: int = 0, extra: dict | None = None,
-                           max_pos: int = 1024) -> Path:
-    """A random-weight Llama in HF format sharing the demo tokenizer (vocab 4096)."""
-    from backend.llama import LlamaForCausalLM
-    from backend.loader import save_model
-    from backend.model_config import ModelConfig
-
-    tok = json.loads((DEMO_TARGET / "tokenizer.json").read_text())
-    vocab = max(list(tok["model"]["vocab"].values()) + [t["id"] for t in tok["added_tokens"]]) + 1
-    cfg = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
-        "hidden_size": hidden, "intermediate_size": intermediate, "num_hidden_layers": layers,
-        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "max_position_embeddings": max_pos,
-        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": tie, "torch_dtype": "float32",
-        "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2, "hidden_act": "silu",
-    }
-    cfg.update(extra or {})
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(ModelConfig.from_dict(cfg))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.08)
-            else:
-                p.uniform_(0.8, 1.2)
-            if getattr(p, "bias_like", False):
-                pass
-    save_model(model, folder, cfg)
-    for f in TOKENIZER_FILES:
-        shutil.copy(DEMO_TARGET / f, folder / f)
-    (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}) + "\n")
-    return folder
+from tests.helpers.checkpoints import DEMO_TARGET, make_random_checkpoint
 
 
 @pytest.fixture(scope="session")

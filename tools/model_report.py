@@ -21,9 +21,8 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from backend.attention.dense import DenseCausalAttention
-from backend.loader import load_model
-
-from .corpus import corpus_files, read_text
+from backend.model.loader import load_model
+from tools.corpus import corpus_files, read_text
 
 WINDOW = 256
 

@@ -21,11 +21,10 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from backend.attention.dense import DenseCausalAttention
-from backend.llama import LlamaForCausalLM
-from backend.loader import load_model, save_model
-from backend.model_config import ModelConfig
-
-from .corpus import corpus_files, read_text
+from backend.model.config import ModelConfig
+from backend.model.llama import LlamaForCausalLM
+from backend.model.loader import load_model, save_model
+from tools.corpus import corpus_files, read_text
 
 SIZES = {
     # hidden, layers, heads, kv_heads, intermediate

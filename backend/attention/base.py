@@ -5,7 +5,7 @@ import abc
 
 import torch
 
-from .metadata import AttentionMetadata
+from backend.attention.metadata import AttentionMetadata
 
 
 class AttentionBackend(abc.ABC):

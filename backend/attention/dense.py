@@ -5,10 +5,9 @@ Used for training and as the simplest reference: the flat tokens are
 """
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 
-from .base import AttentionBackend
+from backend.attention.base import AttentionBackend
 
 
 class DenseCausalAttention(AttentionBackend):

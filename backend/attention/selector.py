@@ -1,9 +1,9 @@
 """Pick the attention backend for a KV cache: Triton kernels on CUDA, plain torch elsewhere."""
 from __future__ import annotations
 
-from ..kv_cache import KVCache
-from .base import AttentionBackend
-from .torch_paged import TorchPagedAttention
+from backend.attention.base import AttentionBackend
+from backend.attention.torch_paged import TorchPagedAttention
+from backend.core.kv_cache import KVCache
 
 
 def make_attention_backend(kv_cache: KVCache, scale: float | None = None, kind: str = "auto") -> AttentionBackend:
@@ -11,6 +11,8 @@ def make_attention_backend(kv_cache: KVCache, scale: float | None = None, kind: 
     if kind not in ("auto", "torch", "triton"):
         raise ValueError(f"attention backend must be auto, torch or triton, got {kind!r}")
     if kind == "triton" or (kind == "auto" and kv_cache.device.type == "cuda"):
-        from .triton_paged import TritonPagedAttention  # imports triton: only when wanted
+        from backend.attention.triton_paged import (
+            TritonPagedAttention,  # imports triton: only when wanted
+        )
         return TritonPagedAttention(kv_cache, scale)
     return TorchPagedAttention(kv_cache, scale)

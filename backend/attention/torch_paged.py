@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from ..kv_cache import KVCache
-from .base import AttentionBackend
-from .metadata import AttentionMetadata
+from backend.attention.base import AttentionBackend
+from backend.attention.metadata import AttentionMetadata
+from backend.core.kv_cache import KVCache
 
 
 @dataclass

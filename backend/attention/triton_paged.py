@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.common import check_cache_layout
-from ..kernels.paged_decode import num_partitions, paged_decode_attention
-from ..kernels.paged_prefill import paged_prefill_attention
-from ..kernels.reshape_and_cache import reshape_and_cache
-from ..kv_cache import KVCache
-from .base import AttentionBackend
-from .metadata import AttentionMetadata
+from backend.attention.base import AttentionBackend
+from backend.attention.kernels.common import check_cache_layout
+from backend.attention.kernels.paged_decode import (
+    num_partitions,
+    paged_decode_attention,
+)
+from backend.attention.kernels.paged_prefill import paged_prefill_attention
+from backend.attention.kernels.reshape_and_cache import reshape_and_cache
+from backend.attention.metadata import AttentionMetadata
+from backend.core.kv_cache import KVCache
 
 
 def use_split_k(num_seqs: int, num_kv_heads: int, parts: int, max_seq_len: int, target_programs: int) -> bool:

@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tools.triton_launcher import REPO, LauncherError, Ports, TritonServer, render_model_repository
+from tools.triton_launcher import (
+    REPO,
+    LauncherError,
+    Ports,
+    TritonServer,
+    render_model_repository,
+)
 
 DEMO_TARGET = REPO / "models" / "demo-target"
 KV_CACHE_BYTES = "8MiB"       # a few hundred blocks: enough for 32 short streams, small enough to stay fast
@@ -85,7 +91,7 @@ def tokenizer(model_path):
 def reference_engine(model_path):
     """The engine in this process, to compare the pipeline's greedy text with."""
     from backend.config import EngineConfig
-    from backend.engine import LLMEngine
+    from backend.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(model_path=str(model_path), kv_cache_bytes=8 * 2**20, device="cpu")).start()
     yield engine

@@ -87,8 +87,8 @@ def test_direct_llm_request_cancellation(server):
     """A client of the `llm` model itself: its cancellation reaches the engine through is_cancelled()."""
     import numpy as np
 
-    from backend import wire
-    from backend.sampling_params import SamplingParams
+    from contracts import wire
+    from contracts.sampling_params import SamplingParams
     from tests.e2e.helpers import raw_input
 
     base = engine_idle(server.metrics_url, "the previous tests")

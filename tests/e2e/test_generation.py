@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from backend.engine import output_token_ids
-from backend.sampling_params import SamplingParams
+from backend.engine.llm_engine import output_token_ids
+from contracts.sampling_params import SamplingParams
 from tests.e2e.helpers import Stream, kv_used, run, wait_until
 from tools.client import build_inputs
 

@@ -3,7 +3,7 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from backend.triton_env import prepare_stub_process
+from contracts.triton_stub import prepare_stub_process
 from preprocess.serving import PreprocessServing
 
 

@@ -1,0 +1,68 @@
+"""A request's output side: stop rules, and streaming its sequences' tokens in ``RequestOutput``s.
+
+Streaming (``stream_interval = k``): a sequence's first token goes out at once (time to first
+token), later ones every ``k`` tokens, and whatever is buffered goes out with the sequence's
+final output. Each request gets exactly one output with ``request_finished=True``: the final
+output of the last of its ``n`` sequences to finish.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Collection
+
+from backend.core.outputs import FinishReason, RequestOutput, TokenLogprob
+from backend.core.sequence import Sequence
+
+
+def stop_reason(seq: Sequence, token: int, eos_token_ids: Collection[int], max_model_len: int) -> FinishReason | None:
+    """Why the sequence ends after appending ``token`` (already in ``output_token_ids``), if it does.
+
+    EOS (unless ``ignore_eos``) and ``stop_token_ids`` stop only once ``min_tokens`` are out
+    (the sampler also masks them before that); ``max_tokens`` or a full context end it with LENGTH.
+    """
+    p = seq.params
+    if seq.num_output_tokens >= p.min_tokens:
+        if (not p.ignore_eos and token in eos_token_ids) or token in p.stop_token_ids:
+            return FinishReason.STOP
+    if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= max_model_len:
+        return FinishReason.LENGTH
+    return None
+
+
+@dataclass(eq=False)
+class RequestState:
+    request_id: str
+    seqs: list[Sequence]                          # index order, n of them
+    pending_forks: list[Sequence]                 # seqs 1..n-1 until seq 0's prefill completes
+    num_emitted: list[int] = field(default_factory=list)                  # per seq: output tokens streamed
+    logprob_buf: list[list[TokenLogprob]] = field(default_factory=list)   # per seq: not yet streamed
+    num_finished: int = 0
+
+    def __post_init__(self) -> None:
+        self.num_emitted = [0] * len(self.seqs)
+        self.logprob_buf = [[] for _ in self.seqs]
+
+    @property
+    def finished(self) -> bool:
+        return self.num_finished == len(self.seqs)
+
+    def count_finished(self) -> None:
+        """One more of the request's sequences finished (the scheduler finished it)."""
+        self.num_finished += 1
+
+    def emit(self, seq: Sequence, stream_interval: int, error: str | None = None) -> RequestOutput | None:
+        """The sequence's next streamed output, or None while buffering."""
+        i = seq.seq_index
+        start = self.num_emitted[i]
+        n_new = seq.num_output_tokens - start
+        if not seq.is_finished and (n_new == 0 or (start > 0 and n_new < stream_interval)):
+            return None
+        self.num_emitted[i] = seq.num_output_tokens
+        want_lp = seq.params.logprobs is not None
+        lps, self.logprob_buf[i] = self.logprob_buf[i], []
+        return RequestOutput(
+            request_id=self.request_id, seq_index=i, new_token_ids=seq.output_token_ids[start:],
+            finished=seq.is_finished, request_finished=seq.is_finished and self.finished,
+            finish_reason=seq.finish_reason, error=error, logprobs=lps if want_lp else None,
+            cum_logprob=seq.cum_logprob if want_lp else None, num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens)

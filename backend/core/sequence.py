@@ -1,0 +1,71 @@
+"""A sequence: one stream of tokens the engine generates (a request has ``n`` of them).
+
+Terms used across the engine:
+- *computed* tokens have their K/V written in the cache (``num_computed_tokens``);
+- the sequence's *tokens* are prompt + output; a step schedules tokens that are not yet computed;
+- *draft* tokens (speculative decoding) are proposed but not yet verified; they are not in ``output_token_ids``.
+
+One writer per piece of state:
+- identity (``seq_id`` .. ``params``, ``arrival_time``): set once when the scheduler creates it;
+- progress (``status``, ``num_computed_tokens``, ``num_cached_tokens``, ``output_token_ids``,
+  ``draft_token_ids``, ``finish_reason``, ``first_token_time``, ``num_preemptions``,
+  ``cum_logprob``): written only by ``backend/core/scheduler.py`` (drafts enter through
+  ``Scheduler.update_draft_token_ids``);
+- ``block_table``: written only by ``backend/core/block_manager.py``.
+Everyone else (runner, sampler, request state, metrics) only reads. Per-sequence sampler state
+(a seeded request's RNG) lives in the sampler, keyed by ``seq_id``.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from backend.core.outputs import FinishReason
+from contracts.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"      # not admitted, or preempted and requeued (its KV was freed)
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    seq_id: int
+    request_id: str
+    seq_index: int                       # 0..n-1 within its request
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)   # physical block ids, in order
+    num_cached_tokens: int = 0           # prompt tokens served from the prefix cache at admission
+    draft_token_ids: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+    num_preemptions: int = 0
+    cum_logprob: float = 0.0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

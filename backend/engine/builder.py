@@ -1,0 +1,102 @@
+"""Assemble an engine's parts from an ``EngineConfig``: device, dtype, model, KV cache, backends."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from backend.attention.selector import make_attention_backend
+from backend.config import EngineConfig
+from backend.core.kv_cache import KVCache, num_blocks_for_budget
+from backend.core.scheduler import Scheduler
+from backend.engine.model_runner import ModelRunner
+from backend.model.config import ModelConfig
+from backend.model.llama import LlamaForCausalLM
+from backend.model.loader import load_model
+from backend.sampling.sampler import Sampler
+
+
+@dataclass
+class EngineParts:
+    scheduler: Scheduler
+    runner: ModelRunner       # holds the model, the KV cache, the attention backend and the sampler
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {name!r} requested but CUDA is not available")
+    return dev
+
+
+def resolve_dtype(name: str, device: torch.device, checkpoint_dtype: torch.dtype) -> torch.dtype:
+    """``auto``: fp32 on CPU; on CUDA the checkpoint's half dtype (fp32 checkpoints run in bf16)."""
+    if name != "auto":
+        return getattr(torch, name)
+    if device.type == "cpu":
+        return torch.float32
+    if checkpoint_dtype in (torch.float16, torch.bfloat16):
+        return checkpoint_dtype
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def generation_eos_ids(folder: Path) -> set[int]:
+    """EOS ids from ``generation_config.json`` (they may differ from ``config.json``'s)."""
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return set()
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    return set(eos) if isinstance(eos, list) else ({eos} if isinstance(eos, int) else set())
+
+
+def checkpoint_identity(folder: Path) -> str:
+    """A prefix-cache key: changes whenever the weights' config or the tokenizer change."""
+    h = hashlib.sha256()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        p = folder / name
+        if p.is_file():
+            h.update(name.encode() + p.read_bytes())
+    st = folder / "model.safetensors"
+    if st.is_file():
+        h.update(str(st.stat().st_size).encode() + str(st.stat().st_mtime_ns).encode())
+    return h.hexdigest()[:32]
+
+
+def num_kv_blocks(config: EngineConfig, model: LlamaForCausalLM, device: torch.device, dtype: torch.dtype) -> int:
+    cfg = model.config
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        used_by_others = total - free
+        budget = int(total * config.gpu_memory_utilization) - used_by_others - (512 << 20)  # activations headroom
+    else:
+        budget = config.kv_cache_bytes
+    return num_blocks_for_budget(budget, cfg.num_hidden_layers, config.block_size, cfg.num_key_value_heads,
+                                 cfg.head_dim, dtype)
+
+
+def build_engine_parts(config: EngineConfig) -> EngineParts:
+    folder = Path(config.model_path)
+    device = resolve_device(config.device)
+    if device.type == "cpu" and config.cpu_threads:
+        # process-wide; on a small shared CPU fewer threads than cores avoids OpenMP barrier stalls
+        torch.set_num_threads(config.cpu_threads)
+    mcfg = ModelConfig.from_file(folder / "config.json")
+    dtype = resolve_dtype(config.dtype, device, mcfg.dtype)
+    max_model_len = config.resolve_max_model_len(mcfg.max_position_embeddings)
+    model = load_model(folder, dtype=dtype, device=device, max_positions=max_model_len)
+    blocks = num_kv_blocks(config, model, device, dtype)
+    kv_cache = KVCache(mcfg.num_hidden_layers, blocks, config.block_size, mcfg.num_key_value_heads, mcfg.head_dim,
+                       dtype=dtype, device=device)
+    eos = set(mcfg.eos_token_ids) | generation_eos_ids(folder)
+    scheduler = Scheduler(config, num_blocks=blocks, max_model_len=max_model_len, vocab_size=mcfg.vocab_size,
+                          eos_token_ids=eos, cache_key=checkpoint_identity(folder))
+    sampler = Sampler(vocab_size=mcfg.vocab_size, device=device, seed=config.seed, eos_token_ids=sorted(eos))
+    runner = ModelRunner(model, kv_cache, make_attention_backend(kv_cache), sampler, device)
+    return EngineParts(scheduler, runner)

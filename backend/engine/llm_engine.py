@@ -1,0 +1,209 @@
+"""The engine: a background loop that schedules, runs and streams every request.
+
+Threading: callers (the Triton adapter, tests, benchmarks) only touch the inbox
+under a lock; the loop thread alone owns the scheduler, block manager and model.
+``on_output`` callbacks run on the loop thread and must not block. Every request
+gets exactly one output with ``request_finished=True``, whatever happens to it.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from backend.config import EngineConfig
+from backend.core.outputs import FinishReason, RequestOutput
+from backend.engine.builder import EngineParts, build_engine_parts
+from backend.engine.inbox import AbortRequest, AddRequest, InboxMessage
+from contracts.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+OutputCallback = Callable[[RequestOutput], None]
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    kv_blocks_max: int
+    kv_blocks_used: int
+    kv_blocks_free: int
+    kv_blocks_reused: int          # blocks served from the prefix cache, cumulative
+    tokens_per_block: int
+    num_running: int
+    num_waiting: int
+    num_prefilling: int            # running sequences with more than one token left to compute (prompt chunks)
+    num_scheduled: int             # sequences in the last step
+    num_preemptions: int
+    prefix_cache_queries: int      # prompt tokens looked up in the prefix cache, cumulative
+    prefix_cache_hits: int         # of which were found
+    steps: int
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, parts: EngineParts | None = None):
+        self.config = config
+        self.parts = parts or build_engine_parts(config)
+        self.scheduler = self.parts.scheduler
+        self.runner = self.parts.runner
+        self._callbacks: dict[str, OutputCallback] = {}
+        self._inbox: deque[InboxMessage] = deque()
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._steps = 0
+
+    # ---- submission (any thread) -------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
+                    on_output: OutputCallback) -> None:
+        """Queue a request; raises ``ValueError`` naming the field when it cannot be served."""
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError("request_id: must be a non-empty string")
+        if params.guide is not None:  # grammar masks land with the constrained-decoding issue
+            raise ValueError("guided_decoding_guide_type: guided decoding is not supported yet by this engine")
+        self.scheduler.check_request(prompt_token_ids, params)   # the one validation; the loop trusts it
+        prompt = [int(t) for t in prompt_token_ids]
+        with self._cv:
+            if self._stopping:
+                raise RuntimeError("engine is shut down")
+            if request_id in self._callbacks:
+                raise ValueError(f"request_id: {request_id!r} is already in flight")
+            self._callbacks[request_id] = on_output
+            self._inbox.append(AddRequest(request_id, prompt, params))
+            self._cv.notify()
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a request; its blocks are freed on the loop's next turn. False if unknown."""
+        with self._cv:
+            if request_id not in self._callbacks:
+                return False
+            self._inbox.append(AbortRequest(request_id))
+            self._cv.notify()
+            return True
+
+    def stats(self) -> EngineStats:
+        s = self.scheduler.stats()
+        bs = self.config.block_size
+        return EngineStats(
+            kv_blocks_max=s.num_kv_blocks, kv_blocks_used=s.num_used_blocks, kv_blocks_free=s.num_free_blocks,
+            kv_blocks_reused=s.prefix_cache_hits // bs, tokens_per_block=bs,
+            num_running=s.num_running, num_waiting=s.num_waiting, num_prefilling=s.num_prefilling,
+            num_scheduled=s.num_scheduled,
+            num_preemptions=s.num_preemptions, prefix_cache_queries=s.prefix_cache_queries,
+            prefix_cache_hits=s.prefix_cache_hits, steps=self._steps)
+
+    # ---- the loop (one thread) ---------------------------------------------------
+    def start(self) -> "LLMEngine":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def shutdown(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+        self._drain_inbox()
+        self._finish_all(FinishReason.ABORT, "engine shut down")
+
+    def has_work(self) -> bool:
+        return bool(self._inbox) or self.scheduler.has_unfinished()
+
+    def step(self) -> None:
+        """One iteration: take new requests and aborts, schedule, run the forward, sample, apply, stream."""
+        self._drain_inbox()
+        if not self.scheduler.has_unfinished():
+            return
+        plan = self.scheduler.schedule()
+        if plan.scheduled:
+            forward = self.runner.execute(plan)
+            output = self.runner.sample(plan, forward, grammar_bitmask=None)  # bitmasks: constrained decoding
+            self._dispatch(self.scheduler.update_from_output(plan, output))
+            self._steps += 1
+
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._cv:
+                while not self._stopping and not self.has_work():
+                    self._cv.wait()
+                if self._stopping:
+                    return
+            try:
+                self.step()
+            except Exception as e:  # a failed step fails its requests, never the loop
+                log.exception("engine step failed")
+                self._finish_all(FinishReason.ERROR, f"engine error: {type(e).__name__}: {e}")
+
+    def _drain_inbox(self) -> None:
+        with self._cv:
+            items = list(self._inbox)
+            self._inbox.clear()
+        for msg in items:
+            if isinstance(msg, AddRequest):
+                try:
+                    self.scheduler.enqueue(msg.request_id, msg.prompt_token_ids, msg.params)
+                except ValueError as e:
+                    self._dispatch([RequestOutput(msg.request_id, 0, [], finished=True, request_finished=True,
+                                                  finish_reason=FinishReason.ERROR, error=str(e))])
+            else:
+                self._dispatch(self.scheduler.abort(msg.request_id))
+
+    def _finish_all(self, reason: FinishReason, error: str | None) -> None:
+        """End every request the scheduler holds (or that was never admitted) with a final output."""
+        outs = []
+        for rid in list(self.scheduler.request_ids()):
+            outs.extend(self.scheduler.abort(rid, reason=reason, error=error))
+        self._dispatch(outs)
+        with self._cv:
+            leftover = list(self._callbacks)
+        self._dispatch([RequestOutput(rid, 0, [], finished=True, request_finished=True, finish_reason=reason,
+                                      error=error) for rid in leftover])
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            with self._cv:
+                cb = self._callbacks.pop(out.request_id, None) if out.request_finished \
+                    else self._callbacks.get(out.request_id)
+            if cb is None:
+                continue
+            try:
+                cb(out)
+            except Exception:  # a broken consumer must not take the engine down
+                log.exception("on_output callback failed for %s", out.request_id)
+
+    # ---- convenience for tests and benchmarks ------------------------------------
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams],
+                 timeout: float = 600.0) -> list[list[RequestOutput]]:
+        """Submit every prompt, wait for all, return each request's outputs in order."""
+        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        results: list[list[RequestOutput]] = [[] for _ in prompts]
+        done = threading.Semaphore(0)
+
+        def collect(i):
+            def cb(out):
+                results[i].append(out)
+                if out.request_finished:
+                    done.release()
+            return cb
+
+        base = f"gen-{id(results)}"
+        for i, (p, sp) in enumerate(zip(prompts, plist)):
+            self.add_request(f"{base}-{i}", p, sp, collect(i))
+        if self._thread is None:
+            while self.has_work():
+                self.step()
+        for _ in prompts:
+            if not done.acquire(timeout=timeout):
+                raise TimeoutError("generate timed out")
+        return results
+
+
+def output_token_ids(outputs: list[RequestOutput], seq_index: int = 0) -> list[int]:
+    """All tokens of one sequence, concatenated from its streamed outputs."""
+    return [t for o in outputs if o.seq_index == seq_index for t in o.new_token_ids]

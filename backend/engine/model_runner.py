@@ -1,0 +1,92 @@
+"""The model runner: executes one scheduler plan as one forward over every scheduled token.
+
+``execute``: plan (``SchedulerOutput``) → flat tensors (token ids, positions, slot mapping, block
+tables, context lengths, which rows to sample) → copy-on-write block copies → one model forward
+→ ``ForwardOutput`` (logits of the sampled rows only). ``sample``: those logits (+ an optional
+grammar bitmask) → sampler → ``ModelRunnerOutput``. The two are separate calls so that the
+engine can fill a bitmask between them (see backend/core/plan.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from backend.attention.base import AttentionBackend
+from backend.attention.metadata import build_attention_metadata
+from backend.core.kv_cache import KVCache
+from backend.core.plan import ForwardOutput, ModelRunnerOutput, SchedulerOutput
+from backend.model.llama import LlamaForCausalLM
+from backend.sampling.sampler import Sampler
+
+
+def flat_input_ids(plan: SchedulerOutput) -> np.ndarray:
+    """Token ids to compute this step, sequence after sequence. ``[num_tokens]`` int64."""
+    chunks = []
+    for s in plan.scheduled:
+        seq, start = s.seq, s.seq.num_computed_tokens
+        n_known = seq.num_tokens
+        end = start + s.num_new_tokens
+        if end <= n_known:
+            if start >= seq.num_prompt_tokens:
+                chunks.append(seq.output_token_ids[start - seq.num_prompt_tokens:end - seq.num_prompt_tokens])
+            elif end <= seq.num_prompt_tokens:
+                chunks.append(seq.prompt_token_ids[start:end])
+            else:
+                chunks.append(seq.all_token_ids[start:end])
+        else:  # the tail runs past the known tokens into the draft tokens (speculative verify)
+            chunks.append((seq.all_token_ids + seq.draft_token_ids)[start:end])
+    return np.fromiter((t for c in chunks for t in c), dtype=np.int64, count=plan.num_batched_tokens)
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, attn: AttentionBackend, sampler: Sampler,
+                 device: torch.device):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.attn = attn
+        self.sampler = sampler
+        self.device = device
+
+    @torch.inference_mode()
+    def execute(self, plan: SchedulerOutput) -> ForwardOutput:
+        """Run the forward over every scheduled token; return the logits of the rows to sample."""
+        self.sampler.drop(plan.finished_seq_ids)
+        if plan.blocks_to_copy:
+            self.kv_cache.copy_blocks(plan.blocks_to_copy)
+        sched = plan.scheduled
+        meta = build_attention_metadata(
+            [s.seq.num_computed_tokens for s in sched], [s.num_new_tokens for s in sched],
+            [s.seq.block_table for s in sched], self.kv_cache.block_size, device=self.device)
+        input_ids = torch.from_numpy(flat_input_ids(plan)).to(self.device, non_blocking=True)
+        self.attn.prepare(meta)
+        hidden = self.model(input_ids, meta.positions, self.attn)  # [num_tokens, hidden]
+
+        # rows to sample: the last new token of every sequence whose chunk reaches its end
+        rows = [i for i, s in enumerate(sched) if s.sample]
+        if not rows:
+            return ForwardOutput(None, [])
+        ends = meta.query_start_loc[1:].long() - 1                   # [num_seqs]
+        if len(rows) == len(sched):
+            sample_hidden = hidden[ends]
+        else:
+            sample_hidden = hidden[ends[torch.tensor(rows, device=ends.device)]]
+        return ForwardOutput(self.model.compute_logits(sample_hidden), rows)  # logits [num_sampled, vocab] fp32
+
+    @torch.inference_mode()
+    def sample(self, plan: SchedulerOutput, forward: ForwardOutput,
+               grammar_bitmask: torch.Tensor | None = None,  # [num_sampled, ceil(vocab / 32)] int32, or None
+               ) -> ModelRunnerOutput:
+        """Sample the forward's rows (after the grammar mask, when one is given)."""
+        sched = plan.scheduled
+        if forward.logits is None:
+            return ModelRunnerOutput([[] for _ in sched], [None] * len(sched))
+        seqs = [sched[i].seq for i in forward.rows]
+        result = self.sampler.sample(forward.logits, self.sampler.build_batch(seqs, grammar_bitmask=grammar_bitmask))
+        token_ids = result.token_ids.tolist()
+        sampled: list[list[int]] = [[] for _ in sched]
+        logprobs: list = [None] * len(sched)
+        for j, i in enumerate(forward.rows):
+            sampled[i] = [token_ids[j]]
+            if result.logprobs is not None and result.logprobs[j] is not None:
+                logprobs[i] = [result.logprobs[j]]
+        return ModelRunnerOutput(sampled, logprobs)

@@ -1,0 +1,1 @@
+"""The model: architecture config, the Llama forward, RoPE, and the HF-folder loader."""

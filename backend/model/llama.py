@@ -1,0 +1,142 @@
+"""A Llama-family decoder (Llama, Mistral, Qwen2) over flat token batches.
+
+The model sees one flat list of tokens per step (all sequences end to end) with
+their positions; attention, and with it the KV cache, belongs to an
+``AttentionBackend`` passed to ``forward``. So one forward serves training,
+prefill chunks, decodes and draft verification alike.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backend.attention.base import AttentionBackend
+from backend.model.config import ModelConfig
+from backend.model.rope import apply_rope, rope_cos_sin, rope_parameters
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in fp32, cast back (as HF does). ``x`` ``[num_tokens, hidden]``."""
+    if x.dtype == torch.float32:  # the CPU path: skip the no-op casts
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype)
+
+
+def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """``layer(x)`` without ``nn.Module.__call__``'s hook machinery (it dominates tiny decode steps)."""
+    return F.linear(x, layer.weight, layer.bias)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        return rms_norm(x, self.weight, self.eps)
+
+    __call__ = forward  # no hooks on the hot path
+
+
+class Attention(nn.Module):
+    """GQA self-attention with a fused QKV projection (split back into HF names on save)."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, attn: AttentionBackend):
+        # x: [num_tokens, hidden]; cos/sin: [num_tokens, 1, head_dim]
+        n = x.shape[0]
+        qkv = linear(x, self.qkv_proj).view(n, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        qk = apply_rope(qkv[:, :self.num_heads + self.num_kv_heads], cos, sin)  # q and k rotated together
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.num_heads + self.num_kv_heads:]
+        out = attn.forward(self.layer_idx, q, k, v)  # [num_tokens, num_heads, head_dim]
+        return linear(out.reshape(n, self.q_size), self.o_proj)
+
+    __call__ = forward
+
+
+class MLP(nn.Module):
+    """SwiGLU with a fused gate/up projection."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.intermediate = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x):
+        gate, up = linear(x, self.gate_up_proj).split(self.intermediate, dim=-1)
+        return linear(F.silu(gate) * up, self.down_proj)
+
+    __call__ = forward
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_idx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, attn):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    __call__ = forward
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_positions: int | None = None):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        with torch.device("cpu"):  # real tensors even when the weights are built on 'meta'
+            inv_freq, scaling = rope_parameters(cfg)
+        self._rope = (inv_freq, scaling)
+        self.max_positions = max_positions or cfg.max_position_embeddings
+        self._cos = self._sin = None
+
+    def rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos, sin`` ``[max_positions, head_dim]`` in the model's dtype, built once per device."""
+        w = self.embed_tokens.weight
+        if self._cos is None or self._cos.device != w.device or self._cos.dtype != w.dtype:
+            self._cos, self._sin = rope_cos_sin(*self._rope, self.max_positions, w.dtype, w.device)
+        return self._cos, self._sin
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens]
+        positions: torch.Tensor,  # [num_tokens]
+        attn: AttentionBackend,
+    ) -> torch.Tensor:            # [num_tokens, hidden] final-normed hidden states
+        cos_t, sin_t = self.rope_tables()
+        cos, sin = cos_t[positions].unsqueeze(1), sin_t[positions].unsqueeze(1)  # [num_tokens, 1, head_dim]
+        x = F.embedding(input_ids, self.embed_tokens.weight)
+        for layer in self.layers:
+            x = layer(x, cos, sin, attn)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden`` ``[n, hidden]`` → logits ``[n, vocab]`` (fp32)."""
+        return linear(hidden, self.lm_head).float()

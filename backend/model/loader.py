@@ -1,0 +1,180 @@
+"""Load (and save) Llama-family checkpoints in the HF folder format.
+
+A folder holds ``config.json``, one ``model.safetensors`` or several shards named
+in ``model.safetensors.index.json``, ``tokenizer.json``, ``tokenizer_config.json``
+and optionally ``generation_config.json``. Every failure is a ``CheckpointError``
+naming the file and the problem.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from backend.model.config import CheckpointError, ModelConfig
+from backend.model.llama import LlamaForCausalLM
+
+_LAYER = "model.layers.{i}."
+
+
+def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every HF tensor name the config implies, with its expected shape."""
+    h, hd = cfg.hidden_size, cfg.head_dim
+    q, kv, inter = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd, cfg.intermediate_size
+    shapes = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, h)
+    for i in range(cfg.num_hidden_layers):
+        p = _LAYER.format(i=i)
+        shapes.update({
+            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+        })
+        if cfg.attention_bias:
+            shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                           p + "self_attn.v_proj.bias": (kv,)})
+        if cfg.mlp_bias:
+            shapes.update({p + "mlp.gate_proj.bias": (inter,), p + "mlp.up_proj.bias": (inter,),
+                           p + "mlp.down_proj.bias": (h,)})
+    return shapes
+
+
+def _safetensor_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from e
+        files = sorted({folder / f for f in weight_map.values()})
+        for f in files:
+            if not f.is_file():
+                raise CheckpointError(f"{f}: missing file (named in {index.name})")
+        return files
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise CheckpointError(f"{folder}: missing file model.safetensors (or model.safetensors.index.json)")
+
+
+def read_hf_tensors(folder: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Read and shape-check every tensor the config needs; extra tensors (rotary caches) are ignored."""
+    expected = hf_tensor_shapes(cfg)
+    tensors: dict[str, torch.Tensor] = {}
+    where: dict[str, Path] = {}
+    for f in _safetensor_files(folder):
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for name in st.keys():
+                    if name in expected:
+                        tensors[name] = st.get_tensor(name)
+                        where[name] = f
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"{f}: unreadable safetensors file ({e})") from e
+    for name, shape in expected.items():
+        if name not in tensors:
+            raise CheckpointError(f"{folder}: missing tensor {name!r}")
+        if tuple(tensors[name].shape) != shape:
+            raise CheckpointError(
+                f"{where[name]}: tensor {name!r} has shape {tuple(tensors[name].shape)}, expected {shape}")
+    return tensors
+
+
+def hf_to_internal(cfg: ModelConfig, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF names → our fused layout (qkv_proj, gate_up_proj)."""
+    out = {"embed_tokens.weight": hf["model.embed_tokens.weight"], "norm.weight": hf["model.norm.weight"]}
+    out["lm_head.weight"] = hf["model.embed_tokens.weight"] if cfg.tie_word_embeddings else hf["lm_head.weight"]
+    for i in range(cfg.num_hidden_layers):
+        p, o = _LAYER.format(i=i), f"layers.{i}."
+        out[o + "input_layernorm.weight"] = hf[p + "input_layernorm.weight"]
+        out[o + "post_attention_layernorm.weight"] = hf[p + "post_attention_layernorm.weight"]
+        out[o + "self_attn.qkv_proj.weight"] = torch.cat(
+            [hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], dim=0)
+        if cfg.attention_bias:
+            out[o + "self_attn.qkv_proj.bias"] = torch.cat([hf[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
+        out[o + "self_attn.o_proj.weight"] = hf[p + "self_attn.o_proj.weight"]
+        out[o + "mlp.gate_up_proj.weight"] = torch.cat(
+            [hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]], dim=0)
+        out[o + "mlp.down_proj.weight"] = hf[p + "mlp.down_proj.weight"]
+        if cfg.mlp_bias:
+            out[o + "mlp.gate_up_proj.bias"] = torch.cat([hf[p + "mlp.gate_proj.bias"], hf[p + "mlp.up_proj.bias"]])
+            out[o + "mlp.down_proj.bias"] = hf[p + "mlp.down_proj.bias"]
+    return out
+
+
+def internal_to_hf(cfg: ModelConfig, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our fused layout → HF names (the inverse of ``hf_to_internal``)."""
+    q = cfg.num_attention_heads * cfg.head_dim
+    kv = cfg.num_key_value_heads * cfg.head_dim
+    out = {"model.embed_tokens.weight": sd["embed_tokens.weight"], "model.norm.weight": sd["norm.weight"]}
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = sd["lm_head.weight"]
+    for i in range(cfg.num_hidden_layers):
+        p, o = _LAYER.format(i=i), f"layers.{i}."
+        out[p + "input_layernorm.weight"] = sd[o + "input_layernorm.weight"]
+        out[p + "post_attention_layernorm.weight"] = sd[o + "post_attention_layernorm.weight"]
+        for name, t in zip("qkv", sd[o + "self_attn.qkv_proj.weight"].split([q, kv, kv])):
+            out[p + f"self_attn.{name}_proj.weight"] = t
+        if cfg.attention_bias:
+            for name, t in zip("qkv", sd[o + "self_attn.qkv_proj.bias"].split([q, kv, kv])):
+                out[p + f"self_attn.{name}_proj.bias"] = t
+        out[p + "self_attn.o_proj.weight"] = sd[o + "self_attn.o_proj.weight"]
+        gate, up = sd[o + "mlp.gate_up_proj.weight"].split(cfg.intermediate_size)
+        out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = gate, up
+        out[p + "mlp.down_proj.weight"] = sd[o + "mlp.down_proj.weight"]
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def tokenizer_vocab_size(folder: Path) -> int:
+    """Size of the id space of ``tokenizer.json`` (base vocab plus added tokens)."""
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing file")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
+    ids = list((data.get("model") or {}).get("vocab", {}).values()) + [t["id"] for t in data.get("added_tokens", [])]
+    return max(ids) + 1 if ids else 0
+
+
+def load_model(folder: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+               max_positions: int | None = None) -> LlamaForCausalLM:
+    """Load an HF-format folder into our model (eval mode, no grad).
+
+    ``dtype`` defaults to fp32 on CPU and to the checkpoint's dtype elsewhere.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: checkpoint folder does not exist")
+    cfg = ModelConfig.from_file(folder / "config.json")
+    vocab = tokenizer_vocab_size(folder)
+    if vocab > cfg.vocab_size:
+        raise CheckpointError(
+            f"{folder / 'tokenizer.json'}: tokenizer has {vocab} ids but the embedding has {cfg.vocab_size} rows")
+    hf = read_hf_tensors(folder, cfg)
+    if dtype is None:
+        dtype = torch.float32 if torch.device(device).type == "cpu" else cfg.dtype
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg, max_positions=max_positions)
+    model = model.to_empty(device=device)
+    state = {k: v.to(dtype) for k, v in hf_to_internal(cfg, hf).items()}
+    model.load_state_dict(state, strict=True, assign=False)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    return model.to(dtype).eval().requires_grad_(False)
+
+
+def save_model(model: LlamaForCausalLM, folder: str | Path, config_dict: dict, dtype: torch.dtype = torch.float32) -> None:
+    """Write ``model.safetensors`` and ``config.json`` in HF layout (tokenizer files are written separately)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.detach().to("cpu", dtype) for k, v in model.state_dict().items()}
+    save_file(internal_to_hf(model.config, sd), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config_dict, indent=2) + "\n")

@@ -1,0 +1,186 @@
+"""The batched sampler: one call per step over every row to sample.
+
+Order (docs/engine-design.md): grammar bitmask → bad words → min_tokens (EOS/stop ids
+masked) → repetition, presence, frequency penalties → temperature → top-k → top-p → min-p →
+draw (per-request seeded generator, else the engine's). Temperature 0 is greedy: the argmax
+of the masked, penalised logits. Logprobs are of the raw model distribution.
+
+``process_logits`` / ``compute_probs`` expose the processed distribution of arbitrary rows so
+speculative decoding's rejection sampler applies exactly the same filters.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence as Seq
+
+import torch
+
+from backend.core.outputs import TokenLogprob
+from backend.core.sequence import Sequence
+from backend.sampling.batch import SamplingBatch, build_sampling_batch
+from backend.sampling.ops import (
+    apply_bans,
+    apply_min_p,
+    apply_penalties,
+    apply_temperature,
+    apply_token_bitmask,
+    apply_top_k_top_p,
+    gather_logprobs,
+    inverse_cdf_draw,
+    logits_to_probs,
+)
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: torch.Tensor                 # [num_rows] int64
+    logprobs: list[TokenLogprob | None] | None = None  # per row when any row asked; None otherwise
+
+
+def mask_and_penalise(
+    logits: torch.Tensor,   # [num_rows, vocab] fp32, modified in place
+    batch: SamplingBatch,
+) -> torch.Tensor:          # [num_rows, vocab]
+    """Grammar mask, bad words, min_tokens, then the penalties: what greedy rows take the argmax of."""
+    if batch.grammar_bitmask is not None:
+        logits = apply_token_bitmask(logits, batch.grammar_bitmask)
+    if batch.bad_word_bans is not None:
+        logits = apply_bans(logits, *batch.bad_word_bans)
+    if batch.min_tokens_bans is not None:
+        logits = apply_bans(logits, *batch.min_tokens_bans)
+    if batch.has_penalties:
+        logits = apply_penalties(logits, batch.prompt_token_ids, batch.output_token_ids, batch.repetition_penalty,
+                                 batch.presence_penalty, batch.frequency_penalty)
+    return logits
+
+
+def filter_logits(
+    logits: torch.Tensor,   # [num_rows, vocab] masked and penalised, modified in place
+    batch: SamplingBatch,
+) -> torch.Tensor:          # [num_rows, vocab]
+    """Temperature, top-k, top-p, min-p."""
+    logits = apply_temperature(logits, batch.temperature)
+    logits = apply_top_k_top_p(logits, batch.top_k, batch.top_p)
+    if batch.min_p is not None:
+        logits = apply_min_p(logits, batch.min_p)
+    return logits
+
+
+def process_logits(
+    logits: torch.Tensor,   # [num_rows, vocab] raw (not modified)
+    batch: SamplingBatch,
+) -> torch.Tensor:          # [num_rows, vocab] fp32 after every filter, before the draw
+    return filter_logits(mask_and_penalise(logits.to(torch.float32, copy=True), batch), batch)
+
+
+def compute_probs(
+    logits: torch.Tensor,   # [num_rows, vocab] raw (not modified)
+    batch: SamplingBatch,
+) -> torch.Tensor:          # [num_rows, vocab] fp32
+    """The distribution each row is actually sampled from: greedy rows are one-hot at their argmax."""
+    penalised = mask_and_penalise(logits.to(torch.float32, copy=True), batch)
+    probs = logits_to_probs(filter_logits(penalised.clone(), batch))
+    if batch.any_greedy:
+        one_hot = torch.zeros_like(probs).scatter_(1, penalised.argmax(dim=-1, keepdim=True), 1.0)
+        probs = torch.where(batch.greedy[:, None], one_hot, probs)
+    return probs
+
+
+def sample_tokens(
+    logits: torch.Tensor,                    # [num_rows, vocab] raw (not modified)
+    batch: SamplingBatch,
+    generator: torch.Generator | None = None,  # the engine's RNG for unseeded rows (None: torch's default)
+) -> torch.Tensor:                           # [num_rows] int64
+    if batch.all_greedy and not batch.has_masks and not batch.has_penalties:
+        return logits.argmax(dim=-1)  # fast path: plain greedy batch
+    penalised = mask_and_penalise(logits.to(torch.float32, copy=True), batch)
+    if batch.all_greedy:
+        return penalised.argmax(dim=-1)
+    greedy_ids = penalised.argmax(dim=-1) if batch.any_greedy else None
+    probs = logits_to_probs(filter_logits(penalised, batch))
+    drawn = inverse_cdf_draw(probs, batch.generators, generator, skip_rows=batch.greedy_rows)
+    return drawn if greedy_ids is None else torch.where(batch.greedy, greedy_ids, drawn)
+
+
+def build_logprobs(
+    logits: torch.Tensor,     # [num_rows, vocab] raw
+    token_ids: torch.Tensor,  # [num_rows] int64
+    num_logprobs: list[int | None],
+) -> list[TokenLogprob | None]:
+    """``TokenLogprob`` for the rows that asked (chosen token + top-n of log_softmax(raw logits))."""
+    rows = [i for i, n in enumerate(num_logprobs) if n is not None]
+    result: list[TokenLogprob | None] = [None] * len(num_logprobs)
+    if not rows:
+        return result
+    idx = torch.tensor(rows, device=logits.device)
+    num_top = max(num_logprobs[i] for i in rows)
+    chosen, top_ids, top_lps = gather_logprobs(logits.index_select(0, idx), token_ids.index_select(0, idx), num_top)
+    chosen_l = chosen.tolist()
+    ids_l = top_ids.tolist() if top_ids is not None else None
+    lps_l = top_lps.tolist() if top_lps is not None else None
+    tokens_l = token_ids.index_select(0, idx).tolist()
+    for j, i in enumerate(rows):
+        k = num_logprobs[i]
+        top = list(zip(ids_l[j][:k], lps_l[j][:k])) if ids_l is not None and k else []
+        result[i] = TokenLogprob(token_id=tokens_l[j], logprob=chosen_l[j], top=top)
+    return result
+
+
+class Sampler:
+    """Owns the RNGs (the engine's, for requests without a seed, and one per seeded sequence) and
+    the vocabulary facts. A seeded sequence's RNG is created on its first sample, seeded with
+    ``seed + seq_index`` (so the ``n`` sequences of a seeded request differ), and kept until
+    ``drop`` (the runner drops the sequences each plan reports finished)."""
+
+    def __init__(self, vocab_size: int, device: torch.device | str = "cpu", seed: int | None = None,
+                 eos_token_ids: Seq[int] = ()):
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.generator = torch.Generator(device=self.device)
+        if seed is not None:
+            self.generator.manual_seed(seed)
+        else:
+            self.generator.seed()
+        self._seq_generators: dict[int, torch.Generator] = {}   # seq_id -> its seeded RNG
+
+    def generator_for(self, seq: Sequence) -> torch.Generator | None:
+        """The sequence's own RNG when its request has a seed (created on first use), else None."""
+        if seq.params.seed is None:
+            return None
+        gen = self._seq_generators.get(seq.seq_id)
+        if gen is None:
+            gen = torch.Generator(device=self.device).manual_seed((seq.params.seed + seq.seq_index) % 2**64)
+            self._seq_generators[seq.seq_id] = gen
+        return gen
+
+    def drop(self, seq_ids: Seq[int]) -> None:
+        """Forget the RNGs of sequences that ended."""
+        for seq_id in seq_ids:
+            self._seq_generators.pop(seq_id, None)
+
+    @property
+    def num_seq_generators(self) -> int:
+        return len(self._seq_generators)
+
+    def build_batch(self, seqs: Seq[Sequence], output_token_ids: Seq[list[int]] | None = None,
+                    grammar_bitmask: torch.Tensor | None = None) -> SamplingBatch:
+        return build_sampling_batch(seqs, self.vocab_size, eos_token_ids=self.eos_token_ids, device=self.device,
+                                    output_token_ids=output_token_ids, grammar_bitmask=grammar_bitmask,
+                                    generators=[self.generator_for(s) for s in seqs])
+
+    def sample(
+        self,
+        logits: torch.Tensor,  # [num_rows, vocab] fp32
+        batch: SamplingBatch | Seq[Sequence],
+    ) -> SamplerOutput:
+        """Sample one token per row; ``batch`` may be the step's sequences (one row each)."""
+        if not isinstance(batch, SamplingBatch):
+            batch = self.build_batch(batch)
+        if logits.shape != (batch.num_rows, batch.vocab_size):
+            raise ValueError(f"logits {tuple(logits.shape)} do not match the batch "
+                             f"({batch.num_rows} rows, vocab {batch.vocab_size})")
+        token_ids = sample_tokens(logits, batch, self.generator)
+        logprobs = build_logprobs(logits, token_ids, batch.num_logprobs) \
+            if batch.max_num_logprobs is not None else None
+        return SamplerOutput(token_ids, logprobs)

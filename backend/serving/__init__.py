@@ -1,0 +1,1 @@
+"""The ``llm`` Triton model's logic (``llm_serving``) and its metrics, testable without a server."""

@@ -1,0 +1,95 @@
+"""Engine gauges on Triton's metrics port, named as TensorRT-LLM's backend names them.
+
+``nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=max|free|used|tokens_per|reused}``
+``nv_trt_llm_request_metrics{request_type=active|max|scheduled|context|waiting}``
+``nv_trt_llm_general_metrics{general_type=iteration_counter|num_preemptions|prefix_cache_queries|prefix_cache_hits}``
+
+A small thread reads ``engine.stats()`` every ``interval_s`` and sets the gauges through Triton's
+custom metrics API (``pb_utils.MetricFamily``), passed in so the module is testable without a server.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+KV_FAMILY = "nv_trt_llm_kv_cache_block_metrics"
+REQUEST_FAMILY = "nv_trt_llm_request_metrics"
+GENERAL_FAMILY = "nv_trt_llm_general_metrics"
+
+# label value -> how to read it from the engine's stats (and from constants such as max_num_seqs)
+KV_GAUGES: dict[str, Callable[[Any], float]] = {
+    "max": lambda s: s.kv_blocks_max,
+    "free": lambda s: s.kv_blocks_free,
+    "used": lambda s: s.kv_blocks_used,
+    "tokens_per": lambda s: s.tokens_per_block,
+    "reused": lambda s: s.kv_blocks_reused,
+}
+REQUEST_GAUGES: dict[str, Callable[[Any], float]] = {
+    "active": lambda s: s.num_running + s.num_waiting,
+    "scheduled": lambda s: s.num_scheduled,
+    "context": lambda s: s.num_prefilling,   # sequences still computing their prompt (chunked prefill)
+    "waiting": lambda s: s.num_waiting,
+}
+GENERAL_GAUGES: dict[str, Callable[[Any], float]] = {
+    "iteration_counter": lambda s: s.steps,
+    "num_preemptions": lambda s: s.num_preemptions,
+    "prefix_cache_queries": lambda s: s.prefix_cache_queries,
+    "prefix_cache_hits": lambda s: s.prefix_cache_hits,
+}
+
+
+class EngineMetrics:
+    """Publishes ``stats_fn()`` as gauges; ``update()`` once, or ``start()`` a periodic thread."""
+
+    def __init__(self, pb_utils, stats_fn: Callable[[], Any], *, max_num_seqs: int, model: str = "llm",
+                 version: str = "1", interval_s: float = 1.0):
+        self._stats_fn = stats_fn
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        gauge = pb_utils.MetricFamily.GAUGE
+        base = {"model": model, "version": str(version)}
+        self._families = [
+            pb_utils.MetricFamily(name=KV_FAMILY, description="KV cache block counts of the paged cache",
+                                  kind=gauge),
+            pb_utils.MetricFamily(name=REQUEST_FAMILY, description="Request counts of the engine's scheduler",
+                                  kind=gauge),
+            pb_utils.MetricFamily(name=GENERAL_FAMILY, description="General engine counters", kind=gauge),
+        ]
+        kv, req, gen = self._families
+        self._gauges: list[tuple[Any, Callable[[Any], float]]] = []
+        for label, read in KV_GAUGES.items():
+            self._gauges.append((kv.Metric(labels={**base, "kv_cache_block_type": label}), read))
+        for label, read in REQUEST_GAUGES.items():
+            self._gauges.append((req.Metric(labels={**base, "request_type": label}), read))
+        for label, read in GENERAL_GAUGES.items():
+            self._gauges.append((gen.Metric(labels={**base, "general_type": label}), read))
+        self._max_seqs = req.Metric(labels={**base, "request_type": "max"})  # keep a reference: metrics die with it
+        self._max_seqs.set(float(max_num_seqs))
+
+    def update(self) -> None:
+        stats = self._stats_fn()
+        for metric, read in self._gauges:
+            metric.set(float(read(stats)))
+
+    def start(self) -> "EngineMetrics":
+        self.update()
+        self._thread = threading.Thread(target=self._run, name="llm-metrics", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.update()
+            except Exception:  # metrics must never take the model down
+                log.exception("metrics update failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None

@@ -1,0 +1,78 @@
+"""Per-request generation options, validated once at the boundary.
+
+Every check raises ``ValueError`` naming the offending field, so the Triton
+adapters can turn it into a client error without crashing the engine.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from contracts.validation import check_float as _check_float
+from contracts.validation import check_int as _check_int
+
+GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
+
+
+@dataclass(frozen=True)
+class GuideSpec:
+    """A structured-output constraint: ``kind`` is json | json_schema | regex | ebnf_grammar."""
+
+    kind: str
+    guide: str = ""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Options for one request. Defaults follow vLLM (temperature 1, filters off).
+
+    Terms: ``top_k=0`` disables top-k; ``top_p=1`` disables top-p; ``min_p=0`` disables min-p.
+    ``logprobs=None`` returns none; ``0`` returns the chosen token's logprob; ``k`` adds the top-k.
+    ``stop_token_ids`` end a sequence like EOS (``end_id`` in the Triton API).
+    """
+
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    n: int = 1
+    logprobs: int | None = None
+    guide: GuideSpec | None = None
+
+    def __post_init__(self) -> None:
+        _check_int("max_tokens", self.max_tokens, lo=1)
+        _check_int("min_tokens", self.min_tokens, lo=0)
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens: {self.min_tokens} must not exceed max_tokens ({self.max_tokens})")
+        _check_float("temperature", self.temperature, lo=0.0)
+        _check_int("top_k", self.top_k, lo=0)
+        _check_float("top_p", self.top_p, lo=0.0, lo_open=True, hi=1.0)
+        _check_float("min_p", self.min_p, lo=0.0, hi=1.0)
+        _check_float("repetition_penalty", self.repetition_penalty, lo=0.0, lo_open=True)
+        _check_float("presence_penalty", self.presence_penalty, lo=-2.0, hi=2.0)
+        _check_float("frequency_penalty", self.frequency_penalty, lo=-2.0, hi=2.0)
+        if self.seed is not None:
+            _check_int("seed", self.seed, lo=0, hi=2**64 - 1)
+        for t in self.stop_token_ids:
+            _check_int("stop_token_ids", t, lo=0)
+        for seq in self.bad_words_ids:
+            if not seq:
+                raise ValueError("bad_words_ids: empty token sequence")
+            for t in seq:
+                _check_int("bad_words_ids", t, lo=0)
+        _check_int("n", self.n, lo=1, hi=64)
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, lo=0, hi=20)
+        if self.guide is not None and self.guide.kind not in GUIDE_TYPES:
+            raise ValueError(
+                f"guided_decoding_guide_type: unknown type {self.guide.kind!r} "
+                "(expected json, json_schema, regex or ebnf_grammar)"
+            )

@@ -1,0 +1,158 @@
+"""Each sampling filter alone (backend/sampling_ops.py)."""
+import math
+
+import torch
+
+from backend.sampling.ops import (
+    apply_bans,
+    apply_min_p,
+    apply_penalties,
+    apply_presence_frequency_penalties,
+    apply_repetition_penalty,
+    apply_temperature,
+    apply_token_bitmask,
+    apply_top_k_top_p,
+    apply_top_p,
+    gather_logprobs,
+    inverse_cdf_draw,
+    token_counts,
+    unpack_bitmask,
+)
+
+INF = float("inf")
+
+
+def kept(logits):
+    return (logits > -INF).tolist()
+
+
+def test_bitmask_unpacks_all_32_bits():
+    words = torch.tensor([[(1 << 31) | 0b101, 0b10], [-1, -1]], dtype=torch.int64).to(torch.int32)
+    allowed = unpack_bitmask(words, vocab_size=40)
+    assert allowed.shape == (2, 40)
+    assert allowed[0].nonzero().flatten().tolist() == [0, 2, 31, 33]
+    assert allowed[1].all()
+    out = apply_token_bitmask(torch.zeros(2, 40), words)
+    assert (out[0] > -INF).nonzero().flatten().tolist() == [0, 2, 31, 33] and (out[1] == 0).all()
+
+
+def test_bans():
+    out = apply_bans(torch.zeros(2, 5), torch.tensor([0, 1, 1]), torch.tensor([4, 0, 2]))
+    assert kept(out) == [[True, True, True, True, False], [False, True, False, True, True]]
+    assert (apply_bans(torch.ones(1, 3), torch.tensor([], dtype=torch.int64),
+                       torch.tensor([], dtype=torch.int64)) == 1).all()
+
+
+def test_token_counts_ignore_padding():
+    ids = torch.tensor([[1, 1, 3, 5], [0, 5, 5, 5]])  # 5 = vocab: padding
+    assert token_counts(ids, 5).tolist() == [[0, 2, 0, 1, 0], [1, 0, 0, 0, 0]]
+
+
+def test_repetition_penalty_hf_semantics():
+    logits = torch.tensor([[2.0, -2.0, 3.0, -1.0]])
+    seen = torch.tensor([[True, True, False, False]])
+    out = apply_repetition_penalty(logits, seen, torch.tensor([2.0]))
+    assert out.tolist() == [[1.0, -4.0, 3.0, -1.0]]  # positive divided, negative multiplied, unseen untouched
+
+
+def test_presence_frequency_openai_semantics():
+    out = apply_presence_frequency_penalties(torch.zeros(1, 4), torch.tensor([[0, 1, 3, 0]]),
+                                             presence=torch.tensor([0.5]), frequency=torch.tensor([0.25]))
+    assert out.tolist() == [[0.0, -0.75, -1.25, 0.0]]
+
+
+def test_apply_penalties_prompt_only_counts_for_repetition():
+    v = 4
+    logits = torch.ones(1, v)
+    prompt = torch.tensor([[0, v]])   # token 0 only in the prompt
+    output = torch.tensor([[1, 1]])   # token 1 twice in the output
+    out = apply_penalties(logits.clone(), prompt, output, torch.tensor([2.0]), torch.tensor([0.5]),
+                          torch.tensor([1.0]))
+    assert out.tolist() == [[0.5, 0.5 - 0.5 - 2.0, 1.0, 1.0]]
+    out = apply_penalties(logits.clone(), None, output, None, torch.tensor([0.5]), None)
+    assert out.tolist() == [[1.0, 0.5, 1.0, 1.0]]
+
+
+def test_temperature():
+    out = apply_temperature(torch.tensor([[1.0, -2.0], [1.0, -2.0]]), torch.tensor([0.5, 2.0]))
+    assert out.tolist() == [[2.0, -4.0], [0.5, -1.0]]
+
+
+def test_top_k_alone_and_off():
+    logits = torch.tensor([[0.1, 3.0, 2.0, -1.0, 2.5], [0.1, 3.0, 2.0, -1.0, 2.5], [1.0, 1.0, 1.0, 0.0, 0.0]])
+    out = apply_top_k_top_p(logits.clone(), torch.tensor([2, 5, 1]), None)
+    assert kept(out) == [[False, True, False, False, True], [True] * 5, [True, True, True, False, False]]  # ties kept
+    assert torch.equal(out[0, [1, 4]], logits[0, [1, 4]])
+
+
+def test_top_p_alone():
+    probs = torch.tensor([0.05, 0.5, 0.15, 0.3])
+    logits = probs.log().repeat(4, 1)
+    out = apply_top_k_top_p(logits.clone(), None, torch.tensor([0.45, 0.7, 0.85, 1.0]))
+    assert kept(out) == [[False, True, False, False], [False, True, False, True],
+                         [False, True, True, True], [True, True, True, True]]
+
+
+def test_top_p_applies_to_the_top_k_renormalised_distribution():
+    # top-2 of [0.4, 0.3, 0.2, 0.1] renormalises to [4/7, 3/7]; p = 0.5 < 4/7 keeps only the first.
+    # (Without the top-k renormalisation, p = 0.5 would keep two tokens.)
+    logits = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()
+    out = apply_top_k_top_p(logits.clone(), torch.tensor([2]), torch.tensor([0.5]))
+    assert kept(out) == [[True, False, False, False]]
+    out = apply_top_k_top_p(logits.clone(), torch.tensor([2]), torch.tensor([0.6]))
+    assert kept(out) == [[True, True, False, False]]
+
+
+def top_p_by_sorting(logits, top_p):
+    """Reference: sort ascending, drop tokens whose own + less likely mass is <= 1 - p."""
+    srt, idx = logits.sort(dim=-1)
+    drop = srt.softmax(-1).cumsum(-1) <= (1 - top_p)[:, None]
+    drop[:, -1] = False
+    return logits.scatter(1, idx, srt.masked_fill(drop, -INF))
+
+
+def test_top_p_candidates_agree_with_sorting():
+    """Few candidates push flat rows on to the larger sizes and the full vocabulary."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 300, generator=gen) * torch.tensor([0.3, 1.0, 3.0, 8.0, 0.1, 5.0])[:, None]
+    top_p = torch.tensor([0.9, 0.5, 0.95, 0.7, 1.0, 0.3])
+    want = kept(top_p_by_sorting(logits.clone(), top_p))
+    for sizes in ((4,), (4, 32), (32, 64), (300,), ()):
+        assert kept(apply_top_p(logits.clone(), top_p, candidate_sizes=sizes)) == want
+    assert all(want[4])  # top_p = 1 keeps everything
+
+
+def test_min_p():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    out = apply_min_p(probs.log().repeat(2, 1), torch.tensor([0.25, 0.0]))
+    assert kept(out) == [[True, True, True, False], [True] * 4]  # 0.15 >= 0.125, 0.05 < 0.125
+
+
+def test_gather_logprobs():
+    logits = torch.tensor([[1.0, 2.0, 0.5], [0.0, 0.0, 3.0]])
+    chosen, ids, lps = gather_logprobs(logits, torch.tensor([0, 2]), 2)
+    ref = logits.log_softmax(-1)
+    assert torch.allclose(chosen, torch.tensor([ref[0, 0], ref[1, 2]]))
+    assert ids[0].tolist() == [1, 0] and ids[1, 0].item() == 2
+    assert torch.allclose(lps, ref.gather(1, ids))
+    assert gather_logprobs(logits, torch.tensor([0, 2]), 0)[1] is None
+
+
+def test_inverse_cdf_draw_seeded_rows_ignore_the_batch():
+    probs = torch.softmax(torch.randn(3, 50), -1)
+    g = lambda: torch.Generator().manual_seed(123)  # noqa: E731
+    alone = [inverse_cdf_draw(probs[1:2], [g()], None).item()]
+    gen = g()
+    in_batch = inverse_cdf_draw(probs, [None, gen, None], torch.Generator().manual_seed(9))
+    assert in_batch[1].item() == alone[0]
+    # a skipped row consumes nothing from its generator
+    gen2 = g()
+    inverse_cdf_draw(probs[1:2], [gen2], None, skip_rows=[True])
+    assert torch.equal(gen2.get_state(), g().get_state())
+
+
+def test_inverse_cdf_draw_never_draws_zero_probability_tokens():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5]]).repeat(2000, 1)
+    drawn = inverse_cdf_draw(probs, [None] * 2000, torch.Generator().manual_seed(0))
+    assert set(drawn.tolist()) == {1, 3}
+    assert math.isclose((drawn == 1).float().mean().item(), 0.5, abs_tol=0.06)

@@ -1,0 +1,58 @@
+"""backend/serving/metrics.py: TensorRT-LLM-named gauges set from engine stats."""
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from backend.serving.metrics import (
+    GENERAL_FAMILY,
+    KV_FAMILY,
+    REQUEST_FAMILY,
+    EngineMetrics,
+)
+from tests.helpers.triton_fakes import make_pb_utils
+
+
+def stats(**kw):
+    base = dict(kv_blocks_max=100, kv_blocks_used=30, kv_blocks_free=70, kv_blocks_reused=5, tokens_per_block=16,
+                num_running=3, num_waiting=2, num_prefilling=1, num_scheduled=3, num_preemptions=1, prefix_cache_queries=40,
+                prefix_cache_hits=10, steps=9)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def values(pb, family, label):
+    fam, = [f for f in pb.families if f.name == family]
+    return {m.labels[label]: m.value for m in fam.metrics}
+
+
+def test_gauges_follow_engine_stats():
+    pb = make_pb_utils()
+    current = [stats()]
+    m = EngineMetrics(pb, lambda: current[0], max_num_seqs=64, model="llm", version="1")
+    m.update()
+    assert values(pb, KV_FAMILY, "kv_cache_block_type") == {"max": 100, "free": 70, "used": 30, "tokens_per": 16,
+                                                             "reused": 5}
+    assert values(pb, REQUEST_FAMILY, "request_type") == {"active": 5, "scheduled": 3, "context": 1, "waiting": 2,
+                                                          "max": 64}
+    assert values(pb, GENERAL_FAMILY, "general_type")["num_preemptions"] == 1
+    fam, = [f for f in pb.families if f.name == KV_FAMILY]
+    assert all(x.labels["model"] == "llm" and x.labels["version"] == "1" for x in fam.metrics)
+    assert all(f.kind == "gauge" for f in pb.families)
+    current[0] = stats(kv_blocks_used=0, kv_blocks_free=100)
+    m.update()
+    assert values(pb, KV_FAMILY, "kv_cache_block_type")["used"] == 0
+
+
+def test_periodic_thread_updates_and_stops():
+    pb = make_pb_utils()
+    current = [stats()]
+    m = EngineMetrics(pb, lambda: current[0], max_num_seqs=8, interval_s=0.01).start()
+    try:
+        current[0] = stats(num_waiting=7)
+        deadline = time.monotonic() + 2
+        while values(pb, REQUEST_FAMILY, "request_type")["waiting"] != 7 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert values(pb, REQUEST_FAMILY, "request_type")["waiting"] == 7
+    finally:
+        m.stop()

@@ -1,0 +1,1 @@
+"""Test helpers: checkpoints, the HF/dense oracles, a paged-attention reference, fake Triton objects."""

@@ -1,0 +1,170 @@
+"""postprocess/serving.py: the Triton glue around the postprocessor, with the demo tokenizer and fake Triton objects."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from contracts import wire
+from postprocess.processor import Postprocessor
+from postprocess.serving import PostprocessServing
+from preprocess.tokenizer import load_tokenizer
+from tests.helpers.checkpoints import DEMO_TARGET
+from tests.helpers.triton_fakes import InferenceResponse, Request, Tensor, make_pb_utils
+from tools.client import to_array
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(DEMO_TARGET)
+
+
+def triton_inputs(**values):
+    return {k: to_array(k, v) for k, v in values.items()}
+
+
+def llm_response(rid, ids, *, lps=None, **meta):
+    m = wire.LLMResponseMeta(request_id=rid, **meta)
+    return Request({wire.OUTPUT_IDS: np.asarray([ids], dtype=np.int32),
+                    wire.OUTPUT_LOG_PROBS: np.asarray([lps or []], dtype=np.float32),
+                    wire.RESPONSE: np.asarray([[m.to_json().encode()]], dtype=object)})
+
+
+def options(**kw) -> str:
+    base = {"v": 1, "exclude_input_in_output": True, "stream": True}
+    base.update(kw)
+    return json.dumps(base)
+
+
+@pytest.fixture
+def post(tokenizer):
+    def ack(kwargs):
+        return [InferenceResponse([Tensor(wire.RESPONSE, np.asarray([[b"{}"]], dtype=object))])]
+    pb = make_pb_utils(bls_responder=ack)
+    return PostprocessServing(Postprocessor(tokenizer), pb), pb
+
+
+def text_of(resp) -> str:
+    return resp.tensor("text_output").reshape(-1)[0].decode()
+
+
+def reason_of(resp) -> str:
+    return resp.tensor("finish_reason").reshape(-1)[0].decode()
+
+
+def test_postprocess_deltas_join_to_the_decoded_text(post, tokenizer):
+    serving, pb = post
+    ids = tokenizer.encode("def fibonacci(n):\n    return n", add_special_tokens=False)
+    reqs = [llm_response("e1", [t], options=options() if i == 0 else None, finished=i == len(ids) - 1,
+                         request_finished=i == len(ids) - 1, finish_reason="length" if i == len(ids) - 1 else None,
+                         num_output_tokens=i + 1)
+            for i, t in enumerate(ids)]
+    outs = serving.execute(reqs)
+    assert "".join(text_of(o) for o in outs) == tokenizer.decode(ids)
+    assert [reason_of(o) for o in outs][-1] == "length" and all(reason_of(o) == "" for o in outs[:-1])
+    assert pb.bls_calls == [] and len(serving.processor.table) == 0
+
+
+def test_postprocess_stop_string_stops_the_engine_once(post, tokenizer):
+    serving, pb = post
+    ids = tokenizer.encode("a = 1\nb = 2\nc = 3", add_special_tokens=False)
+    outs = [serving.process(llm_response("e2", [t], options=options(stop=["b ="]) if i == 0 else None))
+            for i, t in enumerate(ids)]
+    final = serving.process(llm_response("e2", [], finished=True, request_finished=True, finish_reason="abort"))
+    assert "".join(text_of(o) for o in outs + [final]) == "a = 1\n"
+    (kwargs, decoupled), = pb.bls_calls
+    assert decoupled and kwargs["model_name"] == "llm" and kwargs["request_id"] == "e2"
+    stop_tensor, = kwargs["inputs"]
+    assert stop_tensor.name() == wire.STOP and stop_tensor.as_numpy().reshape(-1).tolist() == [True]
+    assert reason_of(final) == "stop"
+
+
+def test_postprocess_error_meta_becomes_triton_error_and_drops_state(post):
+    serving, _ = post
+    serving.process(llm_response("e3", [5], options=options()))
+    resp = serving.process(llm_response("e3", [], finished=True, request_finished=True, finish_reason="error",
+                                        error="max_tokens: prompt (3 tokens) + max_tokens (9999) exceeds max_model_len"))
+    assert resp.has_error() and resp.error().message().startswith("max_tokens:")
+    assert len(serving.processor.table) == 0
+
+
+def test_postprocess_error_of_one_sequence_is_reported_on_the_final_response(post):
+    serving, _ = post
+    serving.process(llm_response("e8", [5], options=options(n=2), seq_index=0))
+    mid = serving.process(llm_response("e8", [], seq_index=0, finished=True, finish_reason="error", error="boom"))
+    assert not mid.has_error() and text_of(mid) == ""
+    final = serving.process(llm_response("e8", [], seq_index=1, finished=True, request_finished=True,
+                                         finish_reason="error", error="boom"))
+    assert final.has_error() and final.error().message() == "boom"
+
+
+def test_postprocess_cancelled_request_stops_the_engine(post):
+    serving, pb = post
+    r = llm_response("e4", [5], options=options())
+    r.cancelled = True
+    serving.process(r)
+    r2 = llm_response("e4", [6])
+    r2.cancelled = True
+    serving.process(r2)
+    assert [k["request_id"] for k, _ in pb.bls_calls] == ["e4"]
+
+
+def test_postprocess_asks_is_cancelled_at_most_every_interval(tokenizer):
+    now = [0.0]
+    calls = []
+
+    class Counted(Request):
+        def is_cancelled(self):
+            calls.append(1)
+            return False
+
+    pb = make_pb_utils()
+    serving = PostprocessServing(Postprocessor(tokenizer), pb, cancel_check_interval_s=0.05, clock=lambda: now[0])
+
+    def response(ids, **meta):
+        r = llm_response("e7", ids, **meta)
+        c = Counted({})
+        c.inputs = r.inputs
+        return c
+
+    serving.process(response([5], options=options()))
+    for k in range(10):
+        now[0] += 0.02
+        serving.process(response([6]))
+    assert len(calls) == 4  # at t = 0, 0.06, 0.12, 0.18
+    now[0] += 0.001
+    serving.process(response([], finished=True, request_finished=True, finish_reason="length"))
+    assert len(calls) == 4 and "e7" not in serving._cancel_checked
+
+
+def test_postprocess_stop_ack_is_an_empty_response(post):
+    serving, pb = post
+    resp = serving.process(llm_response("client-id", [], finished=True, request_finished=True, stop_ack=True))
+    assert not resp.has_error() and text_of(resp) == "" and pb.bls_calls == []
+
+
+def test_postprocess_logprobs_and_counts(post, tokenizer):
+    serving, _ = post
+    ids = tokenizer.encode("x = 1", add_special_tokens=False)
+    resp = serving.process(llm_response("e5", ids, lps=[-0.5] * len(ids), cum_logprob=-0.5 * len(ids),
+                                        options=options(return_log_probs=True, num_input_tokens=3, stream=False),
+                                        finished=True, request_finished=True, finish_reason="length"))
+    assert resp.tensor("output_log_probs").reshape(-1).tolist() == [-0.5] * len(ids)
+    assert resp.tensor("cum_log_probs").reshape(-1)[0] == pytest.approx(-0.5 * len(ids))
+    assert resp.tensor("num_input_tokens").reshape(-1)[0] == 3
+    assert resp.tensor("num_output_tokens").reshape(-1)[0] == len(ids)
+
+
+def test_postprocess_internal_failure_midstream_is_reported_on_the_final_response(post, monkeypatch):
+    serving, pb = post
+    serving.process(llm_response("e6", [5], options=options()))
+
+    def boom(*a, **k):
+        raise RuntimeError("detokenizer exploded")
+    monkeypatch.setattr(serving.processor, "process", boom)
+    mid = serving.process(llm_response("e6", [6]))
+    assert not mid.has_error() and text_of(mid) == ""
+    assert [k["request_id"] for k, _ in pb.bls_calls] == ["e6"]
+    final = serving.process(llm_response("e6", [], finished=True, request_finished=True, finish_reason="abort"))
+    assert final.has_error() and "detokenizer exploded" in final.error().message()
