@@ -25,18 +25,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from contracts.output_options import OutputOptions
-from postprocess.detokenizer import (
-    DEFAULT_CONTEXT_TOKENS,
-    IncrementalDetokenizer,
-    TextDecoder,
-)
-from postprocess.state import (
-    DEFAULT_MAX_REQUESTS,
-    RequestState,
-    RequestStateTable,
-    SequenceState,
-    TableStats,
-)
+from postprocess.detokenizer import DEFAULT_CONTEXT_TOKENS, IncrementalDetokenizer, TextDecoder
+from postprocess.state import DEFAULT_MAX_REQUESTS, RequestState, RequestStateTable, SequenceState, TableStats
 from postprocess.stop_matcher import StopMatcher
 
 FINISH_REASONS = ("stop", "length", "abort", "cancelled", "error")

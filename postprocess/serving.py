@@ -22,13 +22,7 @@ from collections import OrderedDict
 import numpy as np
 
 from contracts import wire
-from contracts.triton_config import (
-    DEFAULT_TOKENIZER,
-    int_param,
-    model_parameters,
-    resolve_path,
-    str_param,
-)
+from contracts.triton_config import DEFAULT_TOKENIZER, int_param, model_parameters, resolve_path, str_param
 from postprocess.processor import Postprocessor
 
 log = logging.getLogger(__name__)

@@ -10,13 +10,7 @@ from preprocess.request import (
     RequestParser,
     output_options_json,
 )
-from preprocess.tokenizer import (
-    Tokenizer,
-    TokenizerConfig,
-    TokenizerError,
-    load_tokenizer,
-    read_tokenizer_config,
-)
+from preprocess.tokenizer import Tokenizer, TokenizerConfig, TokenizerError, load_tokenizer, read_tokenizer_config
 
 __all__ = [
     "ChatTemplate", "ChatTemplateError", "render_chat", "RequestError", "OPTIONS_VERSION", "OutputOptions",

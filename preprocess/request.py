@@ -16,14 +16,7 @@ from contracts.output_options import OutputOptions
 from contracts.sampling_params import GUIDE_TYPES, GuideSpec, SamplingParams
 from preprocess.chat_template import ChatTemplate, ChatTemplateError
 from preprocess.errors import RequestError
-from preprocess.inputs import (
-    UINT64,
-    get_bool,
-    get_float,
-    get_int,
-    get_str,
-    get_str_list,
-)
+from preprocess.inputs import UINT64, get_bool, get_float, get_int, get_str, get_str_list
 from preprocess.tokenizer import Tokenizer
 
 # Every input this parser understands (TensorRT-LLM names, plus our messages / skip / include-stop).

@@ -20,13 +20,7 @@ from typing import Any
 import numpy as np
 
 from contracts import wire
-from contracts.triton_config import (
-    DEFAULT_TOKENIZER,
-    int_param,
-    model_parameters,
-    resolve_path,
-    str_param,
-)
+from contracts.triton_config import DEFAULT_TOKENIZER, int_param, model_parameters, resolve_path, str_param
 from preprocess.errors import RequestError
 from preprocess.request import RequestLimits, RequestParser
 from preprocess.tokenizer import load_tokenizer

@@ -11,8 +11,6 @@ def make_attention_backend(kv_cache: KVCache, scale: float | None = None, kind: 
     if kind not in ("auto", "torch", "triton"):
         raise ValueError(f"attention backend must be auto, torch or triton, got {kind!r}")
     if kind == "triton" or (kind == "auto" and kv_cache.device.type == "cuda"):
-        from backend.attention.triton_paged import (
-            TritonPagedAttention,  # imports triton: only when wanted
-        )
+        from backend.attention.triton_paged import TritonPagedAttention  # imports triton: only when wanted
         return TritonPagedAttention(kv_cache, scale)
     return TorchPagedAttention(kv_cache, scale)

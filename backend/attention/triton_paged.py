@@ -12,10 +12,7 @@ import torch
 
 from backend.attention.base import AttentionBackend
 from backend.attention.kernels.common import check_cache_layout
-from backend.attention.kernels.paged_decode import (
-    num_partitions,
-    paged_decode_attention,
-)
+from backend.attention.kernels.paged_decode import num_partitions, paged_decode_attention
 from backend.attention.kernels.paged_prefill import paged_prefill_attention
 from backend.attention.kernels.reshape_and_cache import reshape_and_cache
 from backend.attention.metadata import AttentionMetadata

@@ -26,11 +26,7 @@ import numpy as np
 from backend.core.outputs import RequestOutput
 from contracts import wire
 from contracts.field_names import as_ensemble_error
-from contracts.triton_config import (
-    model_parameters,
-    positive_float_param,
-    resolve_paths,
-)
+from contracts.triton_config import model_parameters, positive_float_param, resolve_paths
 
 log = logging.getLogger(__name__)
 

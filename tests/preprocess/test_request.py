@@ -10,12 +10,7 @@ import pytest
 from contracts.output_options import OutputOptions
 from contracts.sampling_params import SamplingParams
 from preprocess.errors import RequestError
-from preprocess.request import (
-    PreprocessedRequest,
-    RequestLimits,
-    RequestParser,
-    output_options_json,
-)
+from preprocess.request import PreprocessedRequest, RequestLimits, RequestParser, output_options_json
 from preprocess.tokenizer import load_tokenizer
 from tests.helpers.checkpoints import DEMO_TARGET  # noqa: E402
 

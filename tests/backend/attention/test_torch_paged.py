@@ -101,11 +101,7 @@ def test_mixed_step_splits_decodes_from_prefills():
 
 
 def test_functional_form_matches():
-    from backend.attention.torch_paged import (
-        paged_attention,
-        plan_paged_attention,
-        write_kv,
-    )
+    from backend.attention.torch_paged import paged_attention, plan_paged_attention, write_kv
     case = make_case([20, 0, 5, 33], [1, 9, 4, 1], num_heads=8, num_kv_heads=2, head_dim=8, block_size=4)
     kc, vc = case["k_cache"], case["v_cache"]
     write_kv(kc.view(-1, 2, 8), case["k"], case["md"].slot_mapping)

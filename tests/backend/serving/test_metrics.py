@@ -4,12 +4,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from backend.serving.metrics import (
-    GENERAL_FAMILY,
-    KV_FAMILY,
-    REQUEST_FAMILY,
-    EngineMetrics,
-)
+from backend.serving.metrics import GENERAL_FAMILY, KV_FAMILY, REQUEST_FAMILY, EngineMetrics
 from tests.helpers.triton_fakes import make_pb_utils
 
 
