@@ -18,8 +18,9 @@ from contracts.validation import check_int as _check_int
 
 DEVICES = ("auto", "cpu", "cuda")          # plus "cuda:N"
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-SPECULATIVE_METHODS = ("ngram", "draft")
+SPECULATIVE_METHODS = ("none", "ngram", "draft")
 MAX_SPECULATIVE_TOKENS = 16
+MAX_NGRAM = 64
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,11 @@ class EngineConfig:
     stream_interval: int = 1                   # emit every k tokens (the first token and the last always)
     device: str = "auto"
     dtype: str = "auto"
-    num_speculative_tokens: int = 0
-    speculative_method: str | None = None      # None | "ngram" | "draft"
+    speculative_method: str = "none"           # none | ngram (prompt lookup) | draft (draft_model_path)
+    num_speculative_tokens: int = 4            # the most drafts per step (k); ignored when the method is none
+    ngram_min: int = 1                         # ngram: shortest suffix matched against the context
+    ngram_max: int = 4                         # ngram: longest suffix matched (tried first)
+    speculative_adaptive: bool = True          # choose k per request from measured acceptance and step costs
     seed: int = 0
     cpu_threads: int = 0                       # torch intra-op threads on CPU (0: torch's default, one per core)
 
@@ -66,15 +70,16 @@ class EngineConfig:
             raise ValueError(f"device: expected one of {DEVICES} or 'cuda:N', got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {DTYPES}, got {self.dtype!r}")
-        _check_int("num_speculative_tokens", self.num_speculative_tokens, lo=0, hi=MAX_SPECULATIVE_TOKENS)
-        if self.speculative_method is not None and self.speculative_method not in SPECULATIVE_METHODS:
-            raise ValueError(f"speculative_method: expected None or one of {SPECULATIVE_METHODS}, "
+        if self.speculative_method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative_method: expected one of {SPECULATIVE_METHODS}, "
                              f"got {self.speculative_method!r}")
-        if self.num_speculative_tokens > 0 and self.speculative_method is None:
-            raise ValueError("speculative_method: required when num_speculative_tokens > 0 (ngram or draft)")
-        if self.speculative_method is not None and self.num_speculative_tokens == 0:
-            raise ValueError(f"num_speculative_tokens: must be >= 1 when speculative_method is "
-                             f"{self.speculative_method!r}")
+        _check_int("num_speculative_tokens", self.num_speculative_tokens, lo=1, hi=MAX_SPECULATIVE_TOKENS)
+        _check_int("ngram_min", self.ngram_min, lo=1, hi=MAX_NGRAM)
+        _check_int("ngram_max", self.ngram_max, lo=1, hi=MAX_NGRAM)
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"ngram_min: {self.ngram_min} exceeds ngram_max ({self.ngram_max})")
+        if not isinstance(self.speculative_adaptive, bool):
+            raise ValueError(f"speculative_adaptive: expected a boolean, got {self.speculative_adaptive!r}")
         if self.speculative_method == "draft" and self.draft_model_path is None:
             raise ValueError("draft_model_path: required when speculative_method is 'draft'")
         _check_int("seed", self.seed, lo=0, hi=2**63 - 1)
@@ -82,7 +87,7 @@ class EngineConfig:
 
     @property
     def speculative(self) -> bool:
-        return self.num_speculative_tokens > 0
+        return self.speculative_method != "none"
 
     def resolve_max_model_len(self, max_position_embeddings: int) -> int:
         """The context length to serve: ``max_model_len`` if set (never beyond the model's), else the model's."""
@@ -177,8 +182,8 @@ _PARSERS = {
     "gpu_memory_utilization": _parse_float, "max_num_seqs": _parse_int, "max_num_batched_tokens": _parse_int,
     "max_model_len": _optional(_parse_int), "enable_prefix_caching": _parse_bool, "watermark": _parse_float,
     "stream_interval": _parse_int, "device": _parse_str, "dtype": _parse_str,
-    "num_speculative_tokens": _parse_int, "speculative_method": _optional(_parse_str), "seed": _parse_int,
-    "cpu_threads": _parse_int,
+    "num_speculative_tokens": _parse_int, "speculative_method": _parse_str, "ngram_min": _parse_int,
+    "ngram_max": _parse_int, "speculative_adaptive": _parse_bool, "seed": _parse_int, "cpu_threads": _parse_int,
 }
 
 

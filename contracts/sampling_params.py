@@ -46,6 +46,7 @@ class SamplingParams:
     n: int = 1
     logprobs: int | None = None
     guide: GuideSpec | None = None
+    num_speculative_tokens: int | None = None   # this request's cap on drafts per step (0: off; None: the engine's)
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, lo=1)
@@ -71,6 +72,8 @@ class SamplingParams:
         _check_int("n", self.n, lo=1, hi=64)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, lo=0, hi=20)
+        if self.num_speculative_tokens is not None:
+            _check_int("num_speculative_tokens", self.num_speculative_tokens, lo=0, hi=64)
         if self.guide is not None and self.guide.kind not in GUIDE_TYPES:
             raise ValueError(
                 f"guided_decoding_guide_type: unknown type {self.guide.kind!r} "

@@ -42,3 +42,5 @@ class RequestOutput:
     cum_logprob: float | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    num_draft_tokens: int = 0            # speculative drafts verified for this sequence so far
+    num_accepted_draft_tokens: int = 0   # of which accepted

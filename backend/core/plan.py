@@ -43,10 +43,11 @@ class SchedulerOutput:
 
 @dataclass
 class ForwardOutput:
-    """The forward's result for the rows to sample: the last new token of every sequence whose
-    chunk reaches its end (``ScheduledSequence.sample``), in plan order."""
+    """The forward's result for the rows to sample, in plan order: the last new token of every
+    sequence whose chunk reaches its end (``ScheduledSequence.sample``); a sequence verifying ``k``
+    drafts has ``k + 1`` consecutive rows (its last known token, then each draft)."""
 
-    logits: torch.Tensor | None   # [num_sampled_rows, vocab] fp32; None when no row samples
+    logits: torch.Tensor | None   # [num_rows, vocab] fp32; None when no row samples
     rows: list[int]               # plan index of each logits row
 
 

@@ -65,4 +65,5 @@ class RequestState:
             finished=seq.is_finished, request_finished=seq.is_finished and self.finished,
             finish_reason=seq.finish_reason, error=error, logprobs=lps if want_lp else None,
             cum_logprob=seq.cum_logprob if want_lp else None, num_prompt_tokens=seq.num_prompt_tokens,
-            num_output_tokens=seq.num_output_tokens)
+            num_output_tokens=seq.num_output_tokens, num_draft_tokens=seq.num_spec_draft_tokens,
+            num_accepted_draft_tokens=seq.num_spec_accepted_tokens)

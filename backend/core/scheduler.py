@@ -24,7 +24,7 @@ import itertools
 import numbers
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 from backend.config import EngineConfig
@@ -50,6 +50,30 @@ class SchedulerStats:
     num_cached_blocks: int
     prefix_cache_queries: int      # tokens, cumulative
     prefix_cache_hits: int         # tokens, cumulative
+    spec: "SpecDecodeCounters"     # speculative decoding, cumulative
+
+
+@dataclass
+class SpecDecodeCounters:
+    """Cumulative speculative-decoding counts (terms: backend/core/plan.py)."""
+
+    num_drafts: int = 0                  # verifications of a sequence with at least one draft
+    num_draft_tokens: int = 0            # draft tokens verified
+    num_accepted_tokens: int = 0         # of which accepted
+    accepted_per_pos: list[int] = field(default_factory=list)   # [j]: drafts accepted at position j (0-based)
+
+    def record(self, num_drafts: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        if len(self.accepted_per_pos) < num_drafts:
+            self.accepted_per_pos.extend([0] * (num_drafts - len(self.accepted_per_pos)))
+        for j in range(num_accepted):
+            self.accepted_per_pos[j] += 1
+
+    def snapshot(self) -> "SpecDecodeCounters":
+        return SpecDecodeCounters(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
+                                  list(self.accepted_per_pos))
 
 
 class Scheduler:
@@ -75,6 +99,7 @@ class Scheduler:
         self._requests: dict[str, RequestState] = {}
         self._seq_ids = itertools.count()
         self._finished_seq_ids: list[int] = []    # ended since the last plan (the runner drops their state)
+        self.spec_counters = SpecDecodeCounters()
         self.num_preemptions = 0
         self.num_scheduled_last_step = 0
         self.num_batched_tokens_last_step = 0
@@ -96,6 +121,11 @@ class Scheduler:
         if n + params.max_tokens > self.max_model_len:
             raise ValueError(f"max_tokens: prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds "
                              f"max_model_len ({self.max_model_len})")
+        k_engine = self.config.num_speculative_tokens if self.config.speculative else 0
+        if params.num_speculative_tokens is not None and params.num_speculative_tokens > k_engine:
+            raise ValueError(f"num_speculative_tokens: {params.num_speculative_tokens} exceeds the engine's "
+                             f"num_speculative_tokens ({k_engine}"
+                             f"{'' if self.config.speculative else ': speculative decoding is off'})")
         if params.n > self.config.max_num_seqs:
             raise ValueError(f"n: {params.n} parallel samples exceed max_num_seqs ({self.config.max_num_seqs})")
 
@@ -166,7 +196,7 @@ class Scheduler:
         return SchedulerStats(len(self.running), len(self.waiting), prefilling, self.num_scheduled_last_step,
                               self.num_batched_tokens_last_step, self.num_preemptions, bm.num_blocks,
                               bm.num_free_blocks, bm.num_used_blocks, bm.num_cached_blocks,
-                              bm.prefix_cache_queries, bm.prefix_cache_hits)
+                              bm.prefix_cache_queries, bm.prefix_cache_hits, self.spec_counters.snapshot())
 
     # ---- one step: plan ---------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -262,9 +292,17 @@ class Scheduler:
             if not 1 <= len(tokens) <= sched.num_draft_tokens + 1:
                 raise ValueError(f"runner returned {len(tokens)} tokens for sequence {seq.seq_id} "
                                  f"({sched.num_draft_tokens} drafts)")
-            # rejected drafts are not computed: their K/V slots get rewritten later
-            seq.num_computed_tokens += sched.num_new_tokens - (sched.num_draft_tokens + 1 - len(tokens))
+            # rejected drafts are not computed: their K/V slots get rewritten later, and blocks that
+            # held only rejected positions go back to the pool
+            num_rejected = sched.num_draft_tokens + 1 - len(tokens)
+            seq.num_computed_tokens += sched.num_new_tokens - num_rejected
             seq.draft_token_ids = []
+            if sched.num_draft_tokens:
+                seq.num_spec_draft_tokens += sched.num_draft_tokens
+                seq.num_spec_accepted_tokens += len(tokens) - 1
+                self.spec_counters.record(sched.num_draft_tokens, len(tokens) - 1)
+                if num_rejected:
+                    bm.truncate(seq, seq.num_computed_tokens)
             req = self._requests[seq.request_id]
             if req.pending_forks and seq.num_output_tokens == 0:
                 bm.commit_full_blocks(seq)

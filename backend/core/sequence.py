@@ -9,7 +9,7 @@ One writer per piece of state:
 - identity (``seq_id`` .. ``params``, ``arrival_time``): set once when the scheduler creates it;
 - progress (``status``, ``num_computed_tokens``, ``num_cached_tokens``, ``output_token_ids``,
   ``draft_token_ids``, ``finish_reason``, ``first_token_time``, ``num_preemptions``,
-  ``cum_logprob``): written only by ``backend/core/scheduler.py`` (drafts enter through
+  ``cum_logprob``, the speculative counts): written only by ``backend/core/scheduler.py`` (drafts enter through
   ``Scheduler.update_draft_token_ids``);
 - ``block_table``: written only by ``backend/core/block_manager.py``.
 Everyone else (runner, sampler, request state, metrics) only reads. Per-sequence sampler state
@@ -48,6 +48,8 @@ class Sequence:
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     num_preemptions: int = 0
+    num_spec_draft_tokens: int = 0       # drafts verified for this sequence (speculative decoding)
+    num_spec_accepted_tokens: int = 0    # of which accepted
     cum_logprob: float = 0.0
 
     @property

@@ -17,12 +17,15 @@ from backend.model.config import ModelConfig
 from backend.model.llama import LlamaForCausalLM
 from backend.model.loader import load_model
 from backend.sampling.sampler import Sampler
+from backend.spec_decode.ngram import NgramProposer
+from backend.spec_decode.speculator import Speculator
 
 
 @dataclass
 class EngineParts:
     scheduler: Scheduler
     runner: ModelRunner       # holds the model, the KV cache, the attention backend and the sampler
+    speculator: Speculator | None = None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -99,4 +102,19 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
                           eos_token_ids=eos, cache_key=checkpoint_identity(folder))
     sampler = Sampler(vocab_size=mcfg.vocab_size, device=device, seed=config.seed, eos_token_ids=sorted(eos))
     runner = ModelRunner(model, kv_cache, make_attention_backend(kv_cache), sampler, device)
-    return EngineParts(scheduler, runner)
+    return EngineParts(scheduler, runner, build_speculator(config, folder, mcfg, blocks, device, dtype, max_model_len))
+
+
+def build_speculator(config: EngineConfig, target_folder: Path, target: ModelConfig, num_blocks: int,
+                     device: torch.device, dtype: torch.dtype, max_model_len: int) -> Speculator | None:
+    """The proposer the config names, inside the adaptive driver; None when speculation is off."""
+    if config.speculative_method == "none":
+        return None
+    if config.speculative_method == "ngram":
+        proposer = NgramProposer(config.ngram_min, config.ngram_max)
+    else:
+        from backend.spec_decode.draft_model import DraftModelProposer
+        proposer = DraftModelProposer.load(Path(config.draft_model_path), target_folder, target, config,
+                                           num_blocks=num_blocks, device=device, dtype=dtype,
+                                           max_model_len=max_model_len)
+    return Speculator(proposer, config.num_speculative_tokens, config.speculative_adaptive)

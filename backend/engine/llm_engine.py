@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -48,6 +49,7 @@ class LLMEngine:
         self.parts = parts or build_engine_parts(config)
         self.scheduler = self.parts.scheduler
         self.runner = self.parts.runner
+        self.speculator = self.parts.speculator   # None unless speculative_method is ngram or draft
         self._callbacks: dict[str, OutputCallback] = {}
         self._inbox: deque[InboxMessage] = deque()
         self._cv = threading.Condition()
@@ -117,14 +119,22 @@ class LLMEngine:
     def step(self) -> None:
         """One iteration: take new requests and aborts, schedule, run the forward, sample, apply, stream."""
         self._drain_inbox()
+        if self.speculator is not None:
+            self.speculator.release_gone(self.scheduler)
         if not self.scheduler.has_unfinished():
             return
         plan = self.scheduler.schedule()
         if plan.scheduled:
+            t0 = time.perf_counter()
+            spec = self.speculator
             forward = self.runner.execute(plan)
-            output = self.runner.sample(plan, forward, grammar_bitmask=None)  # bitmasks: constrained decoding
+            output = self.runner.sample(plan, forward, grammar_bitmask=None,  # bitmasks: constrained decoding
+                                        draft_probs=spec.draft_probs if spec else None)
+            seconds = time.perf_counter() - t0
             self._dispatch(self.scheduler.update_from_output(plan, output))
             self._steps += 1
+            if spec is not None:
+                spec.after_step(self.scheduler, plan, output, seconds)   # drafts for the next step
 
     def _loop(self) -> None:
         torch.set_grad_enabled(False)

@@ -61,32 +61,47 @@ class ModelRunner:
         self.attn.prepare(meta)
         hidden = self.model(input_ids, meta.positions, self.attn)  # [num_tokens, hidden]
 
-        # rows to sample: the last new token of every sequence whose chunk reaches its end
-        rows = [i for i, s in enumerate(sched) if s.sample]
-        if not rows:
-            return ForwardOutput(None, [])
+        # rows to sample: the last new token of every sequence whose chunk reaches its end, and for a
+        # speculative verify the k tokens before it too (the last known token and each draft but the last)
         ends = meta.query_start_loc[1:].long() - 1                   # [num_seqs]
-        if len(rows) == len(sched):
-            sample_hidden = hidden[ends]
+        if not any(s.sample for s in sched):
+            return ForwardOutput(None, [])
+        if not any(s.num_draft_tokens for s in sched):
+            rows = [i for i, s in enumerate(sched) if s.sample]
+            pick = ends if len(rows) == len(sched) else ends[torch.tensor(rows, device=ends.device)]
         else:
-            sample_hidden = hidden[ends[torch.tensor(rows, device=ends.device)]]
-        return ForwardOutput(self.model.compute_logits(sample_hidden), rows)  # logits [num_sampled, vocab] fp32
+            rows = [i for i, s in enumerate(sched) if s.sample for _ in range(s.num_draft_tokens + 1)]
+            back = [s.num_draft_tokens - j for s in sched if s.sample for j in range(s.num_draft_tokens + 1)]
+            pick = ends[torch.tensor(rows, device=ends.device)] - torch.tensor(back, device=ends.device)
+        return ForwardOutput(self.model.compute_logits(hidden[pick]), rows)  # logits [num_rows, vocab] fp32
 
     @torch.inference_mode()
     def sample(self, plan: SchedulerOutput, forward: ForwardOutput,
-               grammar_bitmask: torch.Tensor | None = None,  # [num_sampled, ceil(vocab / 32)] int32, or None
+               grammar_bitmask: torch.Tensor | None = None,   # [num_rows, ceil(vocab / 32)] int32, or None
+               draft_probs: dict[int, torch.Tensor] | None = None,  # seq_id -> [k, vocab] q of sampled drafts
                ) -> ModelRunnerOutput:
-        """Sample the forward's rows (after the grammar mask, when one is given)."""
+        """Sample the forward's rows (after the grammar mask, when one is given); verify drafts."""
         sched = plan.scheduled
-        if forward.logits is None:
-            return ModelRunnerOutput([[] for _ in sched], [None] * len(sched))
-        seqs = [sched[i].seq for i in forward.rows]
-        result = self.sampler.sample(forward.logits, self.sampler.build_batch(seqs, grammar_bitmask=grammar_bitmask))
-        token_ids = result.token_ids.tolist()
         sampled: list[list[int]] = [[] for _ in sched]
         logprobs: list = [None] * len(sched)
-        for j, i in enumerate(forward.rows):
-            sampled[i] = [token_ids[j]]
-            if result.logprobs is not None and result.logprobs[j] is not None:
-                logprobs[i] = [result.logprobs[j]]
+        if forward.logits is None:
+            return ModelRunnerOutput(sampled, logprobs)
+        order = list(dict.fromkeys(forward.rows))                    # plan indices that sample, in row order
+        if len(order) == len(forward.rows):                          # no drafts: one row per sequence
+            seqs = [sched[i].seq for i in order]
+            result = self.sampler.sample(forward.logits,
+                                         self.sampler.build_batch(seqs, grammar_bitmask=grammar_bitmask))
+            token_ids = result.token_ids.tolist()
+            for j, i in enumerate(order):
+                sampled[i] = [token_ids[j]]
+                if result.logprobs is not None and result.logprobs[j] is not None:
+                    logprobs[i] = [result.logprobs[j]]
+            return ModelRunnerOutput(sampled, logprobs)
+        seqs = [sched[i].seq for i in order]
+        drafts = [sched[i].seq.draft_token_ids[:sched[i].num_draft_tokens] for i in order]
+        qs = [draft_probs.get(s.seq_id) for s in seqs] if draft_probs else None
+        result = self.sampler.verify(forward.logits, seqs, drafts, qs, grammar_bitmask)
+        for j, i in enumerate(order):
+            sampled[i] = result.token_ids[j]
+            logprobs[i] = result.logprobs[j]
         return ModelRunnerOutput(sampled, logprobs)

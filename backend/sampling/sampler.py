@@ -17,7 +17,7 @@ import torch
 
 from backend.core.outputs import TokenLogprob
 from backend.core.sequence import Sequence
-from backend.sampling.batch import SamplingBatch, build_sampling_batch
+from backend.sampling.batch import GREEDY_EPS, SamplingBatch, build_sampling_batch
 from backend.sampling.ops import (
     apply_bans,
     apply_min_p,
@@ -29,12 +29,22 @@ from backend.sampling.ops import (
     inverse_cdf_draw,
     logits_to_probs,
 )
+from backend.sampling.rejection import acceptance_probs, num_accepted, recovery_probs
 
 
 @dataclass
 class SamplerOutput:
     token_ids: torch.Tensor                 # [num_rows] int64
     logprobs: list[TokenLogprob | None] | None = None  # per row when any row asked; None otherwise
+
+
+@dataclass
+class VerifyOutput:
+    """Per sequence: its new tokens (accepted drafts, then the recovered or bonus token) and their logprobs."""
+
+    token_ids: list[list[int]]
+    logprobs: list[list[TokenLogprob] | None]
+    num_accepted: list[int]
 
 
 def mask_and_penalise(
@@ -133,8 +143,9 @@ class Sampler:
     ``drop`` (the runner drops the sequences each plan reports finished)."""
 
     def __init__(self, vocab_size: int, device: torch.device | str = "cpu", seed: int | None = None,
-                 eos_token_ids: Seq[int] = ()):
+                 eos_token_ids: Seq[int] = (), seq_seed_salt: int = 0):
         self.vocab_size = vocab_size
+        self.seq_seed_salt = seq_seed_salt    # another sampler of the same requests (a draft model) needs another
         self.device = torch.device(device)
         self.eos_token_ids = tuple(eos_token_ids)
         self.generator = torch.Generator(device=self.device)
@@ -150,7 +161,8 @@ class Sampler:
             return None
         gen = self._seq_generators.get(seq.seq_id)
         if gen is None:
-            gen = torch.Generator(device=self.device).manual_seed((seq.params.seed + seq.seq_index) % 2**64)
+            seed = (seq.params.seed + seq.seq_index + self.seq_seed_salt) % 2**64
+            gen = torch.Generator(device=self.device).manual_seed(seed)
             self._seq_generators[seq.seq_id] = gen
         return gen
 
@@ -184,3 +196,84 @@ class Sampler:
         logprobs = build_logprobs(logits, token_ids, batch.num_logprobs) \
             if batch.max_num_logprobs is not None else None
         return SamplerOutput(token_ids, logprobs)
+
+    def verify(
+        self,
+        logits: torch.Tensor,                          # [sum(1 + k_i), vocab] fp32: rows of seq i, then seq i+1...
+        seqs: Seq[Sequence],                           # B sequences
+        drafts: Seq[list[int]],                        # per sequence, its k_i drafts (may be empty)
+        draft_probs: Seq[torch.Tensor | None] | None = None,   # per sequence [k_i, vocab] q, None: point masses
+        grammar_bitmask: torch.Tensor | None = None,   # [sum(1 + k_i), ceil(vocab / 32)] int32
+    ) -> VerifyOutput:
+        """Speculative verification: the rejection rule over every sequence's drafts at once.
+
+        Row ``j`` of sequence ``i`` is the target at the position after its ``j``-th draft, with the
+        sampling filters of plain sampling at that position (penalties and bans see the drafts
+        before it as output). A sequence without drafts gets exactly a plain sample.
+        """
+        counts = [len(d) for d in drafts]
+        rows_seqs = [s for s, k in zip(seqs, counts) for _ in range(k + 1)]
+        outputs = [s.output_token_ids + d[:j] for s, d, k in zip(seqs, drafts, counts) for j in range(k + 1)]
+        batch = self.build_batch(rows_seqs, output_token_ids=outputs, grammar_bitmask=grammar_bitmask)
+        probs = compute_probs(logits, batch)                                   # [R, vocab]
+        b, k_max, dev = len(seqs), max(counts), logits.device
+        first = torch.tensor(_row_starts(counts), dtype=torch.int64, device=dev)      # [B] first row of each seq
+        offs = torch.arange(k_max + 1, device=dev)
+        n_drafts = torch.tensor(counts, dtype=torch.int64, device=dev)
+        # [B, K+1] row of each (sequence, position); padding positions repeat the sequence's first row
+        idx = torch.where(offs[None, :] <= n_drafts[:, None], first[:, None] + offs[None, :], first[:, None])
+        target = probs[idx]                                                    # [B, K+1, vocab]
+        draft_ids = torch.tensor([d + [0] * (k_max - len(d)) for d in drafts], dtype=torch.int64, device=dev)
+        q = _padded_draft_probs(draft_probs, draft_ids, counts, probs.shape[1]) if k_max else None
+        gens = [self.generator_for(s) for s in seqs]
+        greedy = [s.params.temperature < GREEDY_EPS for s in seqs]
+        if k_max:
+            u = torch.rand(b, k_max, generator=self.generator, device=dev)      # unseeded rows
+            for i, g in enumerate(gens):
+                if g is not None and counts[i] and not greedy[i]:
+                    u[i] = torch.rand(k_max, generator=g, device=dev)
+            accepted = num_accepted(acceptance_probs(draft_ids, target, q), u, n_drafts)
+        else:
+            accepted = torch.zeros(b, dtype=torch.int64, device=dev)
+        last = recovery_probs(accepted, n_drafts, draft_ids, target, q)       # [B, vocab]
+        drawn = inverse_cdf_draw(last, gens, self.generator, skip_rows=greedy)
+        final = torch.where(torch.tensor(greedy, device=dev), last.argmax(dim=-1), drawn)
+        acc, fin = accepted.tolist(), final.tolist()
+        token_ids = [d[:a] + [f] for d, a, f in zip(drafts, acc, fin)]
+        logprobs: list[list[TokenLogprob] | None] = [None] * b
+        if any(s.params.logprobs is not None for s in seqs):
+            starts = _row_starts(counts)
+            rows = [starts[i] + j for i, t in enumerate(token_ids) for j in range(len(t))]
+            flat = [t for ts in token_ids for t in ts]
+            nlp = [seqs[i].params.logprobs for i, t in enumerate(token_ids) for _ in t]
+            lps = build_logprobs(logits[torch.tensor(rows, device=dev)], torch.tensor(flat, device=dev), nlp)
+            pos = 0
+            for i, t in enumerate(token_ids):
+                if seqs[i].params.logprobs is not None:
+                    logprobs[i] = lps[pos:pos + len(t)]
+                pos += len(t)
+        return VerifyOutput(token_ids, logprobs, acc)
+
+
+def _row_starts(counts: Seq[int]) -> list[int]:
+    starts, pos = [], 0
+    for k in counts:
+        starts.append(pos)
+        pos += k + 1
+    return starts
+
+
+def _padded_draft_probs(
+    draft_probs: Seq[torch.Tensor | None] | None,
+    draft_ids: torch.Tensor,   # [B, K] int64
+    counts: Seq[int],
+    vocab: int,
+) -> torch.Tensor | None:      # [B, K, vocab] fp32, point masses where a sequence has no q; None: all point masses
+    if draft_probs is None or all(q is None for q in draft_probs):
+        return None
+    q = torch.zeros(*draft_ids.shape, vocab, dtype=torch.float32, device=draft_ids.device)
+    q.scatter_(2, draft_ids[:, :, None], 1.0)
+    for i, (dp, k) in enumerate(zip(draft_probs, counts)):
+        if dp is not None and k:
+            q[i, :k] = dp[:k]
+    return q

@@ -36,10 +36,15 @@ def test_defaults_and_resolved_max_model_len():
     (dict(device="tpu"), "device"),
     (dict(dtype="int8"), "dtype"),
     (dict(num_speculative_tokens=-1), "num_speculative_tokens"),
-    (dict(num_speculative_tokens=3), "speculative_method"),
-    (dict(speculative_method="ngram"), "num_speculative_tokens"),
+    (dict(num_speculative_tokens=0), "num_speculative_tokens"),
+    (dict(num_speculative_tokens=17), "num_speculative_tokens"),
     (dict(speculative_method="medusa", num_speculative_tokens=2), "speculative_method"),
+    (dict(speculative_method=None), "speculative_method"),
     (dict(speculative_method="draft", num_speculative_tokens=2), "draft_model_path"),
+    (dict(ngram_min=0), "ngram_min"),
+    (dict(ngram_min=5, ngram_max=4), "ngram_min"),
+    (dict(ngram_max=65), "ngram_max"),
+    (dict(speculative_adaptive="yes"), "speculative_adaptive"),
     (dict(seed=-1), "seed"),
 ])
 def test_invalid_values_name_the_field(kwargs, field):
@@ -51,6 +56,7 @@ def test_valid_variants():
     EngineConfig(model_path="/m", device="cuda:1", dtype="bfloat16", watermark=0.0, num_kv_blocks=100)
     c = EngineConfig(model_path="/m", draft_model_path="/d", speculative_method="draft", num_speculative_tokens=4)
     assert c.speculative
+    assert not EngineConfig(model_path="/m", num_speculative_tokens=7).speculative   # k without a method: off
 
 
 def test_from_parameters_parses_strings_and_triton_dicts():

@@ -160,8 +160,8 @@ class _ExplodingRunner:
             raise RuntimeError("boom")
         return self.real.execute(plan)
 
-    def sample(self, plan, forward, grammar_bitmask=None):
-        return self.real.sample(plan, forward, grammar_bitmask)
+    def sample(self, plan, forward, **kwargs):
+        return self.real.sample(plan, forward, **kwargs)
 
 
 def test_failed_step_errors_its_requests_and_the_loop_survives(tiny_checkpoint):

@@ -1,0 +1,62 @@
+"""Speculative verification's rejection rule, as pure functions (terms: backend/core/plan.py).
+
+For a sequence with drafts ``d_1..d_k`` (``d_j`` drawn from ``q_j``; a point mass for n-gram drafts
+and for greedy ones) and the target's distributions ``p_0..p_k`` (``p_j`` at the position after
+``d_j``, computed with every sampling filter exactly as plain sampling would), draft ``d_{j+1}`` is
+*accepted* with probability ``min(1, p_j(d) / q_j(d))``, left to right until one is rejected. At the
+first rejection the *recovered* token is drawn from ``norm(max(0, p_j - q_j))``; when all ``k`` are
+accepted the *bonus* token is drawn from ``p_k``. The output then has exactly the target's
+distribution (Leviathan et al. 2023, Chen et al. 2023). Greedy rows have a one-hot ``p``: a draft is
+accepted iff it is the argmax, and the recovered token is the argmax.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def acceptance_probs(
+    draft_ids: torch.Tensor,           # [B, K] int64 (padding past num_drafts is ignored)
+    target_probs: torch.Tensor,        # [B, K + 1, vocab] fp32
+    draft_probs: torch.Tensor | None,  # [B, K, vocab] fp32; None: every draft is a point mass (q(d) = 1)
+) -> torch.Tensor:                     # [B, K] fp32: min(1, p_j(d_{j+1}) / q_j(d_{j+1}))
+    p = target_probs[:, :-1].gather(2, draft_ids[:, :, None]).squeeze(2)
+    if draft_probs is None:
+        return p.clamp(max=1.0)
+    q = draft_probs.gather(2, draft_ids[:, :, None]).squeeze(2)
+    return torch.where(q > 0, (p / q.clamp(min=1e-30)).clamp(max=1.0), torch.zeros_like(p))
+
+
+def num_accepted(
+    accept_probs: torch.Tensor,  # [B, K] fp32
+    uniforms: torch.Tensor,      # [B, K] fp32 in [0, 1)
+    num_drafts: torch.Tensor,    # [B] int64
+) -> torch.Tensor:               # [B] int64: leading drafts accepted, <= num_drafts
+    k = accept_probs.shape[1]
+    valid = torch.arange(k, device=accept_probs.device)[None, :] < num_drafts[:, None]
+    accepted = (uniforms < accept_probs) & valid
+    return accepted.long().cumprod(dim=1).sum(dim=1)
+
+
+def recovery_probs(
+    num_accepted: torch.Tensor,        # [B] int64
+    num_drafts: torch.Tensor,          # [B] int64
+    draft_ids: torch.Tensor,           # [B, K] int64
+    target_probs: torch.Tensor,        # [B, K + 1, vocab] fp32
+    draft_probs: torch.Tensor | None,  # [B, K, vocab] fp32 or None (point masses)
+) -> torch.Tensor:                     # [B, vocab] fp32, unnormalised: what the last token is drawn from
+    """``max(0, p_j - q_j)`` at the first rejected position ``j``, or ``p_k`` (bonus) when none was."""
+    rows = torch.arange(num_accepted.shape[0], device=num_accepted.device)
+    p = target_probs[rows, num_accepted]                                       # [B, vocab]
+    rejected = num_accepted < num_drafts                                       # [B]
+    if not bool(rejected.any()):
+        return p
+    j = num_accepted.clamp(max=max(draft_ids.shape[1] - 1, 0))
+    if draft_probs is None:
+        q = torch.zeros_like(p).scatter_(1, draft_ids[rows, j][:, None], 1.0)
+    else:
+        q = draft_probs[rows, j]
+    residual = (p - q).clamp_(min=0.0)
+    # a residual that is all zero (p == q up to rounding) cannot happen for a rejected draft in exact
+    # arithmetic; fall back to p rather than draw from nothing
+    residual = torch.where(residual.sum(dim=1, keepdim=True) > 0, residual, p)
+    return torch.where(rejected[:, None], residual, p)

@@ -1,0 +1,216 @@
+"""Draft-model proposer: a small model sharing the target's tokenizer proposes ``k`` tokens per step.
+
+It has its own paged KV cache and block manager (prefix caching on, keyed by the draft checkpoint),
+one shadow ``Sequence`` per target sequence sharing the target's prompt and output lists (so its
+known tokens are exactly the verified ones, and the prefix cache never publishes a block holding
+an unverified draft). Each call runs, for all proposing sequences at once:
+1. roll back: draft K/V beyond the verified tokens the draft got right is dropped (``truncate``);
+2. catch up: one forward over each sequence's known tokens not yet in the draft cache (usually the
+   recovered/bonus token, and the last accepted draft; the whole prompt for a new sequence, minus
+   prefix-cache hits), sampling draft 1 from its last position;
+3. ``k - 1`` one-token forwards, each feeding the previous draft.
+No scheduler round trip and no per-token allocation: blocks for all ``k`` positions are taken up
+front. Drafts of sampled requests are drawn from ``q`` (the draft's logits under the request's own
+sampling filters), which the rejection rule needs; greedy requests take the draft's argmax.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from backend.attention.metadata import build_attention_metadata
+from backend.attention.selector import make_attention_backend
+from backend.config import EngineConfig
+from backend.core.block_manager import BlockManager
+from backend.core.kv_cache import KVCache
+from backend.core.sequence import Sequence
+from backend.model.config import CheckpointError, ModelConfig
+from backend.model.llama import LlamaForCausalLM
+from backend.model.loader import load_model
+from backend.sampling.batch import GREEDY_EPS
+from backend.sampling.ops import inverse_cdf_draw
+from backend.sampling.sampler import Sampler, compute_probs
+from backend.spec_decode.proposer import Proposal, Proposer
+
+DRAFT_SEED_SALT = 0x9E3779B97F4A7C15   # seeded requests: the draft's RNG stream differs from the target's
+
+
+@dataclass
+class _DraftState:
+    shadow: Sequence                       # shares prompt/output lists with the target sequence
+    fed_base: int = 0                      # known tokens when drafts were last fed
+    fed: list[int] = field(default_factory=list)   # drafts whose K/V the draft cache holds past fed_base
+
+
+def tokenizer_identity(folder: Path) -> str | None:
+    path = folder / "tokenizer.json"
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def check_draft_compatible(draft: ModelConfig, draft_folder: Path, target: ModelConfig, target_folder: Path,
+                           max_model_len: int) -> None:
+    """The draft must speak the target's tokens: same vocabulary size and tokenizer, and reach the context."""
+    if draft.vocab_size != target.vocab_size:
+        raise CheckpointError(f"draft_model_path: {draft_folder} has vocab_size {draft.vocab_size}, the target "
+                              f"{target.vocab_size}; the draft must share the target's tokenizer")
+    ours, theirs = tokenizer_identity(draft_folder), tokenizer_identity(target_folder)
+    if ours is None:
+        raise CheckpointError(f"draft_model_path: {draft_folder / 'tokenizer.json'} is missing; the draft must "
+                              "ship the target's tokenizer")
+    if ours != theirs:
+        raise CheckpointError(f"draft_model_path: {draft_folder / 'tokenizer.json'} differs from the target's "
+                              "tokenizer; the draft must share the target's tokenizer")
+    if draft.max_position_embeddings < max_model_len:
+        raise CheckpointError(f"draft_model_path: the draft's max_position_embeddings "
+                              f"({draft.max_position_embeddings}) is below max_model_len ({max_model_len})")
+
+
+class DraftModelProposer(Proposer):
+    method = "draft"
+
+    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, block_manager: BlockManager, sampler: Sampler):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.bm = block_manager
+        self.attn = make_attention_backend(kv_cache)
+        self.sampler = sampler
+        self.device = kv_cache.device
+        self._states: dict[int, _DraftState] = {}
+
+    @classmethod
+    def load(cls, folder: Path, target_folder: Path, target: ModelConfig, config: EngineConfig, *, num_blocks: int,
+             device: torch.device, dtype: torch.dtype, max_model_len: int) -> "DraftModelProposer":
+        if not (folder / "config.json").is_file():
+            raise CheckpointError(f"draft_model_path: {folder} has no config.json")
+        dcfg = ModelConfig.from_file(folder / "config.json")
+        check_draft_compatible(dcfg, folder, target, target_folder, max_model_len)
+        model = load_model(folder, dtype=dtype, device=device, max_positions=max_model_len)
+        kv = KVCache(dcfg.num_hidden_layers, num_blocks, config.block_size, dcfg.num_key_value_heads, dcfg.head_dim,
+                     dtype=dtype, device=device)
+        key = hashlib.sha256(json.dumps(dcfg.__dict__, default=str, sort_keys=True).encode()
+                             + (tokenizer_identity(folder) or "").encode()).hexdigest()[:32]
+        bm = BlockManager(num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching,
+                          cache_key="draft:" + key)
+        sampler = Sampler(dcfg.vocab_size, device=device, seed=config.seed ^ 0x5DEECE66D, seq_seed_salt=DRAFT_SEED_SALT)
+        return cls(model, kv, bm, sampler)
+
+    # ---- per-sequence state --------------------------------------------------------------------
+    def _state(self, seq: Sequence) -> _DraftState:
+        st = self._states.get(seq.seq_id)
+        if st is None:
+            shadow = Sequence(seq_id=seq.seq_id, request_id=seq.request_id, seq_index=seq.seq_index,
+                              prompt_token_ids=seq.prompt_token_ids, params=seq.params,
+                              output_token_ids=seq.output_token_ids)
+            st = self._states[seq.seq_id] = _DraftState(shadow)
+        return st
+
+    def _roll_back(self, st: _DraftState) -> None:
+        """Keep the draft K/V only for verified tokens: the known prefix, plus fed drafts that were accepted."""
+        shadow = st.shadow
+        if shadow.num_computed_tokens <= st.fed_base:
+            return
+        p = shadow.num_prompt_tokens
+        verified = shadow.output_token_ids[st.fed_base - p:]
+        good = 0
+        while good < len(st.fed) and good < len(verified) and st.fed[good] == verified[good]:
+            good += 1
+        # always re-feed the last known token: its logits propose the first draft (its K/V may be there already,
+        # when the scheduler verified fewer drafts than were fed and the last one equals the bonus token)
+        keep = min(shadow.num_computed_tokens, st.fed_base + good, shadow.num_tokens - 1)
+        if keep < shadow.num_computed_tokens:
+            self.bm.truncate(shadow, keep)
+            shadow.num_computed_tokens = keep
+        st.fed = []
+
+    def _reserve(self, st: _DraftState, k: int) -> bool:
+        """Blocks for the catch-up tokens and the ``k - 1`` drafts fed after them; False when short."""
+        shadow = st.shadow
+        if not shadow.block_table:
+            computed = self.bm.get_computed_blocks(shadow)
+            n = shadow.num_tokens - computed.num_cached_tokens + k - 1
+            if self.bm.allocate_slots(shadow, n, computed=computed) is None:
+                return False
+            shadow.num_computed_tokens = computed.num_cached_tokens
+            return True
+        return self.bm.allocate_slots(shadow, shadow.num_tokens - shadow.num_computed_tokens + k - 1) is not None
+
+    # ---- proposing ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], num_drafts: list[int]) -> Proposal:
+        active: list[tuple[_DraftState, int]] = []
+        for seq, k in zip(seqs, num_drafts):
+            if k <= 0:
+                continue
+            st = self._state(seq)
+            self._roll_back(st)
+            if self._reserve(st, k):
+                active.append((st, k))
+        out = Proposal()
+        if not active:
+            return out
+        drafts: list[list[int]] = [[] for _ in active]
+        probs: list[list[torch.Tensor]] = [[] for _ in active]
+        # step 1: catch up on the known tokens; the last position proposes draft 1
+        starts = [st.shadow.num_computed_tokens for st, _ in active]
+        news = [st.shadow.num_tokens - s for (st, _), s in zip(active, starts)]
+        ids = [t for (st, _), s in zip(active, starts) for t in st.shadow.all_token_ids[s:]]
+        self._forward_and_draw(active, list(range(len(active))), starts, news, ids, drafts, probs)
+        for (st, _), n in zip(active, news):
+            st.fed_base = st.shadow.num_tokens
+            st.shadow.num_computed_tokens += n
+        # steps 2..k: feed the previous draft
+        for step in range(1, max(k for _, k in active)):
+            rows = [i for i, (_, k) in enumerate(active) if k > step]
+            starts = [active[i][0].shadow.num_computed_tokens for i in rows]
+            self._forward_and_draw(active, rows, starts, [1] * len(rows), [drafts[i][-1] for i in rows],
+                                   drafts, probs)
+            for i in rows:
+                st = active[i][0]
+                st.fed.append(drafts[i][-2])
+                st.shadow.num_computed_tokens += 1
+        for i, (st, _) in enumerate(active):
+            self.bm.commit_full_blocks(st.shadow)
+            out.draft_token_ids[st.shadow.seq_id] = drafts[i]
+            if st.shadow.params.temperature >= GREEDY_EPS:
+                out.draft_probs[st.shadow.seq_id] = torch.stack(probs[i])
+        return out
+
+    def _forward_and_draw(self, active, rows: list[int], starts: list[int], news: list[int], ids: list[int],
+                          drafts: list[list[int]], probs: list[list[torch.Tensor]]) -> None:
+        """One forward over ``news[j]`` tokens of each ``active[rows[j]]``; draw one draft for each."""
+        tables = [active[i][0].shadow.block_table for i in rows]
+        meta = build_attention_metadata(starts, news, tables, self.kv_cache.block_size, device=self.device)
+        self.attn.prepare(meta)
+        input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
+        hidden = self.model(input_ids, meta.positions, self.attn)                # [num_tokens, hidden]
+        logits = self.model.compute_logits(hidden[meta.query_start_loc[1:].long() - 1])   # [len(rows), vocab]
+        seqs = [active[i][0].shadow for i in rows]
+        batch = self.sampler.build_batch(seqs, output_token_ids=[s.output_token_ids + drafts[i]
+                                                                 for s, i in zip(seqs, rows)])
+        greedy = batch.greedy_rows
+        if batch.all_greedy and not batch.has_masks and not batch.has_penalties:     # plain greedy: the argmax
+            for j, t in enumerate(logits.argmax(dim=-1).tolist()):
+                drafts[rows[j]].append(t)
+            return
+        q = compute_probs(logits, batch)                                          # [len(rows), vocab]
+        drawn = inverse_cdf_draw(q, [self.sampler.generator_for(s) for s in seqs], self.sampler.generator,
+                                 skip_rows=greedy)
+        tokens = torch.where(torch.tensor(greedy, device=q.device), q.argmax(dim=-1), drawn).tolist()
+        for j, i in enumerate(rows):
+            drafts[i].append(tokens[j])
+            if not greedy[j]:
+                probs[i].append(q[j])
+
+    def free(self, seq_ids: list[int]) -> None:
+        for seq_id in seq_ids:
+            st = self._states.pop(seq_id, None)
+            if st is not None:
+                self.bm.free(st.shadow)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.bm.num_used_blocks

@@ -1,0 +1,35 @@
+"""The proposer interface: draft tokens for the sequences that speculate this step."""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+
+import torch
+
+from backend.core.sequence import Sequence
+
+
+@dataclass
+class Proposal:
+    """Drafts per sequence (``seq_id -> tokens``, possibly fewer than asked, never empty) and, for a
+    proposer that samples its drafts, the distribution each was drawn from (``q``)."""
+
+    draft_token_ids: dict[int, list[int]] = field(default_factory=dict)
+    draft_probs: dict[int, torch.Tensor] = field(default_factory=dict)   # seq_id -> [num_drafts, vocab] fp32
+
+
+class Proposer(abc.ABC):
+    """Proposes up to ``num_drafts[i]`` tokens after the last known token of ``seqs[i]``.
+
+    Called by the engine after a step's results are applied, for running sequences whose next
+    step is a decode. A proposal with point-mass drafts (n-gram) carries no ``draft_probs``.
+    """
+
+    method: str = ""
+
+    @abc.abstractmethod
+    def propose(self, seqs: list[Sequence], num_drafts: list[int]) -> Proposal:
+        ...
+
+    def free(self, seq_ids: list[int]) -> None:
+        """Forget per-sequence state of sequences that finished or were preempted."""

@@ -1,0 +1,78 @@
+"""The engine's speculation driver: after each step, pick each decoding sequence's ``k``, ask the
+proposer for drafts, and hand them to the scheduler; learn from every verification.
+
+The engine calls ``after_step(plan, output, seconds)`` once a step's results are applied, and
+``release_gone`` after taking aborts from its inbox. Drafts
+enter the scheduler only through ``Scheduler.update_draft_token_ids``; the draft distributions
+``q`` (draft model, sampled requests) are kept here until the next step's verification asks for
+them (``draft_probs``).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from backend.core.plan import ModelRunnerOutput, SchedulerOutput
+from backend.core.scheduler import Scheduler
+from backend.core.sequence import Sequence
+from backend.spec_decode.adaptive import AdaptiveDraftLength
+from backend.spec_decode.proposer import Proposer
+
+
+class Speculator:
+    def __init__(self, proposer: Proposer, max_k: int, adaptive: bool):
+        self.proposer = proposer
+        self.max_k = max_k
+        self.policy = AdaptiveDraftLength(max_k, enabled=adaptive)
+        self.draft_probs: dict[int, torch.Tensor] = {}      # seq_id -> [k, vocab] q for the next verification
+        self._tracked: set[int] = set()                     # sequences the proposer and policy hold state for
+
+    def release_gone(self, scheduler: Scheduler) -> None:
+        """Free the state of sequences no longer running (finished, aborted, preempted): draft KV blocks
+        come back at once, not at the next step."""
+        if not self._tracked:
+            return
+        gone = list(self._tracked - {s.seq_id for s in scheduler.running})
+        if gone:
+            self.proposer.free(gone)
+            self.policy.free(gone)
+            self._tracked.difference_update(gone)
+
+    def seq_max_k(self, seq: Sequence, max_model_len: int) -> int:
+        """The most drafts worth proposing for this sequence: its request's own cap, what max_tokens and
+        the context leave after the token each step adds anyway."""
+        k = self.max_k if seq.params.num_speculative_tokens is None else seq.params.num_speculative_tokens
+        return max(0, min(k, seq.params.max_tokens - seq.num_output_tokens - 1,
+                          max_model_len - seq.num_tokens - 1))
+
+    def after_step(self, scheduler: Scheduler, plan: SchedulerOutput, output: ModelRunnerOutput,
+                   step_seconds: float) -> None:
+        decode_only = True
+        for sched, tokens in zip(plan.scheduled, output.sampled_token_ids):
+            if sched.num_draft_tokens:
+                self.policy.observe_verify(sched.seq.seq_id, sched.num_draft_tokens, len(tokens) - 1)
+            elif sched.num_new_tokens != 1:
+                decode_only = False
+        if decode_only and plan.scheduled:
+            self.policy.observe_step(plan.num_batched_tokens, step_seconds)
+        self.release_gone(scheduler)
+        self._propose(scheduler)
+
+    def _propose(self, scheduler: Scheduler) -> None:
+        self.draft_probs = {}
+        decoding = [s for s in scheduler.running if s.num_tokens - s.num_computed_tokens == 1]
+        seqs, ks = [], []
+        for seq in decoding:
+            k = self.policy.choose(seq.seq_id, self.seq_max_k(seq, scheduler.max_model_len), len(decoding))
+            if k > 0:
+                seqs.append(seq)
+                ks.append(k)
+        if not seqs:
+            return
+        self._tracked.update(s.seq_id for s in seqs)
+        t0 = time.perf_counter()
+        proposal = self.proposer.propose(seqs, ks)
+        self.policy.observe_draft(time.perf_counter() - t0, sum(ks))
+        scheduler.update_draft_token_ids(proposal.draft_token_ids)
+        self.draft_probs = proposal.draft_probs
