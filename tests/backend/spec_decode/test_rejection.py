@@ -1,0 +1,117 @@
+"""The rejection rule reproduces the target distribution (goodness of fit), and a wrong rule is caught.
+
+``Sampler.verify`` runs on fixed logits rows for many independent sequences at once (each with its
+own seed), with drafts drawn from a draft distribution ``q`` that differs from the target's ``p``.
+The first emitted token must be distributed as ``p_0``, and the second (given the first equals the
+first draft) as ``p_1``: checked with a chi-square test at p = 1e-4 on enough samples to catch a 2%
+shift of probability mass. The same test must reject a rule that accepts drafts on argmax equality.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import backend.sampling.sampler as sampler_module
+from backend.core.sequence import Sequence
+from backend.sampling.rejection import acceptance_probs, num_accepted, recovery_probs
+from backend.sampling.sampler import Sampler
+from contracts.sampling_params import SamplingParams
+
+VOCAB = 6
+N = 20000
+P_LOGITS = torch.tensor([[1.2, 0.4, 0.0, -0.5, 0.9, 0.3],     # p_0 (temperature 1)
+                         [0.1, 1.5, 0.2, 0.0, -1.0, 0.6],     # p_1, after draft 1
+                         [0.0, 0.0, 2.0, 0.5, 0.5, -0.2]])    # p_2 (bonus after draft 2)
+Q = torch.tensor([[0.05, 0.1, 0.4, 0.25, 0.1, 0.1],           # the draft's q_0, q_1: far from p
+                  [0.3, 0.05, 0.05, 0.3, 0.2, 0.1]])
+
+
+def chi2_critical(df: int, z: float = 3.719) -> float:
+    a = 2.0 / (9.0 * df)
+    return df * (1.0 - a + z * math.sqrt(a)) ** 3
+
+
+def chi2(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    keep = expected > 0
+    return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+
+
+def run_verify(n: int, seed0: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """n sequences, each with 2 drafts drawn from q; returns (first tokens, second tokens or -1)."""
+    sampler = Sampler(VOCAB, seed=seed0)
+    gen = torch.Generator().manual_seed(seed0 + 1)
+    seqs = [Sequence(seq_id=i, request_id=f"r{i}", seq_index=0, prompt_token_ids=[0],
+                     params=SamplingParams(temperature=1.0, seed=seed0 * 100003 + i)) for i in range(n)]
+    drafts = [[int(torch.multinomial(Q[0], 1, generator=gen)), int(torch.multinomial(Q[1], 1, generator=gen))]
+              for _ in range(n)]
+    logits = P_LOGITS.repeat(n, 1)
+    out = sampler.verify(logits, seqs, drafts, [Q.clone() for _ in range(n)])
+    first = torch.tensor([t[0] for t in out.token_ids])
+    second = torch.tensor([t[1] if len(t) > 1 else -1 for t in out.token_ids])
+    return first, second, torch.tensor([d[0] for d in drafts])
+
+
+def fit_ok(first, second, draft1) -> bool:
+    p = P_LOGITS.softmax(-1)
+    ok0 = chi2(torch.bincount(first, minlength=VOCAB).float(), p[0]) < chi2_critical(VOCAB - 1)
+    # given the first token was draft 1 and a second token came out, it must follow p_1
+    sel = (second >= 0) & (first == draft1)
+    ok1 = chi2(torch.bincount(second[sel], minlength=VOCAB).float(), p[1]) < chi2_critical(VOCAB - 1)
+    return ok0 and ok1 and int(sel.sum()) > 2000
+
+
+def test_speculative_sampling_reproduces_the_target_distribution():
+    assert fit_ok(*run_verify(N, seed0=7))
+
+
+def test_the_fit_test_catches_a_wrong_acceptance_rule(monkeypatch):
+    def argmax_rule(draft_ids, target_probs, draft_probs):   # accept when the draft is the target's argmax
+        best = target_probs[:, :-1].argmax(dim=-1)
+        return (draft_ids == best).float()
+    monkeypatch.setattr(sampler_module, "acceptance_probs", argmax_rule)
+    assert not fit_ok(*run_verify(N, seed0=7))
+
+
+def test_the_fit_test_sees_a_two_percent_shift():
+    p = P_LOGITS.softmax(-1)[0]
+    shifted = p.clone()
+    shifted[0] += 0.02
+    shifted[3] -= 0.02
+    draws = torch.multinomial(shifted, N, replacement=True, generator=torch.Generator().manual_seed(3))
+    assert chi2(torch.bincount(draws, minlength=VOCAB).float(), p) > chi2_critical(VOCAB - 1)
+
+
+def test_greedy_rows_accept_exactly_the_argmax_run():
+    logits = torch.tensor([[0.0, 3.0, 0.0], [2.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 5.0, 0.0]])
+    seq = Sequence(seq_id=0, request_id="g", seq_index=0, prompt_token_ids=[0], params=SamplingParams(temperature=0.0))
+    out = Sampler(3, seed=0).verify(logits, [seq], [[1, 0, 1]])
+    assert out.token_ids == [[1, 0, 2]] and out.num_accepted == [2]            # third draft rejected: argmax 2
+    out = Sampler(3, seed=0).verify(logits, [seq], [[1, 0, 2]])
+    assert out.token_ids == [[1, 0, 2, 1]] and out.num_accepted == [3]         # all accepted, bonus argmax 1
+
+
+def test_rule_pieces():
+    p = torch.tensor([[[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]]])
+    q = torch.tensor([[[0.25, 0.25, 0.5]]])
+    d = torch.tensor([[1]])
+    assert acceptance_probs(d, p, q).tolist() == [[1.0]]                        # p/q = 2 -> 1
+    assert acceptance_probs(torch.tensor([[2]]), p, q).tolist() == [[0.0]]
+    assert num_accepted(torch.tensor([[1.0, 0.2, 1.0]]), torch.tensor([[0.5, 0.3, 0.1]]),
+                        torch.tensor([3])).tolist() == [1]
+    r = recovery_probs(torch.tensor([0]), torch.tensor([1]), torch.tensor([[2]]), p, q)
+    assert torch.allclose(r, torch.tensor([[0.25, 0.25, 0.0]]))                 # max(0, p - q)
+    r = recovery_probs(torch.tensor([0]), torch.tensor([1]), torch.tensor([[0]]), p, None)
+    assert torch.allclose(r, torch.tensor([[0.0, 0.5, 0.0]]))                   # point mass removed
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_a_sequence_without_drafts_samples_exactly_as_plain_sampling(k):
+    seqs = [Sequence(seq_id=i, request_id=f"s{i}", seq_index=0, prompt_token_ids=[0],
+                     params=SamplingParams(temperature=0.9, top_k=4, seed=11 + i)) for i in range(2)]
+    logits = torch.randn(1 + (k + 1), VOCAB, generator=torch.Generator().manual_seed(0))
+    plain = Sampler(VOCAB, seed=0).sample(logits[:1], seqs[:1]).token_ids.tolist()
+    verified = Sampler(VOCAB, seed=0).verify(logits, seqs, [[], [1] * k])
+    assert verified.token_ids[0] == plain
