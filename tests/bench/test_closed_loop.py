@@ -106,6 +106,20 @@ def test_engine_level_is_a_bounded_closed_loop():
     assert recs == [None] * 7  # past the level's time: nothing new is submitted
 
 
+def test_engine_benchmark_runs_the_same_closed_loop():
+    """bench_engine's ``run_engine`` drives ``run_engine_level`` with greedy, EOS-ignoring requests."""
+    from bench import bench_engine
+
+    reqs = [BenchRequest([1, 2, 3], 2 + i % 3) for i in range(6)]
+    engine = FakeEngine()
+    out = bench_engine.run_engine(engine, reqs, 2)
+    assert engine.peak <= 2 and len(engine.ids) == 6
+    assert out["tokens"] == sum(r.max_tokens for r in reqs) and out["tok_per_s"] > 0
+    assert all(p.temperature == 0.0 and p.ignore_eos and p.max_tokens == r.max_tokens
+               for p, r in zip(engine.params, reqs))
+    assert set(out) == {"tokens", "seconds", "tok_per_s", "ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms"}
+
+
 def test_segments_alternate_sides_when_halves_fill_the_concurrency():
     assert cl.segments(8, 1) == [("pipeline", 0, 4), ("engine", 0, 4), ("engine", 4, 8), ("pipeline", 4, 8)]
     assert cl.segments(48, 32) == [("pipeline", 0, 48), ("engine", 0, 48)]
