@@ -2,17 +2,18 @@
 
     .venv/bin/python bench/bench_engine.py [--model models/demo-target] [--quick]
 
-Prints throughput ratios at 1, 8 and 32 concurrent requests (HF: static batches of
-the same requests), TTFT/TPOT percentiles, the warm/cold TTFT ratio of a shared
-prefix, and paged-vs-contiguous KV capacity. Writes bench/results/engine.json.
+Prints throughput ratios at 1, 8 and 32 concurrent requests (ours: the closed loop of
+``bench/closed_loop.py``; HF: static batches of the same requests), TTFT/TPOT percentiles
+(``bench/stats.py``, as every benchmark), the warm/cold TTFT ratio of a shared prefix, and
+paged-vs-contiguous KV capacity. Writes bench/results/engine.json.
 """
 from __future__ import annotations
 
 import argparse
-import json
+import math
+import os
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -22,57 +23,29 @@ from tokenizers import Tokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backend.config import EngineConfig  # noqa: E402
 from backend.engine.llm_engine import LLMEngine  # noqa: E402
+from bench.closed_loop import run_engine_level  # noqa: E402
+from bench.report import git_commit, machine, write_json  # noqa: E402
+from bench.stats import summarize  # noqa: E402
 from bench.workload import mixed_workload, shared_stem_workload  # noqa: E402
-from contracts.sampling_params import SamplingParams  # noqa: E402
 
-
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+REQUEST_TIMEOUT = 600.0  # seconds without any request finishing before the run is called failed
 
 
 def run_engine(engine: LLMEngine, reqs, concurrency: int) -> dict:
-    """Closed loop: ``concurrency`` requests in flight until all are done."""
-    lock = threading.Lock()
-    done = threading.Semaphore(0)
-    rec = {}
-    next_i = [0]
+    """Closed loop: ``concurrency`` requests in flight until all are done (the pipeline benchmark's driver)."""
+    records, seconds = run_engine_level(engine, reqs, concurrency, level_seconds=math.inf,
+                                        request_timeout=REQUEST_TIMEOUT)
+    return engine_result(records, seconds)
 
-    def submit(i):
-        r = reqs[i]
-        rec[i] = {"start": time.perf_counter(), "times": []}
-        engine.add_request(f"b{i}", r.prompt_ids, SamplingParams(max_tokens=r.max_tokens, temperature=0.0,
-                                                                 ignore_eos=True), cb(i))
 
-    def cb(i):
-        def on_out(o):
-            now = time.perf_counter()
-            rec[i]["times"].extend([now] * len(o.new_token_ids))
-            if o.request_finished:
-                rec[i]["end"] = now
-                with lock:
-                    j = next_i[0]
-                    next_i[0] += 1
-                if j < len(reqs):
-                    submit(j)
-                done.release()
-        return on_out
-
-    t0 = time.perf_counter()
-    with lock:
-        first = min(concurrency, len(reqs))
-        next_i[0] = first
-    for i in range(first):
-        submit(i)
-    for _ in reqs:
-        done.acquire()
-    wall = time.perf_counter() - t0
-    tokens = sum(len(r["times"]) for r in rec.values())
-    ttft = [r["times"][0] - r["start"] for r in rec.values()]
-    tpot = [(r["times"][-1] - r["times"][0]) / (len(r["times"]) - 1) for r in rec.values() if len(r["times"]) > 1]
-    return {"tokens": tokens, "seconds": wall, "tok_per_s": tokens / wall,
-            "ttft_p50_ms": 1e3 * pct(ttft, 0.5), "ttft_p90_ms": 1e3 * pct(ttft, 0.9),
-            "tpot_p50_ms": 1e3 * pct(tpot, 0.5), "tpot_p90_ms": 1e3 * pct(tpot, 0.9)}
+def engine_result(records, seconds: float) -> dict:
+    """Tokens/s and TTFT/TPOT p50/p90 (``bench.stats``, as every benchmark reports them) of one run."""
+    s = summarize(records, seconds)
+    if s["errors"]:
+        raise RuntimeError(f"{s['errors']} of {s['requests']} requests failed (first: {s['first_error']})")
+    return {"tokens": s["output_tokens"], "seconds": seconds, "tok_per_s": s["tok_per_s"],
+            "ttft_p50_ms": s["ttft_ms"]["p50"], "ttft_p90_ms": s["ttft_ms"]["p90"],
+            "tpot_p50_ms": s["tpot_ms"]["p50"], "tpot_p90_ms": s["tpot_ms"]["p90"]}
 
 
 @torch.inference_mode()
@@ -113,8 +86,7 @@ def kv_capacity(model: str, tok: Tokenizer, num_blocks: int) -> dict:
     engine = LLMEngine(cfg)
     reqs = mixed_workload(tok, 96, seed=1)
     for i, r in enumerate(reqs):
-        engine.add_request(f"k{i}", r.prompt_ids, SamplingParams(max_tokens=r.max_tokens, temperature=0.0,
-                                                                 ignore_eos=True), lambda o: None)
+        engine.add_request(f"k{i}", r.prompt_ids, r.params, lambda o: None)
     peak = 0
     while engine.has_work():
         engine.step()
@@ -132,6 +104,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
     from transformers import AutoModelForCausalLM
 
     tok = Tokenizer.from_file(str(Path(args.model) / "tokenizer.json"))
@@ -160,9 +133,8 @@ def main() -> None:
     k = results["kv_capacity"]
     print(f"KV capacity at {k['kv_tokens']} tokens: paged peak {k['paged_peak_seqs']} sequences vs contiguous "
           f"{k['contiguous_seqs']} -> {k['ratio']:.1f}x (preemptions {k['preemptions']})")
-    out = Path(__file__).resolve().parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "engine.json").write_text(json.dumps(results, indent=2) + "\n")
+    results["machine"], results["commit"] = machine(load_before), git_commit()
+    write_json(Path(__file__).resolve().parent / "results" / "engine.json", results)
 
 
 if __name__ == "__main__":

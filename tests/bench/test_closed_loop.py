@@ -1,55 +1,18 @@
-"""bench/bench_pipeline.py without a server: statistics, stream consumption, closed loop, config, report.
+"""bench/closed_loop.py without a server: stream consumption, both closed loops, side-by-side levels.
 
 Behaviour only (fake streams, fake clocks, a fake engine); no wall-clock goals.
 """
 from __future__ import annotations
 
 import asyncio
-import json
+import math
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
-import pytest
-
-from bench import bench_pipeline as bp
+from bench import closed_loop as cl
+from bench.stats import RequestRecord
+from bench.workload import BenchRequest, WorkItem, request_values
 from tools.client import Chunk
-
-
-def test_percentile_interpolates_like_numpy():
-    xs = [5.0, 1.0, 4.0, 2.0, 3.0]
-    assert bp.percentile(xs, 50) == 3.0
-    assert bp.percentile(xs, 0) == 1.0 and bp.percentile(xs, 100) == 5.0
-    assert bp.percentile(xs, 90) == pytest.approx(4.6)
-    assert bp.percentile(list(range(1, 101)), 99) == pytest.approx(99.01)
-    assert bp.percentile([7.0], 99) == 7.0
-    assert bp.percentile([], 50) != bp.percentile([], 50)  # nan
-
-
-def test_dist_ms_reports_milliseconds_and_none_when_empty():
-    d = bp.dist_ms([0.010, 0.020, 0.030])
-    assert d["n"] == 3 and d["p50"] == pytest.approx(20.0) and d["mean"] == pytest.approx(20.0)
-    assert bp.dist_ms([]) == {"n": 0, "mean": None, "p50": None, "p90": None, "p99": None}
-
-
-def test_request_metrics_split_multi_token_responses():
-    r = bp.RequestRecord(start=10.0, events=[(10.5, 1), (10.7, 1), (11.1, 4)], end=11.2)
-    m = bp.request_metrics(r)
-    assert m["ttft"] == pytest.approx(0.5)
-    assert m["itl"] == pytest.approx([0.2, 0.1, 0.1, 0.1, 0.1])  # 0.4 s over the 4 tokens of the last response
-    assert m["tpot"] == pytest.approx(0.6 / 5)                   # (last - first) / (tokens - 1)
-    assert m["e2e"] == pytest.approx(1.2)
-
-
-def test_summarize_counts_tokens_errors_and_throughput():
-    ok = bp.RequestRecord(start=0.0, events=[(0.1, 1), (0.2, 1), (0.3, 1)], end=0.3, finish_reason="length")
-    failed = bp.RequestRecord(start=0.0, end=0.05, error="boom")
-    s = bp.summarize([ok, failed], seconds=2.0)
-    assert (s["requests"], s["completed"], s["errors"], s["output_tokens"]) == (2, 1, 1, 3)
-    assert s["tok_per_s"] == pytest.approx(1.5) and s["req_per_s"] == pytest.approx(0.5)
-    assert s["ttft_ms"]["p50"] == pytest.approx(100.0) and s["tpot_ms"]["p50"] == pytest.approx(100.0)
-    assert s["first_error"] == "boom"
-    json.dumps(s)  # JSON-ready (no NaN)
 
 
 class FakeClock:
@@ -69,8 +32,8 @@ def test_consume_counts_tokens_from_cumulative_num_output_tokens():
     stream = [(Chunk("a", "", False, 1), None), (Chunk("", "", False, 1), None),  # held-back text, no new token
               (Chunk("bc", "", False, 3), None), (Chunk("d", "length", True, 4), None),
               (Chunk("", "", True), None)]  # never read: the request is over at its final response
-    rec = bp.RequestRecord(start=0.0)
-    asyncio.run(bp.consume(_aiter(stream), rec, parse=lambda c: c, now=FakeClock([1.0, 2.0, 3.0, 4.0])))
+    rec = RequestRecord(start=0.0)
+    asyncio.run(cl.consume(_aiter(stream), rec, parse=lambda c: c, now=FakeClock([1.0, 2.0, 3.0, 4.0])))
     assert rec.events == [(1.0, 1), (3.0, 2), (4.0, 1)]
     assert (rec.text, rec.finish_reason, rec.end, rec.error, rec.tokens) == ("abcd", "length", 4.0, None, 4)
 
@@ -80,11 +43,11 @@ def test_consume_records_errors_and_streams_closed_early():
         def message(self):
             return "max_tokens: must be >= 1, got 0"
 
-    rec = bp.RequestRecord(start=0.0)
-    asyncio.run(bp.consume(_aiter([(None, Err())]), rec, parse=lambda c: c, now=FakeClock([1.0])))
+    rec = RequestRecord(start=0.0)
+    asyncio.run(cl.consume(_aiter([(None, Err())]), rec, parse=lambda c: c, now=FakeClock([1.0])))
     assert rec.error == "max_tokens: must be >= 1, got 0" and rec.end == 1.0
-    rec = bp.RequestRecord(start=0.0)
-    asyncio.run(bp.consume(_aiter([(Chunk("x", "", False, 1), None)]), rec, parse=lambda c: c,
+    rec = RequestRecord(start=0.0)
+    asyncio.run(cl.consume(_aiter([(Chunk("x", "", False, 1), None)]), rec, parse=lambda c: c,
                            now=FakeClock([1.0, 2.0])))
     assert rec.error == "stream closed before a final response" and rec.tokens == 1
 
@@ -105,12 +68,14 @@ class FakeEngine:
         self.in_flight = 0
         self.peak = 0
         self.ids = []
+        self.params = []
 
     def add_request(self, rid, prompt_ids, params, cb):
         with self.lock:
             self.in_flight += 1
             self.peak = max(self.peak, self.in_flight)
             self.ids.append(rid)
+            self.params.append(params)
 
         def run():
             for t in range(params.max_tokens):
@@ -131,59 +96,62 @@ class _Params:
 
 
 def test_engine_level_is_a_bounded_closed_loop():
-    items = [bp.WorkItem(f"p{i}", 3 + i % 2, (0, 5, 6), _Params(3 + i % 2)) for i in range(7)]
+    items = [WorkItem(f"p{i}", 3 + i % 2, (0, 5, 6), _Params(3 + i % 2)) for i in range(7)]
     engine = FakeEngine()
-    recs, secs = bp.run_engine_level(engine, items, 3, level_seconds=60, request_timeout=10)
+    recs, secs = cl.run_engine_level(engine, items, 3, level_seconds=60, request_timeout=10)
     assert len(recs) == 7 and len(set(engine.ids)) == 7 and engine.peak <= 3
     assert [r.tokens for r in recs] == [it.max_tokens for it in items]  # aligned with the items
     assert all(r.finish_reason == "length" and r.error is None for r in recs) and secs > 0
-    recs, _ = bp.run_engine_level(FakeEngine(), items, 2, level_seconds=-1, request_timeout=10)
+    recs, _ = cl.run_engine_level(FakeEngine(), items, 2, level_seconds=-1, request_timeout=10)
     assert recs == [None] * 7  # past the level's time: nothing new is submitted
 
 
+def test_engine_benchmark_runs_the_same_closed_loop():
+    """bench_engine's ``run_engine`` drives ``run_engine_level`` with greedy, EOS-ignoring requests."""
+    from bench import bench_engine
+
+    reqs = [BenchRequest([1, 2, 3], 2 + i % 3) for i in range(6)]
+    engine = FakeEngine()
+    out = bench_engine.run_engine(engine, reqs, 2)
+    assert engine.peak <= 2 and len(engine.ids) == 6
+    assert out["tokens"] == sum(r.max_tokens for r in reqs) and out["tok_per_s"] > 0
+    assert all(p.temperature == 0.0 and p.ignore_eos and p.max_tokens == r.max_tokens
+               for p, r in zip(engine.params, reqs))
+    assert set(out) == {"tokens", "seconds", "tok_per_s", "ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms"}
+
+
 def test_segments_alternate_sides_when_halves_fill_the_concurrency():
-    assert bp.segments(8, 1) == [("pipeline", 0, 4), ("engine", 0, 4), ("engine", 4, 8), ("pipeline", 4, 8)]
-    assert bp.segments(48, 32) == [("pipeline", 0, 48), ("engine", 0, 48)]
-    assert bp.segments(8, 1, with_engine=False) == [("pipeline", 0, 8)]
+    assert cl.segments(8, 1) == [("pipeline", 0, 4), ("engine", 0, 4), ("engine", 4, 8), ("pipeline", 4, 8)]
+    assert cl.segments(48, 32) == [("pipeline", 0, 48), ("engine", 0, 48)]
+    assert cl.segments(8, 1, ("pipeline",)) == [("pipeline", 0, 8)]
+    assert cl.segments(8, 1, ("spec", "plain"))[:2] == [("spec", 0, 4), ("plain", 0, 4)]
     for n, c in ((8, 4), (9, 4), (32, 16), (48, 32)):
-        order = bp.segments(n, c)
+        order = cl.segments(n, c)
         for side in ("pipeline", "engine"):  # each side runs every request exactly once
             assert sorted(i for s, lo, hi in order if s == side for i in range(lo, hi)) == list(range(n))
 
 
-def test_engine_config_follows_llm_config_pbtxt_and_overrides(tmp_path):
-    overrides = bp.repository_overrides(tmp_path, ["llm.max_num_seqs=8", "llm.kv_cache_bytes=4MiB"])
-    assert overrides["preprocess"] == {"tokenizer_path": str(tmp_path)}
-    assert overrides["postprocess"] == {"tokenizer_path": str(tmp_path)}
-    cfg, params = bp.engine_config(overrides)
-    assert cfg.model_path == str(tmp_path) and cfg.max_num_seqs == 8 and cfg.kv_cache_bytes == 4 << 20
-    text = (bp.MODEL_REPOSITORY / "llm" / "config.pbtxt").read_text()
-    file_params = bp.pbtxt_parameters(text)
-    assert params["block_size"] == file_params["block_size"]
-    assert "cancel_poll_interval_s" in file_params and "cancel_poll_interval_s" not in params  # serving-only
-    default_cfg, _ = bp.engine_config({})
-    assert Path(default_cfg.model_path).is_absolute()  # relative paths resolve against the repository
+def _replay(log):
+    """A runner that records what it was asked and finishes each item with one token at once."""
+    async def run(items, concurrency, level_seconds):
+        log.append((list(items), concurrency, level_seconds))
+        return [RequestRecord(start=0.0, events=[(0.01, 1)], end=0.01) for _ in items], 0.5
+    return run
 
 
-def _level(c, p_tok, e_tok, p_tpot, e_tpot):
-    side = lambda tok, tpot: {"tok_per_s": tok, "tpot_ms": {"p50": tpot}, "ttft_ms": {"p50": 1.0}}  # noqa: E731
-    return {"concurrency": c, "pipeline": side(p_tok, p_tpot), "engine": side(e_tok, e_tpot)}
-
-
-def test_ratios_use_lowest_and_highest_levels(tmp_path):
-    levels = [_level(1, 90, 100, 11.0, 10.0), _level(8, 400, 450, 20.0, 18.0), _level(32, 900, 1000, 30.0, 25.0)]
-    r = bp.ratios(levels)
-    assert r["tpot_ratio"]["concurrency"] == 1 and r["tpot_ratio"]["ratio"] == pytest.approx(1.1)
-    assert r["tpot_ratio"]["meets_goal"] is True
-    assert r["throughput_ratio"]["concurrency"] == 32 and r["throughput_ratio"]["ratio"] == pytest.approx(0.9)
-    assert r["throughput_ratio"]["meets_goal"] is True
-    assert bp.ratios([_level(1, 50, 100, 20.0, 10.0)])["tpot_ratio"]["meets_goal"] is False
-    bp.plot(levels, tmp_path / "p.png")
-    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_requests_per_level_are_bounded():
-    assert [bp.requests_for(c, 8, 48) for c in bp.LEVELS] == [8, 8, 16, 32, 48]
+def test_sweep_runs_every_side_on_every_item_and_stops_at_the_deadline():
+    a_log, b_log, shown = [], [], []
+    workloads = {1: list(range(8)), 4: list(range(4))}
+    rows = asyncio.run(cl.sweep(workloads, {"a": _replay(a_log), "b": _replay(b_log)}, level_seconds=80,
+                                deadline=math.inf, annotate=lambda row, run, items: row.update(n=len(items)),
+                                show=shown.append))
+    assert [r["concurrency"] for r in rows] == [1, 4] and shown == rows
+    assert rows[0]["order"] == ["a[0:4]", "b[0:4]", "b[4:8]", "a[4:8]"]
+    assert [(items, c, secs) for items, c, secs in a_log[:2]] == [([0, 1, 2, 3], 1, 40.0), ([4, 5, 6, 7], 1, 40.0)]
+    assert sorted(i for items, _, _ in b_log[:2] for i in items) == list(range(8))
+    assert rows[0]["a"]["requests"] == 8 and rows[0]["a"]["seconds"] == 1.0 and rows[0]["n"] == 8
+    assert rows[1]["b"]["output_tokens"] == 4
+    assert asyncio.run(cl.sweep(workloads, {"a": _replay([])}, level_seconds=1, deadline=-math.inf)) == []
 
 
 def _infer_result(tokens: int, text: str, reason: str, final: bool):
@@ -248,9 +216,9 @@ class FakeAioClient:
 
 
 def test_pipeline_level_streams_with_trt_llm_inputs_and_bounded_concurrency():
-    items = [bp.WorkItem(f"def f{i}():", 4) for i in range(6)]
+    items = [WorkItem(f"def f{i}():", 4) for i in range(6)]
     client = FakeAioClient()
-    recs, secs = asyncio.run(bp.run_pipeline_level(client, items, 2, model="ensemble", level_seconds=60,
+    recs, secs = asyncio.run(cl.run_pipeline_level(client, items, 2, model="ensemble", level_seconds=60,
                                                    request_timeout=10))
     assert client.peak == 2 and len(client.requests) == 6
     assert all(r is not None and r.error is None and not r.stream_cancelled for r in recs)
@@ -262,5 +230,15 @@ def test_pipeline_level_streams_with_trt_llm_inputs_and_bounded_concurrency():
     assert types == {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "temperature": "FP32",
                      "min_tokens": "INT32", "exclude_input_in_output": "BOOL", "return_num_output_tokens": "BOOL",
                      "return_num_input_tokens": "BOOL"}
-    v = bp.request_values("x", 7)
+    v = request_values("x", 7)
     assert (v["stream"], v["temperature"], v["min_tokens"], v["exclude_input_in_output"]) == (True, 0.0, 7, True)
+
+
+def test_pipeline_runner_sends_extra_inputs():
+    items = [WorkItem("{", 4, extra={"guided_decoding_guide_type": "json", "guided_decoding_guide": "{}"})]
+    client = FakeAioClient()
+    run = cl.pipeline_runner(client, model="ensemble", request_timeout=10)
+    recs, _ = asyncio.run(run(items, 1, 60))
+    assert recs[0].tokens == 4
+    types = {i.name(): i.datatype() for i in client.requests[0]["inputs"]}
+    assert types["guided_decoding_guide_type"] == "BYTES" and types["max_tokens"] == "INT32"
