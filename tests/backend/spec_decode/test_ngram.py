@@ -1,0 +1,54 @@
+"""N-gram prompt lookup: the longest recurring suffix, its latest occurrence, the tokens after it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backend.core.sequence import Sequence
+from backend.spec_decode.ngram import NgramProposer, ngram_lookup
+from contracts.sampling_params import SamplingParams
+
+
+def naive_lookup(ctx: list[int], n_min: int, n_max: int, k: int) -> list[int]:
+    """Obviously correct reference: for n from n_max down, the latest earlier start of the last n tokens."""
+    for n in range(min(n_max, len(ctx) - 1), n_min - 1, -1):
+        suffix = ctx[-n:]
+        for start in range(len(ctx) - n - 1, -1, -1):
+            if ctx[start:start + n] == suffix:
+                return ctx[start + n:start + n + k]
+    return []
+
+
+@pytest.mark.parametrize("ctx, n_min, n_max, k, want", [
+    ([1, 2, 3, 4, 5, 9, 1, 2, 3], 1, 4, 3, [4, 5, 9]),
+    ([1, 2, 3], 1, 4, 3, []),
+    ([5, 3, 8, 1, 3, 9, 2, 3], 1, 4, 2, [9, 2]),       # 1-gram: the latest earlier "3"
+    ([5, 3, 8, 1, 3, 9, 2, 3], 2, 4, 2, []),           # no 2-gram recurs
+    ([1, 2, 9, 1, 2, 7, 5, 2], 1, 4, 2, [7, 5]),        # "2" recurs: latest match wins
+    ([4, 1, 2, 8, 6, 1, 2, 7, 3, 4, 1, 2], 1, 3, 2, [8, 6]),   # "4 1 2" beats the later "1 2"
+])
+def test_lookup_cases(ctx, n_min, n_max, k, want):
+    assert ngram_lookup(np.array(ctx), n_min, n_max, k).tolist() == want == naive_lookup(ctx, n_min, n_max, k)
+
+
+def test_lookup_matches_the_naive_reference_on_random_contexts():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        ctx = rng.integers(0, 5, size=int(rng.integers(1, 60))).tolist()
+        n_min = int(rng.integers(1, 3))
+        n_max = int(rng.integers(n_min, 6))
+        k = int(rng.integers(1, 5))
+        assert ngram_lookup(np.array(ctx), n_min, n_max, k).tolist() == naive_lookup(ctx, n_min, n_max, k), ctx
+
+
+def test_proposer_follows_the_growing_sequence():
+    seq = Sequence(seq_id=0, request_id="r", seq_index=0, prompt_token_ids=[7, 8, 9, 1, 7, 8],
+                   params=SamplingParams())
+    prop = NgramProposer(1, 3)
+    assert prop.propose([seq], [2]).draft_token_ids == {0: [9, 1]}
+    seq.output_token_ids.extend([9, 1, 7])
+    assert prop.propose([seq], [3]).draft_token_ids == {0: [8, 9, 1]}
+    seq.output_token_ids.append(5)                                 # "5" never seen: nothing to propose
+    assert prop.propose([seq], [3]).draft_token_ids == {}
+    prop.free([0])
+    assert prop._contexts == {}
