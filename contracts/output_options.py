@@ -29,6 +29,7 @@ class OutputOptions:
     return_log_probs: bool = False
     return_num_input_tokens: bool = False
     return_num_output_tokens: bool = False
+    return_perf_metrics: bool = False       # speculative decoding counts (TensorRT-LLM's perf-metric outputs)
     n: int = 1
     num_input_tokens: int = 0
     prompt_token_ids: tuple[int, ...] = ()
@@ -38,7 +39,8 @@ class OutputOptions:
         if not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError("stop: every stop string must be a non-empty string")
         for name in ("include_stop_str_in_output", "skip_special_tokens", "exclude_input_in_output", "stream",
-                     "return_log_probs", "return_num_input_tokens", "return_num_output_tokens"):
+                     "return_log_probs", "return_num_input_tokens", "return_num_output_tokens",
+                     "return_perf_metrics"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected true or false, got {getattr(self, name)!r}")
         for name, lo in (("n", 1), ("num_input_tokens", 0)):

@@ -97,6 +97,8 @@ class LLMResponseMeta:
     cum_logprob: float | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    num_draft_tokens: int = 0          # speculative drafts verified for this sequence so far
+    num_accepted_draft_tokens: int = 0  # of which accepted
     stop_ack: bool = False             # the answer to a `stop` request (no sequence of its own)
 
     def to_json(self) -> str:

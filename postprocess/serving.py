@@ -91,7 +91,7 @@ class PostprocessServing:
                 t = pb.get_input_tensor_by_name(request, wire.OUTPUT_LOG_PROBS)
                 lps = t.as_numpy().reshape(-1)[: out.num_accepted_tokens].tolist() if t is not None else []
             return self._response(out.text, out.finish_reason or "", meta, lps, out.num_input_tokens,
-                                  out.num_output_tokens)
+                                  out.num_output_tokens, perf=out.options.return_perf_metrics)
         except Exception as e:
             log.exception("postprocess failed for %s", rid)
             message = f"postprocess: internal error: {type(e).__name__}: {e}"
@@ -137,9 +137,13 @@ class PostprocessServing:
             log.exception("postprocess: stop of %s failed", engine_id)
 
     def _response(self, text: str, reason: str, meta: wire.LLMResponseMeta, lps: list[float],
-                  num_input: int, num_output: int):
+                  num_input: int, num_output: int, perf: bool = False):
+        """TensorRT-LLM's output tensors; the speculative counts (cumulative for the sequence) only when
+        the request set ``return_perf_metrics``, zeros otherwise."""
         pb = self.pb
         cum = meta.cum_logprob if meta.cum_logprob is not None else 0.0
+        drafts = meta.num_draft_tokens if perf else 0
+        accepted = meta.num_accepted_draft_tokens if perf else 0
         return pb.InferenceResponse(output_tensors=[
             pb.Tensor("text_output", np.asarray([[text.encode("utf-8")]], dtype=np.object_)),
             pb.Tensor("finish_reason", np.asarray([[reason.encode()]], dtype=np.object_)),
@@ -148,4 +152,7 @@ class PostprocessServing:
             pb.Tensor("num_input_tokens", np.asarray([[num_input]], dtype=np.int32)),
             pb.Tensor("num_output_tokens", np.asarray([[num_output]], dtype=np.int32)),
             pb.Tensor("sequence_index", np.asarray([[meta.seq_index]], dtype=np.int32)),
+            pb.Tensor("acceptance_rate", np.asarray([[accepted / drafts if drafts else 0.0]], dtype=np.float32)),
+            pb.Tensor("total_accepted_draft_tokens", np.asarray([[accepted]], dtype=np.int32)),
+            pb.Tensor("total_draft_tokens", np.asarray([[drafts]], dtype=np.int32)),
         ])

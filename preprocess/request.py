@@ -26,13 +26,14 @@ KNOWN_INPUTS = frozenset({
     "end_id", "pad_id", "min_tokens", "min_length", "num_return_sequences", "beam_width",
     "exclude_input_in_output", "return_log_probs", "return_num_input_tokens", "return_num_output_tokens",
     "guided_decoding_guide_type", "guided_decoding_guide", "skip_special_tokens", "include_stop_str_in_output",
+    "num_speculative_tokens", "return_perf_metrics",
 })
 
 # Boolean inputs carried in the output options, with their defaults (TensorRT-LLM's where it has one).
 _FLAG_DEFAULTS = {
     "include_stop_str_in_output": False, "skip_special_tokens": True, "exclude_input_in_output": False,
     "stream": False, "return_log_probs": False, "return_num_input_tokens": False,
-    "return_num_output_tokens": False,
+    "return_num_output_tokens": False, "return_perf_metrics": False,
 }
 
 
@@ -260,6 +261,7 @@ class RequestParser:
             n=get_int(inputs, "num_return_sequences", 1),
             logprobs=0 if logprobs else None,
             guide=guide,
+            num_speculative_tokens=get_int(inputs, "num_speculative_tokens", None),
         )
         try:
             return SamplingParams(**kwargs)

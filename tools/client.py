@@ -28,11 +28,13 @@ INPUT_TYPES: dict[str, str] = {
     "beam_width": "INT32", "exclude_input_in_output": "BOOL", "return_log_probs": "BOOL",
     "return_num_input_tokens": "BOOL", "return_num_output_tokens": "BOOL", "guided_decoding_guide_type": "BYTES",
     "guided_decoding_guide": "BYTES", "messages": "BYTES", "skip_special_tokens": "BOOL",
-    "include_stop_str_in_output": "BOOL", "stop": "BOOL",
+    "include_stop_str_in_output": "BOOL", "stop": "BOOL", "num_speculative_tokens": "INT32",
+    "return_perf_metrics": "BOOL",
 }
 LIST_INPUTS = ("stop_words", "bad_words")
 OUTPUTS = ("text_output", "finish_reason", "cum_log_probs", "output_log_probs", "num_input_tokens",
-           "num_output_tokens", "sequence_index")
+           "num_output_tokens", "sequence_index", "acceptance_rate", "total_accepted_draft_tokens",
+           "total_draft_tokens")
 _NP = {"BYTES": np.object_, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_}
 
 
@@ -80,6 +82,9 @@ class Chunk:
     num_input_tokens: int = 0
     cum_log_prob: float = 0.0
     log_probs: tuple[float, ...] = ()
+    acceptance_rate: float = 0.0           # speculative decoding, with return_perf_metrics
+    total_accepted_draft_tokens: int = 0
+    total_draft_tokens: int = 0
 
 
 def parse_result(result) -> Chunk:
@@ -98,7 +103,9 @@ def parse_result(result) -> Chunk:
     return Chunk(text, reason.decode() if isinstance(reason, bytes) else str(reason), final,
                  int(scalar("num_output_tokens", 0)), int(scalar("sequence_index", 0)),
                  int(scalar("num_input_tokens", 0)), float(scalar("cum_log_probs", 0.0)),
-                 tuple(lps.reshape(-1).tolist()) if lps is not None else ())
+                 tuple(lps.reshape(-1).tolist()) if lps is not None else (),
+                 float(scalar("acceptance_rate", 0.0)), int(scalar("total_accepted_draft_tokens", 0)),
+                 int(scalar("total_draft_tokens", 0)))
 
 
 def stream(url: str, prompt: str, max_tokens: int, *, model: str = "ensemble", timeout: float = 600.0,

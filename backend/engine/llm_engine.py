@@ -11,13 +11,14 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
 from backend.config import EngineConfig
 from backend.core.outputs import FinishReason, RequestOutput
+from backend.core.scheduler import SpecDecodeCounters
 from backend.engine.builder import EngineParts, build_engine_parts
 from backend.engine.inbox import AbortRequest, AddRequest, InboxMessage
 from contracts.sampling_params import SamplingParams
@@ -41,6 +42,7 @@ class EngineStats:
     prefix_cache_queries: int      # prompt tokens looked up in the prefix cache, cumulative
     prefix_cache_hits: int         # of which were found
     steps: int
+    spec: SpecDecodeCounters = field(default_factory=SpecDecodeCounters)   # speculative decoding, cumulative
 
 
 class LLMEngine:
@@ -94,7 +96,7 @@ class LLMEngine:
             num_running=s.num_running, num_waiting=s.num_waiting, num_prefilling=s.num_prefilling,
             num_scheduled=s.num_scheduled,
             num_preemptions=s.num_preemptions, prefix_cache_queries=s.prefix_cache_queries,
-            prefix_cache_hits=s.prefix_cache_hits, steps=self._steps)
+            prefix_cache_hits=s.prefix_cache_hits, steps=self._steps, spec=s.spec)
 
     # ---- the loop (one thread) ---------------------------------------------------
     def start(self) -> "LLMEngine":

@@ -159,7 +159,8 @@ class LLMServing:
             request_id=out.request_id, seq_index=out.seq_index, finished=out.finished,
             request_finished=out.request_finished, finish_reason=reason, error=out.error,
             cum_logprob=out.cum_logprob, num_prompt_tokens=out.num_prompt_tokens,
-            num_output_tokens=out.num_output_tokens)
+            num_output_tokens=out.num_output_tokens, num_draft_tokens=out.num_draft_tokens,
+            num_accepted_draft_tokens=out.num_accepted_draft_tokens)
         if out.seq_index not in flight.seen_seqs:
             flight.seen_seqs.add(out.seq_index)
             meta.options = flight.options

@@ -4,6 +4,11 @@
 ``nv_trt_llm_request_metrics{request_type=active|max|scheduled|context|waiting}``
 ``nv_trt_llm_general_metrics{general_type=iteration_counter|num_preemptions|prefix_cache_queries|prefix_cache_hits}``
 
+Speculative decoding, as counters (vLLM's names with a ``triton_llm_`` prefix):
+``triton_llm_spec_decode_num_drafts_total``, ``triton_llm_spec_decode_num_draft_tokens_total``,
+``triton_llm_spec_decode_num_accepted_tokens_total``,
+``triton_llm_spec_decode_num_accepted_tokens_per_pos_total{position="0".."k-1"}``.
+
 A small thread reads ``engine.stats()`` every ``interval_s`` and sets the gauges through Triton's
 custom metrics API (``pb_utils.MetricFamily``), passed in so the module is testable without a server.
 """
@@ -18,6 +23,13 @@ log = logging.getLogger(__name__)
 KV_FAMILY = "nv_trt_llm_kv_cache_block_metrics"
 REQUEST_FAMILY = "nv_trt_llm_request_metrics"
 GENERAL_FAMILY = "nv_trt_llm_general_metrics"
+SPEC_PREFIX = "triton_llm_spec_decode_"
+SPEC_COUNTERS: dict[str, Callable[[Any], int]] = {     # family suffix -> cumulative value in EngineStats.spec
+    "num_drafts_total": lambda c: c.num_drafts,
+    "num_draft_tokens_total": lambda c: c.num_draft_tokens,
+    "num_accepted_tokens_total": lambda c: c.num_accepted_tokens,
+}
+SPEC_PER_POS = SPEC_PREFIX + "num_accepted_tokens_per_pos_total"
 
 # label value -> how to read it from the engine's stats (and from constants such as max_num_seqs)
 KV_GAUGES: dict[str, Callable[[Any], float]] = {
@@ -69,11 +81,40 @@ class EngineMetrics:
             self._gauges.append((gen.Metric(labels={**base, "general_type": label}), read))
         self._max_seqs = req.Metric(labels={**base, "request_type": "max"})  # keep a reference: metrics die with it
         self._max_seqs.set(float(max_num_seqs))
+        self._base = base
+        counter = pb_utils.MetricFamily.COUNTER
+        self._spec = [(pb_utils.MetricFamily(name=SPEC_PREFIX + name, kind=counter,
+                                             description=f"Speculative decoding: {name.replace('_', ' ')}"), read)
+                      for name, read in SPEC_COUNTERS.items()]
+        self._spec_metrics = [(fam.Metric(labels=base), read) for fam, read in self._spec]
+        self._per_pos_family = pb_utils.MetricFamily(name=SPEC_PER_POS, kind=counter,
+                                                     description="Speculative decoding: drafts accepted at each "
+                                                                 "position (0 = the first draft)")
+        self._per_pos: list[Any] = []
+        self._spec_seen = [0] * len(self._spec_metrics)
+        self._per_pos_seen: list[int] = []
 
     def update(self) -> None:
         stats = self._stats_fn()
         for metric, read in self._gauges:
             metric.set(float(read(stats)))
+        self._update_spec(stats.spec)
+
+    def _update_spec(self, spec) -> None:
+        """Counters only go up: add what the engine counted since the last update."""
+        for i, (metric, read) in enumerate(self._spec_metrics):
+            now = read(spec)
+            if now > self._spec_seen[i]:
+                metric.increment(float(now - self._spec_seen[i]))
+                self._spec_seen[i] = now
+        for pos, now in enumerate(spec.accepted_per_pos):
+            while len(self._per_pos) <= pos:
+                self._per_pos.append(self._per_pos_family.Metric(labels={**self._base,
+                                                                         "position": str(len(self._per_pos))}))
+                self._per_pos_seen.append(0)
+            if now > self._per_pos_seen[pos]:
+                self._per_pos[pos].increment(float(now - self._per_pos_seen[pos]))
+                self._per_pos_seen[pos] = now
 
     def start(self) -> "EngineMetrics":
         self.update()

@@ -17,6 +17,9 @@ from tools.triton_launcher import REPO, LauncherError, Ports, TritonServer, rend
 DEMO_TARGET = REPO / "models" / "demo-target"
 KV_CACHE_BYTES = "8MiB"       # a few hundred blocks: enough for 32 short streams, small enough to stay fast
 MAX_NUM_SEQS = "48"
+# Every e2e test runs with n-gram speculation on (the reference engine runs without it), so each greedy
+# comparison also checks that speculation is lossless through the whole pipeline.
+SPECULATIVE = {"speculative_method": "ngram", "num_speculative_tokens": "4"}
 
 
 @dataclass
@@ -54,7 +57,7 @@ def server(model_path, tmp_path_factory) -> E2EServer:
     root = tmp_path_factory.mktemp("triton")
     repo = render_model_repository(root / "model_repository", {
         "llm": {"model_path": str(model_path), "kv_cache_bytes": KV_CACHE_BYTES, "max_num_seqs": MAX_NUM_SEQS,
-                "metrics_interval_s": "0.1", "cancel_poll_interval_s": "0.02", "device": "cpu"},
+                "metrics_interval_s": "0.1", "cancel_poll_interval_s": "0.02", "device": "cpu", **SPECULATIVE},
         "preprocess": {"tokenizer_path": str(model_path)},
         "postprocess": {"tokenizer_path": str(model_path)},
     })

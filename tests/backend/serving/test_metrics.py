@@ -4,14 +4,15 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from backend.serving.metrics import GENERAL_FAMILY, KV_FAMILY, REQUEST_FAMILY, EngineMetrics
+from backend.core.scheduler import SpecDecodeCounters
+from backend.serving.metrics import GENERAL_FAMILY, KV_FAMILY, REQUEST_FAMILY, SPEC_PER_POS, SPEC_PREFIX, EngineMetrics
 from tests.helpers.triton_fakes import make_pb_utils
 
 
 def stats(**kw):
     base = dict(kv_blocks_max=100, kv_blocks_used=30, kv_blocks_free=70, kv_blocks_reused=5, tokens_per_block=16,
                 num_running=3, num_waiting=2, num_prefilling=1, num_scheduled=3, num_preemptions=1, prefix_cache_queries=40,
-                prefix_cache_hits=10, steps=9)
+                prefix_cache_hits=10, steps=9, spec=SpecDecodeCounters())
     base.update(kw)
     return SimpleNamespace(**base)
 
@@ -33,7 +34,7 @@ def test_gauges_follow_engine_stats():
     assert values(pb, GENERAL_FAMILY, "general_type")["num_preemptions"] == 1
     fam, = [f for f in pb.families if f.name == KV_FAMILY]
     assert all(x.labels["model"] == "llm" and x.labels["version"] == "1" for x in fam.metrics)
-    assert all(f.kind == "gauge" for f in pb.families)
+    assert all(f.kind == "gauge" for f in pb.families if f.name.startswith("nv_trt_llm"))
     current[0] = stats(kv_blocks_used=0, kv_blocks_free=100)
     m.update()
     assert values(pb, KV_FAMILY, "kv_cache_block_type")["used"] == 0
@@ -51,3 +52,24 @@ def test_periodic_thread_updates_and_stops():
         assert values(pb, REQUEST_FAMILY, "request_type")["waiting"] == 7
     finally:
         m.stop()
+
+
+def test_speculative_counters_add_what_the_engine_counted():
+    pb = make_pb_utils()
+    current = [stats()]
+    m = EngineMetrics(pb, lambda: current[0], max_num_seqs=8)
+    m.update()
+    current[0] = stats(spec=SpecDecodeCounters(3, 10, 7, [3, 2, 2]))
+    m.update()
+    current[0] = stats(spec=SpecDecodeCounters(5, 14, 9, [5, 2, 2, 0]))
+    m.update()
+    m.update()                                                            # nothing new: nothing added
+    def total(name):
+        fam, = [f for f in pb.families if f.name == SPEC_PREFIX + name]
+        assert fam.kind == "counter"
+        return [x.value for x in fam.metrics]
+    assert total("num_drafts_total") == [5] and total("num_draft_tokens_total") == [14]
+    assert total("num_accepted_tokens_total") == [9]
+    per_pos = {x.labels["position"]: x.value for x in
+               [f for f in pb.families if f.name == SPEC_PER_POS][0].metrics}
+    assert per_pos == {"0": 5, "1": 2, "2": 2, "3": None}
