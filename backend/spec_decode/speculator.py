@@ -48,20 +48,23 @@ class Speculator:
 
     def after_step(self, scheduler: Scheduler, plan: SchedulerOutput, output: ModelRunnerOutput,
                    step_seconds: float) -> None:
-        decode_only = True
+        decode_only, drafts = True, 0
         for sched, tokens in zip(plan.scheduled, output.sampled_token_ids):
             if sched.num_draft_tokens:
+                drafts += sched.num_draft_tokens
                 self.policy.observe_verify(sched.seq.seq_id, sched.num_draft_tokens, len(tokens) - 1)
             elif sched.num_new_tokens != 1:
                 decode_only = False
         if decode_only and plan.scheduled:
-            self.policy.observe_step(plan.num_batched_tokens, step_seconds)
+            self.policy.observe_step(len(plan.scheduled), drafts, step_seconds)
         self.release_gone(scheduler)
         self._propose(scheduler)
 
     def _propose(self, scheduler: Scheduler) -> None:
         self.draft_probs = {}
         decoding = [s for s in scheduler.running if s.num_tokens - s.num_computed_tokens == 1]
+        if not decoding or self.policy.plain_step_due(len(decoding)):
+            return
         seqs, ks = [], []
         for seq in decoding:
             k = self.policy.choose(seq.seq_id, self.seq_max_k(seq, scheduler.max_model_len), len(decoding))

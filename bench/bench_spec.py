@@ -1,0 +1,189 @@
+"""Speculative decoding benchmark: the same requests with none, ngram and draft (adaptive on and off),
+in-process, at 1, 8 and 32 concurrent requests, greedy and temperature 0.8, on two workloads from
+held-out code:
+
+- ``repeat``: the output re-uses spans of the prompt, as in code editing or quoting: a snippet ``X``
+  of held-out code, the target's own greedy continuation ``Y`` of it, a blank line, then ``X`` again
+  (so the continuation the model is about to write is already in its context);
+- ``mixed``: ``bench_engine.py``'s mixed workload (prompts cut anywhere, no planted repetition).
+
+Prints, per cell, tokens/s and the ratio to ``none`` in the same run, the mean accepted length
+(tokens per verified step), the acceptance rate, and the measured costs behind them (the adaptive
+policy's plain decode step time and extra cost per verified draft per batch-size bucket, and the
+proposer's time per draft token). Writes bench/results/spec.json and spec.png.
+
+    .venv/bin/python bench/bench_spec.py [--quick] [--levels 1,8,32]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tokenizers import Tokenizer  # noqa: E402
+
+from backend.config import EngineConfig  # noqa: E402
+from backend.engine.llm_engine import LLMEngine, output_token_ids  # noqa: E402
+from bench.closed_loop import run_engine_level  # noqa: E402
+from bench.report import git_commit, machine, write_json  # noqa: E402
+from bench.stats import summarize  # noqa: E402
+from bench.workload import corpus_ids, mixed_workload  # noqa: E402
+from contracts.sampling_params import SamplingParams  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = {  # name -> EngineConfig overrides
+    "none": {},
+    "ngram": {"speculative_method": "ngram"},
+    "ngram-fixed": {"speculative_method": "ngram", "speculative_adaptive": False},
+    "draft": {"speculative_method": "draft"},
+    "draft-fixed": {"speculative_method": "draft", "speculative_adaptive": False},
+}
+GOALS = {("ngram", "repeat", 1, "greedy"): 2.0, ("draft", "mixed", 1, "greedy"): 1.3}
+ADAPTIVE_FLOOR = 0.95
+
+
+@dataclass(frozen=True)
+class Item:
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+def repeat_workload(tok: Tokenizer, engine: LLMEngine, n: int, seed: int, max_tokens: int) -> list[list[int]]:
+    """``X + Y + blank line + X``: ``Y`` is the target's greedy continuation of the snippet ``X``."""
+    ids, rng, bos = corpus_ids(tok, 16384), random.Random(seed), tok.token_to_id("<|bos|>")
+    blank = tok.encode("\n\n", add_special_tokens=False).ids
+    snippets = []
+    for _ in range(n):
+        start = rng.randrange(0, len(ids) - 400)
+        snippets.append([bos] + ids[start:start + rng.randint(48, 128)])
+    outs = engine.generate(snippets, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+    return [x + output_token_ids(o) + blank + x[1:] for x, o in zip(snippets, outs)]
+
+
+def items_for(prompts: list[list[int]], max_tokens: int, temperature: float) -> list[Item]:
+    return [Item(p, SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=True,
+                                   seed=1000 + i if temperature else None)) for i, p in enumerate(prompts)]
+
+
+def measure(engine: LLMEngine, items: list[Item], concurrency: int) -> dict:
+    sched = engine.scheduler
+    before = dataclasses.replace(sched.spec_counters.snapshot())
+    steps0 = engine.stats().steps
+    records, seconds = run_engine_level(engine, items, concurrency, level_seconds=1e9, request_timeout=300)
+    s = summarize(records, seconds)
+    spec = sched.spec_counters
+    drafts = spec.num_draft_tokens - before.num_draft_tokens
+    accepted = spec.num_accepted_tokens - before.num_accepted_tokens
+    verifies = spec.num_drafts - before.num_drafts
+    row = {"tok_per_s": s["tok_per_s"], "tpot_ms_p50": s["tpot_ms"]["p50"], "steps": engine.stats().steps - steps0,
+           "draft_tokens": drafts, "accepted_tokens": accepted,
+           "acceptance_rate": accepted / drafts if drafts else None,
+           "mean_accepted_length": 1 + accepted / verifies if verifies else 1.0, "errors": s["errors"]}
+    if engine.speculator is not None:
+        pol = engine.speculator.policy
+        row["plain_step_ms"] = {b: 1e3 * v for b, v in pol.costs.plain.items()}
+        row["extra_ms_per_draft"] = {b: 1e3 * v for b, v in pol.costs.per_draft.items()}
+        row["draft_ms_per_token"] = 1e3 * pol.draft_seconds_per_token
+    return row
+
+
+def plot(cells: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    panels = sorted({(c["workload"], c["temperature"]) for c in cells})
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
+    for ax, (wl, temp) in zip(axes[0], panels):
+        for m in METHODS:
+            pts = sorted((c["concurrency"], c["ratio"]) for c in cells
+                         if c["workload"] == wl and c["temperature"] == temp and c["method"] == m)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{wl}, {temp}")
+        ax.set_xlabel("concurrent requests")
+    axes[0][0].set_ylabel("tokens/s vs none")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(ROOT / "models/demo-target"))
+    ap.add_argument("--draft", default=str(ROOT / "models/demo-draft"))
+    ap.add_argument("--levels", default="1,8,32")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="fewer and shorter requests")
+    ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()
+    tok = Tokenizer.from_file(str(Path(args.model) / "tokenizer.json"))
+    levels = [int(x) for x in args.levels.split(",")]
+    max_tokens = 48 if args.quick else 96
+    engines = {}
+    for m in args.methods.split(","):
+        cfg = dict(model_path=args.model, device="cpu", cpu_threads=args.threads, kv_cache_bytes=256 << 20,
+                   num_speculative_tokens=args.k, **METHODS[m])
+        if "draft" in m:
+            cfg["draft_model_path"] = args.draft
+        engines[m] = LLMEngine(EngineConfig(**cfg)).start()
+    plain = engines.get("none") or LLMEngine(EngineConfig(model_path=args.model, device="cpu")).start()
+    prompts = {"repeat": repeat_workload(tok, plain, 64, 1, max_tokens),
+               "mixed": [r.prompt_ids for r in mixed_workload(tok, 64, 2, (16, 384), (max_tokens, max_tokens))]}
+    cells = []
+    t0 = time.perf_counter()
+    try:
+        for wl, ps in prompts.items():
+            for temp in (0.0, 0.8):
+                for c in levels:
+                    n = max(2 * c, 4) if not args.quick else max(c, 2)
+                    items = items_for(ps[:n], max_tokens, temp)
+                    for eng in engines.values():                      # warm-up: shapes, caches, measured costs
+                        run_engine_level(eng, items[:min(2, n)], 2, level_seconds=1e9, request_timeout=300)
+                    rows = {m: measure(eng, items, c) for m, eng in engines.items()}
+                    base = rows["none"]["tok_per_s"] if "none" in rows else None
+                    for m, r in rows.items():
+                        r.update(method=m, workload=wl, temperature=temp, concurrency=c,
+                                 ratio=r["tok_per_s"] / base if base else None)
+                        cells.append(r)
+                        acc = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
+                        print(f"{wl:6s} T={temp:.1f} c={c:<3d} {m:12s} {r['tok_per_s']:8.1f} tok/s  "
+                              f"x{(r['ratio'] or 0):5.2f}  accepted len {r['mean_accepted_length']:.2f}  "
+                              f"acceptance {acc}  steps {r['steps']}", flush=True)
+    finally:
+        for eng in engines.values():
+            eng.shutdown()
+    verdicts = []
+    for (m, wl, c, mode), goal in GOALS.items():
+        for cell in cells:
+            if (cell["method"], cell["workload"], cell["concurrency"], cell["temperature"] == 0.0) == \
+                    (m, wl, c, mode == "greedy"):
+                verdicts.append({"goal": f"{m} {wl} c={c} {mode} >= {goal}x", "ratio": cell["ratio"],
+                                 "met": cell["ratio"] >= goal})
+    adaptive = [c["ratio"] for c in cells if c["method"] in ("ngram", "draft") and c["ratio"] is not None]
+    if adaptive:
+        verdicts.append({"goal": f"adaptive >= {ADAPTIVE_FLOOR}x of none everywhere", "ratio": min(adaptive),
+                         "met": min(adaptive) >= ADAPTIVE_FLOOR})
+    for v in verdicts:
+        print(f"goal {v['goal']}: {v['ratio']:.2f} {'met' if v['met'] else 'NOT met'}")
+    plot(cells, out / "spec.png")
+    write_json(out / "spec.json", {"cells": cells, "goals": verdicts, "machine": machine(load),
+                                   "commit": git_commit(), "seconds": time.perf_counter() - t0})
+    print(f"wrote {out / 'spec.json'} and {out / 'spec.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
