@@ -36,7 +36,8 @@ class EngineConfig:
     max_model_len: int | None = None           # None: the model's max_position_embeddings
     enable_prefix_caching: bool = True
     watermark: float = 0.01                    # fraction of blocks kept free when admitting new sequences
-    stream_interval: int = 1                   # emit every k tokens (the first token and the last always)
+    stream_interval: int = 1                   # emit every k tokens at most (the first token and the last always)
+    stream_responses_per_s: float = 0.0        # > 0: adapt the interval to this response budget (0: fixed)
     device: str = "auto"
     dtype: str = "auto"
     speculative_method: str = "none"           # none | ngram (prompt lookup) | draft (draft_model_path)
@@ -66,6 +67,9 @@ class EngineConfig:
             raise ValueError(f"enable_prefix_caching: expected a boolean, got {self.enable_prefix_caching!r}")
         _check_fraction("watermark", self.watermark, hi_open=True)
         _check_int("stream_interval", self.stream_interval, lo=1)
+        if isinstance(self.stream_responses_per_s, bool) or not isinstance(self.stream_responses_per_s, (int, float)) \
+                or not math.isfinite(self.stream_responses_per_s) or self.stream_responses_per_s < 0:
+            raise ValueError(f"stream_responses_per_s: expected a finite number >= 0, got {self.stream_responses_per_s!r}")
         if not isinstance(self.device, str) or not (self.device in DEVICES or re.fullmatch(r"cuda:\d+", self.device)):
             raise ValueError(f"device: expected one of {DEVICES} or 'cuda:N', got {self.device!r}")
         if self.dtype not in DTYPES:
@@ -181,7 +185,7 @@ _PARSERS = {
     "num_kv_blocks": _optional(_parse_int), "kv_cache_bytes": _parse_bytes,
     "gpu_memory_utilization": _parse_float, "max_num_seqs": _parse_int, "max_num_batched_tokens": _parse_int,
     "max_model_len": _optional(_parse_int), "enable_prefix_caching": _parse_bool, "watermark": _parse_float,
-    "stream_interval": _parse_int, "device": _parse_str, "dtype": _parse_str,
+    "stream_interval": _parse_int, "stream_responses_per_s": _parse_float, "device": _parse_str, "dtype": _parse_str,
     "num_speculative_tokens": _parse_int, "speculative_method": _parse_str, "ngram_min": _parse_int,
     "ngram_max": _parse_int, "speculative_adaptive": _parse_bool, "seed": _parse_int, "cpu_threads": _parse_int,
 }

@@ -100,6 +100,7 @@ class Scheduler:
         self._seq_ids = itertools.count()
         self._finished_seq_ids: list[int] = []    # ended since the last plan (the runner drops their state)
         self.spec_counters = SpecDecodeCounters()
+        self.stream_interval = config.stream_interval   # tokens a streamed output may hold back (the engine adapts it)
         self.num_preemptions = 0
         self.num_scheduled_last_step = 0
         self.num_batched_tokens_last_step = 0
@@ -164,7 +165,7 @@ class Scheduler:
         for seq in live:
             self.block_manager.free(seq)
             self._finish(req, seq, reason)
-            outs.append(req.emit(seq, self.config.stream_interval, error=error))   # never None: finished
+            outs.append(req.emit(seq, self.stream_interval, error=error))   # never None: finished
         return outs
 
     def request_ids(self) -> list[str]:
@@ -326,7 +327,7 @@ class Scheduler:
                     break
             else:
                 bm.commit_full_blocks(seq)
-            out = req.emit(seq, self.config.stream_interval)
+            out = req.emit(seq, self.stream_interval)
             if out is not None:
                 outs.append(out)
         if any_finished:

@@ -21,6 +21,7 @@ from backend.core.outputs import FinishReason, RequestOutput
 from backend.core.scheduler import SpecDecodeCounters
 from backend.engine.builder import EngineParts, build_engine_parts
 from backend.engine.inbox import AbortRequest, AddRequest, InboxMessage
+from backend.engine.stream_pacer import StreamPacer
 from contracts.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class LLMEngine:
         self.scheduler = self.parts.scheduler
         self.runner = self.parts.runner
         self.speculator = self.parts.speculator   # None unless speculative_method is ngram or draft
+        self.pacer = StreamPacer(config.stream_interval, config.stream_responses_per_s)
         self._callbacks: dict[str, OutputCallback] = {}
         self._inbox: deque[InboxMessage] = deque()
         self._cv = threading.Condition()
@@ -124,6 +126,7 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.release_gone(self.scheduler)
         if not self.scheduler.has_unfinished():
+            self.pacer.idle()
             return
         plan = self.scheduler.schedule()
         if plan.scheduled:
@@ -132,7 +135,9 @@ class LLMEngine:
             forward = self.runner.execute(plan)
             output = self.runner.sample(plan, forward, grammar_bitmask=None,  # bitmasks: constrained decoding
                                         draft_probs=spec.draft_probs if spec else None)
-            seconds = time.perf_counter() - t0
+            now = time.perf_counter()
+            seconds = now - t0
+            self.scheduler.stream_interval = self.pacer.observe(now, sum(map(len, output.sampled_token_ids)))
             self._dispatch(self.scheduler.update_from_output(plan, output))
             self._steps += 1
             if spec is not None:
