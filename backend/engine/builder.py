@@ -26,6 +26,7 @@ class EngineParts:
     scheduler: Scheduler
     runner: ModelRunner       # holds the model, the KV cache, the attention backend and the sampler
     speculator: Speculator | None = None
+    cpu_threads: int = 1      # intra-op threads the engine may use per step on the CPU (1 on CUDA: not its concern)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -102,7 +103,9 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
                           eos_token_ids=eos, cache_key=checkpoint_identity(folder))
     sampler = Sampler(vocab_size=mcfg.vocab_size, device=device, seed=config.seed, eos_token_ids=sorted(eos))
     runner = ModelRunner(model, kv_cache, make_attention_backend(kv_cache), sampler, device)
-    return EngineParts(scheduler, runner, build_speculator(config, folder, mcfg, blocks, device, dtype, max_model_len))
+    threads = (config.cpu_threads or torch.get_num_threads()) if device.type == "cpu" else 1
+    return EngineParts(scheduler, runner, build_speculator(config, folder, mcfg, blocks, device, dtype, max_model_len),
+                       cpu_threads=threads)
 
 
 def build_speculator(config: EngineConfig, target_folder: Path, target: ModelConfig, num_blocks: int,

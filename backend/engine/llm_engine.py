@@ -22,6 +22,7 @@ from backend.core.scheduler import SpecDecodeCounters
 from backend.engine.builder import EngineParts, build_engine_parts
 from backend.engine.inbox import AbortRequest, AddRequest, InboxMessage
 from backend.engine.stream_pacer import StreamPacer
+from backend.engine.thread_policy import ThreadPolicy
 from contracts.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class LLMEngine:
         self.runner = self.parts.runner
         self.speculator = self.parts.speculator   # None unless speculative_method is ngram or draft
         self.pacer = StreamPacer(config.stream_interval, config.stream_responses_per_s)
+        self.threads = ThreadPolicy(self.parts.cpu_threads)   # per-step threads on the CPU (1 = fixed)
         self._callbacks: dict[str, OutputCallback] = {}
         self._inbox: deque[InboxMessage] = deque()
         self._cv = threading.Condition()
@@ -130,6 +132,7 @@ class LLMEngine:
             return
         plan = self.scheduler.schedule()
         if plan.scheduled:
+            threads = self.threads.choose(plan.num_batched_tokens)
             t0 = time.perf_counter()
             spec = self.speculator
             forward = self.runner.execute(plan)
@@ -137,6 +140,7 @@ class LLMEngine:
                                         draft_probs=spec.draft_probs if spec else None)
             now = time.perf_counter()
             seconds = now - t0
+            self.threads.observe(plan.num_batched_tokens, threads, seconds)
             self.scheduler.stream_interval = self.pacer.observe(now, sum(map(len, output.sampled_token_ids)))
             self._dispatch(self.scheduler.update_from_output(plan, output))
             self._steps += 1

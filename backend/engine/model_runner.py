@@ -16,6 +16,7 @@ from backend.attention.metadata import build_attention_metadata
 from backend.core.kv_cache import KVCache
 from backend.core.plan import ForwardOutput, ModelRunnerOutput, SchedulerOutput
 from backend.model.llama import LlamaForCausalLM
+from backend.sampling.batch import is_plain_greedy
 from backend.sampling.sampler import Sampler
 
 
@@ -89,6 +90,10 @@ class ModelRunner:
         order = list(dict.fromkeys(forward.rows))                    # plan indices that sample, in row order
         if len(order) == len(forward.rows):                          # no drafts: one row per sequence
             seqs = [sched[i].seq for i in order]
+            if grammar_bitmask is None and all(is_plain_greedy(s) for s in seqs):   # argmax, no batch to build
+                for i, t in zip(order, forward.logits.argmax(dim=-1).tolist()):
+                    sampled[i] = [t]
+                return ModelRunnerOutput(sampled, logprobs)
             result = self.sampler.sample(forward.logits,
                                          self.sampler.build_batch(seqs, grammar_bitmask=grammar_bitmask))
             token_ids = result.token_ids.tolist()

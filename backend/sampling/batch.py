@@ -59,6 +59,15 @@ class SamplingBatch:
         return max(asked) if asked else None
 
 
+def is_plain_greedy(seq: Sequence) -> bool:
+    """The sequence's next token is exactly the argmax of its raw logits: greedy, no penalties, no bans
+    (bad words, or EOS/stop ids held back by ``min_tokens``), no logprobs. Such rows need no batch."""
+    p = seq.params
+    return (p.temperature < GREEDY_EPS and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
+            and p.frequency_penalty == 0.0 and not p.bad_words_ids and p.logprobs is None
+            and len(seq.output_token_ids) >= p.min_tokens)
+
+
 def bad_word_bans(output: list[int], bad_words: Seq[Seq[int]]) -> list[int]:
     """Tokens to forbid next: the last token of each bad word whose prefix ends the output."""
     banned = []

@@ -204,3 +204,21 @@ def test_batch_only_builds_what_rows_use():
 def test_shape_mismatch_is_an_error():
     with pytest.raises(ValueError, match="do not match"):
         Sampler(6).sample(torch.zeros(2, 6), [seq()])
+
+
+@pytest.mark.parametrize("params, output, plain", [
+    (dict(temperature=0.0), [], True),
+    (dict(temperature=0.0, min_tokens=2), [5], False),          # EOS still banned: needs the batch
+    (dict(temperature=0.0, min_tokens=1), [5], True),
+    (dict(temperature=0.0, repetition_penalty=1.1), [], False),
+    (dict(temperature=0.0, logprobs=0), [], False),
+    (dict(temperature=0.0, bad_words_ids=((3,),)), [], False),
+    (dict(temperature=0.5), [], False),
+])
+def test_plain_greedy_rows_are_the_raw_argmax(params, output, plain):
+    from backend.sampling.batch import is_plain_greedy
+    s = seq(output=output, **params)
+    assert is_plain_greedy(s) is plain
+    if plain:   # the fast path must agree with the full sampler
+        logits = torch.randn(1, 6, generator=torch.Generator().manual_seed(1))
+        assert Sampler(6, eos_token_ids=[1]).sample(logits, [s]).token_ids.item() == int(logits.argmax())

@@ -1,8 +1,14 @@
 """Adaptive draft length: k from measured acceptance and step costs."""
 from __future__ import annotations
 
-from backend.spec_decode.adaptive import (PLAIN_EVERY, PROBE_EVERY, AdaptiveDraftLength, StepCosts,
-                                          best_num_drafts, expected_accepted)
+from backend.spec_decode.adaptive import (
+    PLAIN_EVERY,
+    PROBE_EVERY,
+    AdaptiveDraftLength,
+    StepCosts,
+    best_num_drafts,
+    expected_accepted,
+)
 
 
 def test_expected_accepted_is_the_sum_of_running_products():
