@@ -1,0 +1,122 @@
+"""GPU decode check (run on a CUDA machine: `python bench/gpu_decode.py`, about 3 minutes on an H200).
+
+1. Batch-1 decode tokens/s of a 1B-class random Llama (2048 x 16 layers, GQA 32/8, vocab 32,000) in
+   bf16 through LLMEngine, against the HBM roofline: each token reads every weight once, so
+   tokens/s <= bandwidth / weight bytes. Also batch 8 and 32.
+2. The paged decode kernel's achieved bandwidth at an 8,192-token context (K and V bytes read / time),
+   for 1 and 16 sequences, against the same HBM bandwidth.
+3. Eager vs captured step: not measured. CUDA-graph capture of the decode step is not built yet (see
+   docs/benchmarks.md); the engine runs eager on CUDA.
+
+Prints one line per measurement and writes bench/results/gpu_decode.json. Nothing here runs on CPU.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from backend.attention.kernels.paged_decode import paged_decode_attention  # noqa: E402
+from backend.config import EngineConfig  # noqa: E402
+from backend.engine.llm_engine import LLMEngine  # noqa: E402
+from backend.model.config import ModelConfig  # noqa: E402
+from backend.model.llama import LlamaForCausalLM  # noqa: E402
+from backend.model.loader import save_model  # noqa: E402
+from contracts.sampling_params import SamplingParams  # noqa: E402
+
+HBM_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}   # nominal; the device name picks one
+CFG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000, "hidden_size": 2048,
+       "intermediate_size": 5632, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+       "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+       "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu"}
+
+
+def bandwidth_gbps() -> float:
+    name = torch.cuda.get_device_name()
+    return next((v for k, v in HBM_GBPS.items() if k in name), 3350.0)
+
+
+def make_checkpoint(folder: Path) -> int:
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(ModelConfig.from_dict(CFG)).to(torch.bfloat16)
+        for p in model.parameters():
+            p.data.normal_(0, 0.02)
+    save_model(model, folder, CFG, dtype=torch.bfloat16)
+    tok_src = Path(__file__).resolve().parents[1] / "models" / "demo-target"
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / f).write_bytes((tok_src / f).read_bytes())   # the engine does not tokenize; any tokenizer file
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def engine_decode(folder: Path, weight_bytes: int, out: dict) -> None:
+    eng = LLMEngine(EngineConfig(model_path=str(folder), device="cuda", dtype="bfloat16",
+                                 max_num_seqs=64, gpu_memory_utilization=0.5)).start()
+    try:
+        roof = bandwidth_gbps() * 1e9 / weight_bytes
+        for batch in (1, 8, 32):
+            prompts = [[1] + list(range(100 + i, 164 + i)) for i in range(batch)]
+            params = SamplingParams(max_tokens=256, temperature=0.0, ignore_eos=True)
+            eng.generate(prompts, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))   # warm-up
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            eng.generate(prompts, params)
+            torch.cuda.synchronize()
+            dt = time.perf_counter() - t
+            tps = batch * 256 / dt
+            out[f"decode_b{batch}_tok_per_s"] = tps
+            print(f"decode batch {batch}: {tps:,.0f} tok/s ({dt / 256 * 1e3:.2f} ms/step); "
+                  f"batch-1 roofline {roof:,.0f} tok/s -> {tps / batch / roof:.1%} of it per sequence", flush=True)
+        out["roofline_tok_per_s"] = roof
+    finally:
+        eng.shutdown()
+
+
+def kernel_bandwidth(out: dict) -> None:
+    bs, kvh, h, d, ctx = 16, 8, 32, 128, 8192
+    for seqs in (1, 16):
+        blocks = seqs * ctx // bs
+        k = torch.randn(blocks, bs, kvh, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        q = torch.randn(seqs, h, d, device="cuda", dtype=torch.bfloat16)
+        tables = torch.arange(blocks, device="cuda", dtype=torch.int32).view(seqs, -1)
+        lens = torch.full((seqs,), ctx, device="cuda", dtype=torch.int32)
+        for split in (None, 32):
+            fn = lambda: paged_decode_attention(q, k, v, tables, lens, ctx, blocks_per_partition=split)  # noqa: E731
+            for _ in range(5):
+                fn()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(50):
+                fn()
+            torch.cuda.synchronize()
+            dt = (time.perf_counter() - t) / 50
+            gbps = 2 * k.numel() * k.element_size() / dt / 1e9
+            out[f"kernel_seqs{seqs}_split{split}_gbps"] = gbps
+            print(f"paged decode kernel, {seqs} x {ctx} tokens, split={split}: {dt * 1e6:.0f} us, {gbps:,.0f} GB/s "
+                  f"({gbps / bandwidth_gbps():.0%} of {bandwidth_gbps():,.0f} GB/s)", flush=True)
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("bench/gpu_decode.py needs CUDA")
+        return 2
+    out: dict = {"device": torch.cuda.get_device_name()}
+    kernel_bandwidth(out)
+    with tempfile.TemporaryDirectory() as tmp:
+        weight_bytes = make_checkpoint(Path(tmp))
+        out["weight_bytes"] = weight_bytes
+        engine_decode(Path(tmp), weight_bytes, out)
+    res = Path(__file__).resolve().parent / "results"
+    res.mkdir(exist_ok=True)
+    (res / "gpu_decode.json").write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
