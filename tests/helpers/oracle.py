@@ -36,3 +36,16 @@ def hf_greedy(hf_model, prompt: list[int], max_new_tokens: int) -> list[int]:
                             do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
                             pad_token_id=0)
     return out[0, len(prompt):].tolist()
+
+
+def assert_streams_match(results: list, expected: list[list[int]]) -> None:
+    """Each request's streamed tokens equal the reference; it ended once, with LENGTH (max_tokens)."""
+    from backend.core.outputs import FinishReason
+    from backend.engine.llm_engine import output_token_ids
+
+    for i, outs in enumerate(results):
+        got = output_token_ids(outs)
+        first = next((j for j, (a, b) in enumerate(zip(got, expected[i])) if a != b), None)
+        assert got == expected[i], f"request {i} differs from HF at output position {first}"
+        assert outs[-1].request_finished and outs[-1].finish_reason is FinishReason.LENGTH
+        assert sum(o.request_finished for o in outs) == 1

@@ -12,10 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from backend.config import EngineConfig
-from backend.core.outputs import FinishReason
-from backend.engine.llm_engine import LLMEngine, output_token_ids
+from backend.engine.llm_engine import LLMEngine
 from contracts.sampling_params import SamplingParams
-from tests.helpers.oracle import hf_greedy
+from tests.helpers.oracle import assert_streams_match, hf_greedy
 
 NUM_REQUESTS = 16
 NEW_TOKENS = 24
@@ -73,12 +72,7 @@ def test_greedy_matches_hf_under_concurrency(setup, variant):
         # min_tokens masks EOS until the end, exactly as HF's min_new_tokens does for the reference
         params = SamplingParams(max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, temperature=0.0)
         results = run_staggered(engine, prompts, params)
-        for i, outs in enumerate(results):
-            got = output_token_ids(outs)
-            first = next((j for j, (a, b) in enumerate(zip(got, expected[i])) if a != b), None)
-            assert got == expected[i], f"request {i} differs from HF at output position {first}"
-            assert outs[-1].request_finished and outs[-1].finish_reason is FinishReason.LENGTH
-            assert sum(o.request_finished for o in outs) == 1
+        assert_streams_match(results, expected)
         stats = engine.stats()
         assert stats.kv_blocks_used == 0, "blocks leaked"
         if variant == "preemption":

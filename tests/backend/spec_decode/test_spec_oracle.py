@@ -18,7 +18,7 @@ from backend.engine.llm_engine import LLMEngine, output_token_ids
 from contracts.sampling_params import SamplingParams
 from tests.backend.engine.test_engine_oracle import run_staggered
 from tests.helpers.checkpoints import DEMO_DRAFT
-from tests.helpers.oracle import hf_greedy
+from tests.helpers.oracle import assert_streams_match, hf_greedy
 
 NEW_TOKENS = 24
 
@@ -78,11 +78,7 @@ def test_speculative_greedy_matches_hf(setup, method, k, adaptive, variant):
     try:
         params = SamplingParams(max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, temperature=0.0)
         results = run_staggered(engine, prompts, params)
-        for i, outs in enumerate(results):
-            got = output_token_ids(outs)
-            first = next((j for j, (a, b) in enumerate(zip(got, expected[i])) if a != b), None)
-            assert got == expected[i], f"request {i} differs from HF at output position {first}"
-            assert outs[-1].finish_reason is FinishReason.LENGTH and sum(o.request_finished for o in outs) == 1
+        assert_streams_match(results, expected)
         spec = engine.scheduler.spec_counters
         assert spec.num_draft_tokens > 0 and spec.num_accepted_tokens > 0, "speculation never ran"
         assert max(spec.accepted_per_pos and [len(spec.accepted_per_pos)]) <= k
