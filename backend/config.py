@@ -21,6 +21,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 SPECULATIVE_METHODS = ("none", "ngram", "draft")
 MAX_SPECULATIVE_TOKENS = 16
 MAX_NGRAM = 64
+QUANTIZATION_MODES = ("none", "int8", "int4", "fp8")
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ class EngineConfig:
     ngram_min: int = 1                         # ngram: shortest suffix matched against the context
     ngram_max: int = 4                         # ngram: longest suffix matched (tried first)
     speculative_adaptive: bool = True          # choose k per request from measured acceptance and step costs
+    quantization: str = "none"                 # weight-only: none | int8 | int4 | fp8 (CUDA); backend/model/quant.py
+    quantization_group_size: int = 128         # int4: input columns per scale
     seed: int = 0
     cpu_threads: int = 0                       # torch intra-op threads on CPU (0: torch's default, one per core)
 
@@ -86,6 +89,9 @@ class EngineConfig:
             raise ValueError(f"speculative_adaptive: expected a boolean, got {self.speculative_adaptive!r}")
         if self.speculative_method == "draft" and self.draft_model_path is None:
             raise ValueError("draft_model_path: required when speculative_method is 'draft'")
+        if self.quantization not in QUANTIZATION_MODES:
+            raise ValueError(f"quantization: expected one of {QUANTIZATION_MODES}, got {self.quantization!r}")
+        _check_int("quantization_group_size", self.quantization_group_size, lo=2, hi=1 << 16)
         _check_int("seed", self.seed, lo=0, hi=2**63 - 1)
         _check_int("cpu_threads", self.cpu_threads, lo=0, hi=1024)
 
@@ -188,6 +194,7 @@ _PARSERS = {
     "stream_interval": _parse_int, "stream_responses_per_s": _parse_float, "device": _parse_str, "dtype": _parse_str,
     "num_speculative_tokens": _parse_int, "speculative_method": _parse_str, "ngram_min": _parse_int,
     "ngram_max": _parse_int, "speculative_adaptive": _parse_bool, "seed": _parse_int, "cpu_threads": _parse_int,
+    "quantization": _parse_str, "quantization_group_size": _parse_int,
 }
 
 

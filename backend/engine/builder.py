@@ -16,6 +16,7 @@ from backend.engine.model_runner import ModelRunner
 from backend.model.config import ModelConfig
 from backend.model.llama import LlamaForCausalLM
 from backend.model.loader import load_model
+from backend.model.quant import quantize_model
 from backend.sampling.sampler import Sampler
 from backend.spec_decode.ngram import NgramProposer
 from backend.spec_decode.speculator import Speculator
@@ -95,6 +96,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     dtype = resolve_dtype(config.dtype, device, mcfg.dtype)
     max_model_len = config.resolve_max_model_len(mcfg.max_position_embeddings)
     model = load_model(folder, dtype=dtype, device=device, max_positions=max_model_len)
+    quantize_model(model, config.quantization, config.quantization_group_size)
     blocks = num_kv_blocks(config, model, device, dtype)
     kv_cache = KVCache(mcfg.num_hidden_layers, blocks, config.block_size, mcfg.num_key_value_heads, mcfg.head_dim,
                        dtype=dtype, device=device)

@@ -26,9 +26,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(dtype)
 
 
-def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """``layer(x)`` without ``nn.Module.__call__``'s hook machinery (it dominates tiny decode steps)."""
-    return F.linear(x, layer.weight, layer.bias)
+def linear(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+    """``layer(x)`` without ``nn.Module.__call__``'s hook machinery (it dominates tiny decode steps).
+
+    ``layer`` is an ``nn.Linear`` or a ``backend.model.quant.QuantLinear`` (which has no ``weight``)."""
+    weight = getattr(layer, "weight", None)
+    if weight is None:
+        return layer.forward(x)
+    return F.linear(x, weight, layer.bias)
 
 
 class RMSNorm(nn.Module):
