@@ -26,6 +26,8 @@ from torch import nn
 from backend.config import QUANTIZATION_MODES as MODES
 
 FP8_MAX = 448.0
+CHUNK_BYTES = 512 * 1024     # int8 at few tokens: dequantize this much of a layer at a time, so it stays in cache
+FEW_TOKENS = 8
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # w [out, in] -> (q int8, scale [out])
@@ -78,12 +80,15 @@ class QuantLinear(nn.Module):
         self.register_buffer("scale", scale.to(layer.weight.device, self.compute_dtype))
         self.bias = layer.bias
         self._workspace = workspace        # (shape, dtype, device) -> buffer, shared with the model's other layers
+        itemsize = torch.empty((), dtype=self.compute_dtype).element_size()
+        self.chunk_rows = max(16, CHUNK_BYTES // (self.in_features * itemsize))
 
-    def _buffer(self) -> torch.Tensor:      # [out_features, in_features] in the compute dtype, shared by shape
-        key = (self.out_features, self.in_features, self.compute_dtype, self.qweight.device)
+    def _buffer(self, rows: int | None = None) -> torch.Tensor:  # [rows or out_features, in_features], shared by shape
+        rows = rows or self.out_features
+        key = (rows, self.in_features, self.compute_dtype, self.qweight.device)
         buf = self._workspace.get(key)
         if buf is None:
-            buf = self._workspace[key] = torch.empty(self.out_features, self.in_features, dtype=self.compute_dtype,
+            buf = self._workspace[key] = torch.empty(rows, self.in_features, dtype=self.compute_dtype,
                                                      device=self.qweight.device)
         return buf
 
@@ -96,8 +101,25 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:   # x [num_tokens, in] -> [num_tokens, out]
         if self.mode == "int4":
             return F.linear(x, dequantize_int4(self.qweight, self.scale, self._buffer()), self.bias)
-        y = F.linear(x, self._buffer().copy_(self.qweight)) * self.scale      # per-channel scale on the output
+        if x.shape[0] <= FEW_TOKENS and self.chunk_rows < self.out_features and x.device.type == "cpu":
+            y = self._chunked(x)
+        else:
+            y = F.linear(x, self._buffer().copy_(self.qweight))
+        y = y * self.scale                                                   # per-channel scale on the output
         return y if self.bias is None else y + self.bias
+
+    def _chunked(self, x: torch.Tensor) -> torch.Tensor:  # x [n, in] -> [n, out] without the scale
+        """Decode-sized inputs of a layer larger than the cache: convert and multiply a block of rows at a
+        time, so each block is read once from memory (as int8) and then only from cache."""
+        rows = self.chunk_rows
+        buf = self._buffer(rows)
+        y_t = torch.empty(self.out_features, x.shape[0], dtype=x.dtype, device=x.device)  # [out, n]
+        x_t = x.t()
+        for r in range(0, self.out_features, rows):
+            n = min(rows, self.out_features - r)
+            b = buf[:n].copy_(self.qweight[r:r + n])
+            torch.mm(b, x_t, out=y_t[r:r + n])
+        return y_t.t()
 
     __call__ = forward
 

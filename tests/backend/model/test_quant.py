@@ -64,3 +64,14 @@ def test_engine_greedy_equals_dense_decoding_of_the_dequantized_model(tiny_check
     outs, = engine.generate([prompt], SamplingParams(max_tokens=12, min_tokens=12, temperature=0.0))
     assert output_token_ids(outs) == expected
     assert engine.stats().kv_blocks_used == 0
+
+
+def test_chunked_int8_decode_path_equals_the_whole_layer():
+    lin = torch.nn.Linear(1024, 700, bias=True)       # 512 KiB chunks of 1024 fp32 columns: 128 rows, 6 chunks
+    q = QuantLinear(lin, "int8", 0, {})
+    assert q.chunk_rows < q.out_features
+    x = torch.randn(3, 1024)
+    whole = torch.nn.functional.linear(x, q.dequantized(), lin.bias)
+    assert torch.allclose(q.forward(x), whole, atol=1e-4)
+    many = torch.randn(20, 1024)                      # prefill-sized input: the whole-layer path
+    assert torch.allclose(q.forward(many), torch.nn.functional.linear(many, q.dequantized(), lin.bias), atol=1e-4)
