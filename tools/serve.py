@@ -4,15 +4,25 @@ Ports come from HTTP_PORT / GRPC_PORT / METRICS_PORT (default 8000 / 8001 / 8002
 is $TRITONSERVER, else ``tritonserver`` on PATH (NGC image), else the one bundled in nvidia-pytriton.
 Engine settings are the ``parameters`` of model_repository/llm/config.pbtxt; ``--set llm.KEY=VALUE``
 overrides one for this run (e.g. ``--set llm.model_path=/path/to/checkpoint``). Ctrl-C stops it.
+
+From the environment (how the container image and the Helm chart configure it, see ``settings_from_env``):
+``TRITON_LLM_SET`` holds ``--set`` items separated by whitespace or newlines (shell quoting for values
+with spaces), applied before the ``--set`` flags, so a flag wins; ``TRITON_LLM_SERVER_ARGS`` holds extra
+tritonserver arguments (e.g. ``--exit-timeout-secs=120``). The whole environment reaches tritonserver and
+its Python models, ``OTEL_EXPORTER_OTLP_ENDPOINT`` included. tritonserver listens on all interfaces
+(its default ``0.0.0.0``), so probes from outside the container reach ``/v2/health/{live,ready}``.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import shutil
 import signal
 import sys
 import tempfile
 from pathlib import Path
+from typing import Mapping
 
 from tools.triton_launcher import (CACHE, MODEL_REPOSITORY, LauncherError, Ports, TritonServer, find_tritonserver,
                                    render_model_repository)
@@ -30,6 +40,39 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
     return out
 
 
+SET_ENV = "TRITON_LLM_SET"
+SERVER_ARGS_ENV = "TRITON_LLM_SERVER_ARGS"
+_LAUNCHER_FLAGS = ("--model-repository", "--model-store", "--http-port", "--grpc-port", "--metrics-port")
+
+
+def settings_from_env(env: Mapping[str, str] | None = None) -> tuple[list[str], list[str]]:
+    """(``--set`` items from ``$TRITON_LLM_SET``, extra tritonserver arguments from ``$TRITON_LLM_SERVER_ARGS``).
+
+    Both are split like a shell command line (``shlex``): items are separated by spaces or newlines
+    and a value with spaces is quoted, ``'llm.model_path=/models/my model'``. Unset or blank: nothing.
+    The launcher's own flags (model repository, ports: use HTTP_PORT / GRPC_PORT / METRICS_PORT) are
+    refused in the server arguments.
+    """
+    env = os.environ if env is None else env
+    out = []
+    for name in (SET_ENV, SERVER_ARGS_ENV):
+        try:
+            out.append(shlex.split(env.get(name, "")))
+        except ValueError as e:  # unbalanced quotes
+            raise LauncherError(f"{name}: {e}") from None
+    items, server_args = out
+    for item in items:
+        try:
+            parse_overrides([item])
+        except LauncherError:
+            raise LauncherError(f"{SET_ENV}: expected MODEL.PARAMETER=VALUE items, got {item!r}") from None
+    for arg in server_args:
+        if arg.split("=", 1)[0] in _LAUNCHER_FLAGS:
+            raise LauncherError(f"{SERVER_ARGS_ENV}: {arg.split('=', 1)[0]} is set by the launcher "
+                                "(ports come from HTTP_PORT, GRPC_PORT, METRICS_PORT)")
+    return items, server_args
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
@@ -39,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         ports = Ports.from_env()
-        overrides = parse_overrides(args.set)
+        env_items, server_args = settings_from_env()
+        overrides = parse_overrides(env_items + args.set)  # a --set flag wins over the environment
         repo = args.model_repository
         if overrides:
             CACHE.mkdir(parents=True, exist_ok=True)
@@ -49,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     except LauncherError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    server = TritonServer(repo, ports, install=install, log_verbose=args.log_verbose)
+    server = TritonServer(repo, ports, install=install, log_verbose=args.log_verbose, extra_args=server_args)
     print(f"tritonserver: {install.binary} (from {install.source})")
     print(f"model repository: {repo}")
     server.start()
