@@ -9,6 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 .PHONY: install test test-fast serve client bench clean-venv
 
 install: $(STAMP)
+	$(PY) tools/fetch_helm.py  # helm for the chart tests: PATH, else .cache/helm/helm (idempotent)
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
