@@ -1,0 +1,113 @@
+"""values.schema.json and the chart's own checks: a wrong value fails with a message naming it; the
+engine map covers every engine parameter the llm model reads."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tests.helm.chart import CHART, dataclass_fields, dict_literal_keys, render, render_error
+
+SCHEMA = json.loads((CHART / "values.schema.json").read_text())
+VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
+
+
+@pytest.mark.parametrize("setting, named", [
+    ("engine.max_num_seq=8", "max_num_seq"),                      # a typo in an engine parameter
+    ("engine.kv_cache_bytes=lots", "engine.kv_cache_bytes"),
+    ("engine.gpu_memory_utilization=1.5", "engine.gpu_memory_utilization"),
+    ("engine.dtype=fp8", "engine.dtype"),
+    ("engine.model_path=/x", "model_path"),                       # paths come from model.*
+    ("gpu.enabled=maybe", "gpu.enabled"),
+    ("gpu.count=0", "gpu.count"),
+    ("model.source=s3", "model.source"),
+    ("model.pvc.mountPath=models", "model.pvc.mountPath"),
+    ("autoscalling.enabled=true", "autoscalling"),                # a typo at the top level
+    ("autoscaling.metric.nmae=x", "nmae"),
+    ("probes.startup.failureTreshold=10", "failureTreshold"),
+    ("service.type=Ingress", "service.type"),
+    ("podDisruptionBudget.maxUnavailable=half", "podDisruptionBudget.maxUnavailable"),
+    ("serviceMonitor.interval=15", "serviceMonitor.interval"),
+    ("otel.endpoint=collector:4318", "otel.endpoint"),
+    ("gateway.auth.secretName=abc", "secretName"),
+    ("server.extraArgs[0]=log-verbose", "server.extraArgs"),
+    ("extraOverrides[0]=model_path", "extraOverrides"),
+    ("image.pullPolicy=Sometimes", "image.pullPolicy"),
+])
+def test_schema_rejects_a_wrong_value_naming_it(setting, named):
+    err = render_error(setting)
+    assert "values don't meet the specifications of the schema" in err, err
+    assert named in err, err
+
+
+@pytest.mark.parametrize("settings, message", [
+    (("model.source=pvc",), "model.pvc.claimName: required when model.source is pvc"),
+    (("gateway.auth.enabled=true",), "gateway.auth.enabled: needs gateway.enabled"),
+    (("gateway.enabled=true", "gateway.auth.enabled=true"), "gateway.auth: set gateway.auth.existingSecret"),
+    (("gateway.enabled=true", "gateway.auth.enabled=true", "gateway.auth.existingSecret=s",
+      "gateway.auth.tokens[0]=t"), "either existingSecret or tokens"),
+    (("terminationGracePeriodSeconds=60",), "terminationGracePeriodSeconds: 60 is shorter than"),
+    (("engine.speculative_method=draft", "engine.num_speculative_tokens=2"), "model.draftPath: required"),
+    (("gpu.enabled=false", "engine.device=cuda"), "engine.device: cuda needs gpu.enabled"),
+    (("autoscaling.enabled=true", "autoscaling.minReplicas=5", "autoscaling.maxReplicas=2"),
+     "autoscaling.minReplicas"),
+])
+def test_chart_checks_what_the_schema_cannot(settings, message):
+    assert message in render_error(*settings)
+
+
+def test_values_yaml_satisfies_its_own_schema_and_every_key_is_declared():
+    """Every key of values.yaml is a property of the schema (so the schema documents all of them)."""
+    def walk(values, schema, path):
+        props = schema.get("properties", {})
+        for key, value in values.items():
+            assert key in props, f"{path}{key}: in values.yaml but not in values.schema.json"
+            if isinstance(value, dict) and props[key].get("properties"):
+                walk(value, props[key], f"{path}{key}.")
+    walk(VALUES, SCHEMA, "")
+    assert render()  # the defaults pass helm's schema check
+
+
+def test_schema_closes_the_levels_that_matter():
+    props = SCHEMA["properties"]
+    assert SCHEMA["additionalProperties"] is False
+    closed = ["image", "gpu", "model", "engine", "server", "service", "probes", "shutdown", "autoscaling",
+              "serviceMonitor", "podDisruptionBudget", "otel", "gateway", "networkPolicy", "serviceAccount", "scratch"]
+    for key in closed:
+        assert props[key]["additionalProperties"] is False, key
+    assert props["model"]["properties"]["pvc"]["additionalProperties"] is False
+    assert props["gateway"]["properties"]["auth"]["additionalProperties"] is False
+    assert props["autoscaling"]["properties"]["metric"]["additionalProperties"] is False
+    for probe in ("startup", "readiness", "liveness"):
+        assert props["probes"]["properties"][probe]["additionalProperties"] is False
+
+
+def test_engine_map_covers_every_engine_parameter():
+    """`engine:` accepts exactly the llm model's parameters but the checkpoint paths (set from `model`)."""
+    config_file, fields = dataclass_fields("EngineConfig")
+    serving_file, serving = dict_literal_keys("SERVING_PARAMETERS")
+    expected = (set(fields) | set(serving)) - {"model_path", "draft_model_path"}
+    declared = set(SCHEMA["properties"]["engine"]["properties"])
+    assert declared == expected, (
+        f"helm/triton-llm/values.schema.json engine properties differ from {config_file.name} EngineConfig + "
+        f"{serving_file.name} SERVING_PARAMETERS: missing {sorted(expected - declared)}, "
+        f"unknown {sorted(declared - expected)}")
+
+
+def test_every_engine_parameter_renders(tmp_path):
+    """A value for each engine key passes the schema and comes out as llm.KEY=VALUE."""
+    from tests.helm.chart import container, env_of
+    from tools.serve import parse_overrides, settings_from_env
+    sample = {"block_size": 32, "num_kv_blocks": 4096, "kv_cache_bytes": "2GiB", "gpu_memory_utilization": 0.8,
+              "max_num_seqs": 32, "max_num_batched_tokens": 2048, "max_model_len": 4096,
+              "enable_prefix_caching": False, "watermark": 0.05, "stream_interval": 2, "device": "cuda:0",
+              "dtype": "float16", "num_speculative_tokens": 3, "speculative_method": "ngram", "seed": 11,
+              "cpu_threads": 4, "cancel_poll_interval_s": 0.5, "metrics_interval_s": 2}
+    assert set(sample) == set(SCHEMA["properties"]["engine"]["properties"])
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"engine": sample}))
+    items, _ = settings_from_env(env_of(container(render(str(values)), "tritonserver")))
+    llm = parse_overrides(items)["llm"]
+    expected = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in sample.items()}
+    assert llm == expected
