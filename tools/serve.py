@@ -21,8 +21,8 @@ import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from tools.triton_launcher import (CACHE, MODEL_REPOSITORY, LauncherError, Ports, TritonServer, find_tritonserver,
                                    render_model_repository)
