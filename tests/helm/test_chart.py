@@ -160,6 +160,10 @@ def test_default_is_the_demo_in_the_image_with_one_replica():
     assert "TRITON_LLM_SET" not in env_of(triton)  # model_repository's config.pbtxt: models/demo-target
     assert triton["image"] == "triton-llm:0.1.0"
     assert [c["name"] for c in deployment["spec"]["template"]["spec"]["containers"]] == ["tritonserver"]
+    # a chart upgrade that changes nothing in the pod must not restart it (model load is slow)
+    assert not [k for k in deployment["spec"]["template"]["metadata"]["labels"] if k in ("helm.sh/chart",
+                                                                                       "app.kubernetes.io/version")]
+    assert deployment["spec"]["template"]["spec"]["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
     assert {p["name"] for p in one(docs, "Service")["spec"]["ports"]} == {"http", "grpc", "metrics"}
     assert one(docs, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
 
