@@ -48,7 +48,7 @@ def test_schema_rejects_a_wrong_value_naming_it(setting, named):
     (("gateway.enabled=true", "gateway.auth.enabled=true", "gateway.auth.existingSecret=s",
       "gateway.auth.tokens[0]=t"), "either existingSecret or tokens"),
     (("terminationGracePeriodSeconds=60",), "terminationGracePeriodSeconds: 60 is shorter than"),
-    (("engine.speculative_method=draft", "engine.num_speculative_tokens=2"), "model.draftPath: required"),
+    (("engine.speculative_method=draft",), "model.draftPath: required"),
     (("gpu.enabled=false", "engine.device=cuda"), "engine.device: cuda needs gpu.enabled"),
     (("autoscaling.enabled=true", "autoscaling.minReplicas=5", "autoscaling.maxReplicas=2"),
      "autoscaling.minReplicas"),
@@ -102,7 +102,8 @@ def test_every_engine_parameter_renders(tmp_path):
     sample = {"block_size": 32, "num_kv_blocks": 4096, "kv_cache_bytes": "2GiB", "gpu_memory_utilization": 0.8,
               "max_num_seqs": 32, "max_num_batched_tokens": 2048, "max_model_len": 4096,
               "enable_prefix_caching": False, "watermark": 0.05, "stream_interval": 2, "device": "cuda:0",
-              "dtype": "float16", "num_speculative_tokens": 3, "speculative_method": "ngram", "seed": 11,
+              "dtype": "float16", "num_speculative_tokens": 3, "speculative_method": "ngram", "ngram_min": 2,
+              "ngram_max": 5, "speculative_adaptive": False, "seed": 11,
               "cpu_threads": 4, "cancel_poll_interval_s": 0.5, "metrics_interval_s": 2}
     assert set(sample) == set(SCHEMA["properties"]["engine"]["properties"])
     values = tmp_path / "values.yaml"
