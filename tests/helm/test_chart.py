@@ -10,11 +10,21 @@ import kubernetes_validate
 import pytest
 from kubernetes_validate.utils import ValidationError, all_versions
 
-from tests.helm.chart import (CHART, CI_VALUES, K8S_VERSION, RELEASE, by_kind, container, env_of,
-                              files_with_string_literal, one, render, run_helm)
+from tests.helm.chart import (
+    CHART,
+    CI_VALUES,
+    K8S_VERSION,
+    RELEASE,
+    by_kind,
+    container,
+    env_of,
+    files_with_string_literal,
+    one,
+    render,
+    run_helm,
+)
 from tools.serve import parse_overrides, settings_from_env
 from tools.triton_launcher import render_model_repository
-
 
 SCENARIOS = ["default", "cpu", "pvc", "autoscaling", "gateway-secret", "gateway-tokens"]
 FULLNAME = f"{RELEASE}-triton-llm"
