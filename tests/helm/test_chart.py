@@ -5,9 +5,13 @@ from __future__ import annotations
 import base64
 import copy
 import re
+import shutil
+import tempfile
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
+import yaml
 from kubernetes_validate.utils import ValidationError, all_versions
 
 from tests.helm.chart import (
@@ -336,3 +340,31 @@ def test_replica_count_and_pdb_and_pod_placement():
     for doc in docs:
         validate(doc)
     assert "PodDisruptionBudget" not in by_kind(render(sets=("podDisruptionBudget.enabled=false",)))
+
+
+def notes(tmp_path, *sets: str) -> str:
+    """NOTES.txt as `helm install` prints it (helm template skips it: render it inside a ConfigMap)."""
+    chart = Path(tempfile.mkdtemp(dir=tmp_path)) / "chart"
+    shutil.copytree(CHART, chart)
+    text = (chart / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "NOTES.txt").unlink()
+    (chart / "templates" / "notes.yaml").write_text(
+        '{{- define "notes" }}' + text + "{{- end }}\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+        'data:\n  notes: {{ include "notes" . | toJson }}\n')
+    args = ["template", RELEASE, str(chart), "-n", "serving", "--show-only", "templates/notes.yaml"]
+    for s in sets:
+        args += ["--set", s]
+    proc = run_helm(*args)
+    assert proc.returncode == 0, proc.stderr
+    return yaml.safe_load(proc.stdout)["data"]["notes"]
+
+
+def test_notes_render_and_warn(tmp_path):
+    text = notes(tmp_path)
+    assert "port-forward svc/llm-triton-llm 8001:8001" in text and "WARNING" not in text
+    text = notes(tmp_path, "gateway.enabled=true", "gateway.auth.enabled=true", "gateway.auth.existingSecret=s",
+                 "autoscaling.enabled=true")
+    assert "8001:8001" not in text and "50051:50051" in text
+    assert "WARNING: the gateway's auth is on" in text and "prometheus-adapter" in text
+    assert "WARNING" not in notes(tmp_path, "gateway.enabled=true", "gateway.auth.enabled=true",
+                                  "gateway.auth.existingSecret=s", "networkPolicy.enabled=true")
