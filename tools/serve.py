@@ -8,9 +8,10 @@ overrides one for this run (e.g. ``--set llm.model_path=/path/to/checkpoint``). 
 From the environment (how the container image and the Helm chart configure it, see ``settings_from_env``):
 ``TRITON_LLM_SET`` holds ``--set`` items separated by whitespace or newlines (shell quoting for values
 with spaces), applied before the ``--set`` flags, so a flag wins; ``TRITON_LLM_SERVER_ARGS`` holds extra
-tritonserver arguments (e.g. ``--exit-timeout-secs=120``). The whole environment reaches tritonserver and
-its Python models, ``OTEL_EXPORTER_OTLP_ENDPOINT`` included. tritonserver listens on all interfaces
-(its default ``0.0.0.0``), so probes from outside the container reach ``/v2/health/{live,ready}``.
+tritonserver arguments (e.g. ``--exit-timeout-secs=15``); ``TRITON_LLM_DRAIN_SECONDS`` makes SIGTERM
+wait for in-flight requests before stopping tritonserver (``drain``). The whole environment reaches
+tritonserver and its Python models, ``OTEL_EXPORTER_OTLP_ENDPOINT`` included. tritonserver listens on all
+interfaces (its default ``0.0.0.0``), so probes from outside the container reach ``/v2/health/{live,ready}``.
 """
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
+import time
+import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -73,6 +77,83 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> tuple[list[str], 
     return items, server_args
 
 
+DRAIN_ENV = "TRITON_LLM_DRAIN_SECONDS"
+# The llm model's gauge of requests in the engine, running or waiting (backend/serving/metrics.py).
+ACTIVE_GAUGE = ("nv_trt_llm_request_metrics{", 'request_type="active"')
+
+
+def drain_seconds_from_env(env: Mapping[str, str] | None = None) -> float:
+    """``$TRITON_LLM_DRAIN_SECONDS`` (default 0: SIGTERM stops tritonserver at once)."""
+    raw = (os.environ if env is None else env).get(DRAIN_ENV, "").strip() or "0"
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise LauncherError(f"{DRAIN_ENV}: expected a number of seconds, got {raw!r}") from None
+    if not 0 <= seconds < 86400:
+        raise LauncherError(f"{DRAIN_ENV}: expected 0 to 86399 seconds, got {raw!r}")
+    return seconds
+
+
+def active_requests(metrics_url: str, timeout: float = 2.0) -> float | None:
+    """Requests in the engine (the active gauge summed over models), or None without an answer or gauge."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=timeout) as r:
+            text = r.read().decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(ACTIVE_GAUGE[0]) and ACTIVE_GAUGE[1] in line]
+    return sum(values) if values else None
+
+
+def drain(read_active, seconds: float, *, quiet_s: float = 2.5, poll_s: float = 0.5,
+          clock=time.monotonic, sleep=time.sleep) -> bool:
+    """Wait until ``read_active()`` has read 0 for ``quiet_s``, or until ``seconds`` have passed; True when
+    drained. None from the first read means no engine gauge (not loaded yet, metrics off): nothing to wait
+    for; a later None (no answer) counts as unknown.
+
+    Why before stopping tritonserver: once told to stop, Triton 2.51 refuses to enqueue an ensemble's next
+    steps (postprocess), so a stream still in flight would stall until the exit timeout and never finish.
+    Meanwhile tritonserver keeps serving (Kubernetes has taken the pod out of the Service by then). The
+    gauge refreshes every metrics_interval_s (1 s), hence the quiet time.
+    """
+    deadline, quiet_since, first = clock() + seconds, None, True
+    while clock() < deadline:
+        active = read_active()
+        if active is None and first:
+            return True
+        first = False
+        if active == 0:
+            quiet_since = clock() if quiet_since is None else quiet_since
+            if clock() - quiet_since >= quiet_s:
+                return True
+        elif active is not None:
+            quiet_since = None
+        sleep(poll_s)
+    return False
+
+
+def stop_on_sigterm(server: TritonServer, drain_s: float) -> None:
+    """SIGTERM: drain for up to ``drain_s`` (in a thread), then SIGINT to tritonserver (its graceful stop)."""
+    started = threading.Event()
+
+    def interrupt() -> None:
+        if drain_s > 0:
+            print(f"SIGTERM: letting in-flight requests finish (up to {drain_s:.0f} s) ...", flush=True)
+            drained = drain(lambda: active_requests(server.metrics_url), drain_s)
+            print("drained" if drained else "drain time is up: stopping with requests in flight", flush=True)
+        proc = server.proc  # None once main() has stopped it
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+
+    def handler(*_) -> None:
+        if not started.is_set():
+            started.set()
+            threading.Thread(target=interrupt, name="drain", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
@@ -83,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ports = Ports.from_env()
         env_items, server_args = settings_from_env()
+        drain_s = drain_seconds_from_env()
         overrides = parse_overrides(env_items + args.set)  # a --set flag wins over the environment
         repo = args.model_repository
         if overrides:
@@ -98,8 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model repository: {repo}")
     server.start()
     # tritonserver runs in its own session: Ctrl-C (KeyboardInterrupt here) and SIGTERM become one
-    # SIGINT to it (its graceful shutdown), then SIGKILL if it has not exited 30 s later.
-    signal.signal(signal.SIGTERM, lambda *_: server.proc and server.proc.send_signal(signal.SIGINT))
+    # SIGINT to it (its graceful shutdown), then SIGKILL if it has not exited 30 s later. SIGTERM first
+    # drains for $TRITON_LLM_DRAIN_SECONDS (stop_on_sigterm).
+    stop_on_sigterm(server, drain_s)
     try:
         server.wait_ready(timeout=600)
         print("\nready:")
