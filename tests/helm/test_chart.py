@@ -27,7 +27,7 @@ from tests.helm.chart import (
     render,
     run_helm,
 )
-from tools.serve import parse_overrides, settings_from_env
+from tools.serve import drain_seconds_from_env, parse_overrides, settings_from_env
 from tools.triton_launcher import render_model_repository
 
 SCENARIOS = ["default", "cpu", "pvc", "autoscaling", "gateway-secret", "gateway-tokens"]
@@ -137,9 +137,11 @@ def test_graceful_termination(name):
     sleep = int(triton["lifecycle"]["preStop"]["exec"]["command"][1])
     assert triton["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep" and sleep > 0
     _, server_args = settings_from_env(env_of(triton))
-    drain = [int(a.split("=")[1]) for a in server_args if a.startswith("--exit-timeout-secs=")]
-    assert len(drain) == 1 and drain[0] >= 60
-    assert pod["terminationGracePeriodSeconds"] >= sleep + drain[0]
+    exit_timeout = [int(a.split("=")[1]) for a in server_args if a.startswith("--exit-timeout-secs=")]
+    assert len(exit_timeout) == 1 and exit_timeout[0] > 0
+    drain = drain_seconds_from_env(env_of(triton))  # the launcher drains in-flight streams on SIGTERM
+    assert drain >= 60
+    assert pod["terminationGracePeriodSeconds"] >= sleep + drain + exit_timeout[0]
 
 
 def gpu_requests(docs: list[dict]) -> list:

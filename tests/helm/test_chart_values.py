@@ -47,7 +47,7 @@ def test_schema_rejects_a_wrong_value_naming_it(setting, named):
     (("gateway.enabled=true", "gateway.auth.enabled=true"), "gateway.auth: set gateway.auth.existingSecret"),
     (("gateway.enabled=true", "gateway.auth.enabled=true", "gateway.auth.existingSecret=s",
       "gateway.auth.tokens[0]=t"), "either existingSecret or tokens"),
-    (("terminationGracePeriodSeconds=60",), "terminationGracePeriodSeconds: 60 is shorter than"),
+    (("terminationGracePeriodSeconds=149",), "terminationGracePeriodSeconds: 149 is shorter than"),
     (("engine.speculative_method=draft",), "model.draftPath: required"),
     (("gpu.enabled=false", "engine.device=cuda"), "engine.device: cuda needs gpu.enabled"),
     (("autoscaling.enabled=true", "autoscaling.minReplicas=5", "autoscaling.maxReplicas=2"),

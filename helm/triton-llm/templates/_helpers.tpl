@@ -116,9 +116,9 @@ CPU device in CPU mode, every `engine` key as llm.KEY, then `extraOverrides`. On
 {{- end }}
 {{- end }}
 
-{{/* tritonserver arguments (TRITON_LLM_SERVER_ARGS): the drain time, then server.extraArgs. */}}
+{{/* tritonserver arguments (TRITON_LLM_SERVER_ARGS): its exit timeout, then server.extraArgs. */}}
 {{- define "triton-llm.serverArgs" -}}
-{{- $args := list (printf "--exit-timeout-secs=%d" (int .Values.shutdown.drainTimeoutSeconds)) }}
+{{- $args := list (printf "--exit-timeout-secs=%d" (int .Values.shutdown.exitTimeoutSeconds)) }}
 {{- range .Values.server.extraArgs }}
 {{- $args = append $args . }}
 {{- end }}
@@ -139,9 +139,10 @@ CPU device in CPU mode, every `engine` key as llm.KEY, then `extraOverrides`. On
 {{- if and .Values.gateway.auth.existingSecret .Values.gateway.auth.tokens }}
 {{- fail "gateway.auth: set either existingSecret or tokens, not both" }}
 {{- end }}
-{{- $need := add .Values.shutdown.preStopSleepSeconds .Values.shutdown.drainTimeoutSeconds 10 }}
+{{- $s := .Values.shutdown }}
+{{- $need := add $s.preStopSleepSeconds $s.drainTimeoutSeconds $s.exitTimeoutSeconds 5 }}
 {{- if gt (int $need) (int .Values.terminationGracePeriodSeconds) }}
-{{- fail (printf "terminationGracePeriodSeconds: %d is shorter than shutdown.preStopSleepSeconds + shutdown.drainTimeoutSeconds + 10 s to exit (%d)" (int .Values.terminationGracePeriodSeconds) (int $need)) }}
+{{- fail (printf "terminationGracePeriodSeconds: %d is shorter than shutdown.preStopSleepSeconds + drainTimeoutSeconds + exitTimeoutSeconds + 5 (%d)" (int .Values.terminationGracePeriodSeconds) (int $need)) }}
 {{- end }}
 {{- if and (eq (toString (.Values.engine.speculative_method | default "")) "draft") (not .Values.model.draftPath) }}
 {{- fail "model.draftPath: required when engine.speculative_method is draft" }}
