@@ -218,6 +218,7 @@ def test_engine_numbers_render_as_the_launcher_reads_them(tmp_path):
     llm = parse_overrides(items)["llm"]
     assert llm["kv_cache_bytes"] == "17179869184" and llm["watermark"] == "0.02" and llm["seed"] == "7"
     assert llm["model_path"] == "/opt/models/my model"
+    assert llm["draft_model_path"] == "none"  # not the demo's draft (config.pbtxt's) for another checkpoint
     assert parse_overrides(items)["preprocess"] == {"tokenizer_path": "/opt/models/my model"}
     # values from --set arrive as int64 and strings; a quote in a value survives the shell-like split
     items, _ = settings_from_env(env_of(container(

@@ -48,7 +48,7 @@ def test_schema_rejects_a_wrong_value_naming_it(setting, named):
     (("gateway.enabled=true", "gateway.auth.enabled=true", "gateway.auth.existingSecret=s",
       "gateway.auth.tokens[0]=t"), "either existingSecret or tokens"),
     (("terminationGracePeriodSeconds=149",), "terminationGracePeriodSeconds: 149 is shorter than"),
-    (("engine.speculative_method=draft",), "model.draftPath: required"),
+    (("model.source=pvc", "model.pvc.claimName=c", "engine.speculative_method=draft"), "model.draftPath: required"),
     (("gpu.enabled=false", "engine.device=cuda"), "engine.device: cuda needs gpu.enabled"),
     (("autoscaling.enabled=true", "autoscaling.minReplicas=5", "autoscaling.maxReplicas=2"),
      "autoscaling.minReplicas"),
@@ -103,7 +103,8 @@ def test_every_engine_parameter_renders(tmp_path):
               "max_num_seqs": 32, "max_num_batched_tokens": 2048, "max_model_len": 4096,
               "enable_prefix_caching": False, "watermark": 0.05, "stream_interval": 2, "device": "cuda:0",
               "dtype": "float16", "num_speculative_tokens": 3, "speculative_method": "ngram", "ngram_min": 2,
-              "ngram_max": 5, "speculative_adaptive": False, "seed": 11,
+              "ngram_max": 5, "speculative_adaptive": False, "seed": 11, "stream_responses_per_s": 60,
+              "quantization": "int8", "quantization_group_size": 64,
               "cpu_threads": 4, "cancel_poll_interval_s": 0.5, "metrics_interval_s": 2}
     assert set(sample) == set(SCHEMA["properties"]["engine"]["properties"])
     values = tmp_path / "values.yaml"

@@ -98,6 +98,9 @@ CPU device in CPU mode, every `engine` key as llm.KEY, then `extraOverrides`. On
 {{- if $m.draftPath }}
 {{- $draft := ternary (clean (printf "%s/%s" $root $m.draftPath)) $m.draftPath (eq $m.source "pvc") }}
 {{- $items = append $items (printf "llm.draft_model_path=%s" $draft) }}
+{{- else if $modelPath }}
+{{- /* config.pbtxt's draft is the demo's: it does not belong to another checkpoint */}}
+{{- $items = append $items "llm.draft_model_path=none" }}
 {{- end }}
 {{- if and (not .Values.gpu.enabled) (not (hasKey .Values.engine "device")) }}
 {{- $items = append $items "llm.device=cpu" }}
@@ -144,8 +147,9 @@ CPU device in CPU mode, every `engine` key as llm.KEY, then `extraOverrides`. On
 {{- if gt (int $need) (int .Values.terminationGracePeriodSeconds) }}
 {{- fail (printf "terminationGracePeriodSeconds: %d is shorter than shutdown.preStopSleepSeconds + drainTimeoutSeconds + exitTimeoutSeconds + 5 (%d)" (int .Values.terminationGracePeriodSeconds) (int $need)) }}
 {{- end }}
-{{- if and (eq (toString (.Values.engine.speculative_method | default "")) "draft") (not .Values.model.draftPath) }}
-{{- fail "model.draftPath: required when engine.speculative_method is draft" }}
+{{- $ownModel := or (eq .Values.model.source "pvc") .Values.model.path }}
+{{- if and (eq (toString (.Values.engine.speculative_method | default "")) "draft") $ownModel (not .Values.model.draftPath) }}
+{{- fail "model.draftPath: required when engine.speculative_method is draft with your own checkpoint (the default draft is the demo's)" }}
 {{- end }}
 {{- if and (not .Values.gpu.enabled) (hasPrefix "cuda" (toString (.Values.engine.device | default ""))) }}
 {{- fail (printf "engine.device: %s needs gpu.enabled" .Values.engine.device) }}
