@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -113,15 +114,16 @@ def test_active_requests_reads_the_engine_gauge(metrics_server):
 # ---- the real server -----------------------------------------------------------------------------
 
 def sigterm_during_streams(drain_s: int, n: int = 3, max_tokens: int = 300,
-                           client_timeout: float = 60) -> tuple[list, int, float]:
+                           client_timeout: float = 60) -> tuple[list, int, float, str]:
     """Start `python -m tools.serve`, stream n requests, SIGTERM it once every stream has its first tokens.
-    Returns ([(ok, tokens, finish_reason or error)], launcher exit code, seconds from SIGTERM to exit)."""
+    Returns ([(ok, tokens, finish_reason or error)], launcher exit code, seconds from SIGTERM to exit,
+    the launcher's output)."""
     from tools.client import stream
 
     ports = Ports.free()
     env = dict(os.environ, HTTP_PORT=str(ports.http), GRPC_PORT=str(ports.grpc), METRICS_PORT=str(ports.metrics),
                TRITON_LLM_SET="llm.kv_cache_bytes=16MiB llm.speculative_method=none",
-               TRITON_LLM_SERVER_ARGS="--exit-timeout-secs=5", **{DRAIN_ENV: str(drain_s)})
+               TRITON_LLM_SERVER_ARGS="--exit-timeout-secs=15", **{DRAIN_ENV: str(drain_s)})
     proc = subprocess.Popen([sys.executable, "-m", "tools.serve"], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     out: list[str] = []
@@ -161,7 +163,8 @@ def sigterm_during_streams(drain_s: int, n: int = 3, max_tokens: int = 300,
         took = time.monotonic() - sent
         for t in threads:
             t.join(timeout=90)
-        return [results.get(i, (False, 0, "no final response")) for i in range(n)], code, took
+        reader.join(timeout=10)
+        return [results.get(i, (False, 0, "no final response")) for i in range(n)], code, took, "".join(out)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -171,9 +174,13 @@ def sigterm_during_streams(drain_s: int, n: int = 3, max_tokens: int = 300,
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_sigterm_drains_in_flight_streams():
-    results, code, took = sigterm_during_streams(drain_s=120)
+    results, code, took, out = sigterm_during_streams(drain_s=120)
     assert results == [(True, 300, "length")] * 3, results
-    assert code == 0 and took < 90
+    assert "drained" in out and took < 90, (took, out[-3000:])
+    # nothing was in flight when tritonserver was told to stop. (Now and then 2.51 then keeps the
+    # `ensemble` model "live" until the exit timeout and exits 1, with every request long answered.)
+    assert not re.search(r"has [1-9]\d* in-flight inferences", out), out[-3000:]
+    assert code == 0 or "Exit timeout expired" in out, (code, out[-3000:])
 
 
 @pytest.mark.e2e
@@ -182,5 +189,5 @@ def test_without_the_drain_tritons_own_stop_cuts_ensemble_streams():
     """Documents Triton 2.51: once stopping it refuses an ensemble's next steps (FAILED_ENQUEUE), so the
     streams stall (and tritonserver's exit waits until the clients give up). If this starts failing, Triton
     drains ensembles itself and the drain can go."""
-    results, _, _ = sigterm_during_streams(drain_s=0, client_timeout=15)
+    results, _, _, _ = sigterm_during_streams(drain_s=0, client_timeout=15)
     assert not any(ok and tokens == 300 for ok, tokens, _ in results), results
