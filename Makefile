@@ -19,7 +19,7 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 	$(PY) -m tools.gen_proto
 	touch $(STAMP)
 
-# The Python stubs of proto/ (triton_llm/v1/*_pb2*.py; committed, checked by tests/gateway/test_stubs.py).
+# The Python stubs of proto/ (triton_llm/v1/*_pb2*.py; committed, checked by tests/gateway/test_gateway_stubs.py).
 proto: $(STAMP)
 	$(PY) -m tools.gen_proto
 
