@@ -51,6 +51,7 @@ class LLMService(pb_grpc.LLMServiceServicer):
         self.max_inflight = max_inflight
         self.inflight = 0
         self._tokenizers: dict[Path, object] = {}
+        self._closing: set[asyncio.Task] = set()
 
     # ---- cross-cutting ----------------------------------------------------------------------------
     async def _authorize(self, context: grpc.aio.ServicerContext) -> dict[str, str]:
@@ -95,6 +96,7 @@ class LLMService(pb_grpc.LLMServiceServicer):
         call = self.upstream.stub.ModelStreamInfer(metadata=upstream_md or None, timeout=remaining)
         assembler = mapping.ResponseAssembler(rid)
         error: mapping.UpstreamError | None = None
+        ended = False  # Triton has ended the request (final response or error response)
         try:
             await call.write(infer_request)
             while not assembler.finished:
@@ -104,20 +106,15 @@ class LLMService(pb_grpc.LLMServiceServicer):
                                                   f"Triton closed the stream early; retry (request id {rid})")
                     break
                 if resp.error_message:
+                    ended = True
                     error = mapping.map_triton_error(resp.error_message, request, rid)
                     if error.code == grpc.StatusCode.INTERNAL:
                         log.error("request %s: ensemble error: %s", rid, resp.error_message)
                     break
                 out = assembler.on_response(resp.infer_response)
+                ended = assembler.finished
                 if out is not None:
                     yield out
-            if error is None:
-                # Half-close and let Triton end the stream with OK (it does right after its final response).
-                await call.done_writing()
-                try:
-                    await asyncio.wait_for(call.read(), DRAIN_TIMEOUT_S)
-                except (asyncio.TimeoutError, grpc.aio.AioRpcError):
-                    pass
         except mapping.UpstreamError as e:
             log.error("request %s: %s", rid, e.message)
             error = e
@@ -126,12 +123,40 @@ class LLMService(pb_grpc.LLMServiceServicer):
             if error.code == grpc.StatusCode.INTERNAL:
                 log.error("request %s: upstream gRPC error %s: %s", rid, e.code().name, e.details())
         finally:
-            # Cancellation, deadline or an error: cancelling the upstream stream makes Triton cancel
-            # the request, and the engine frees its KV blocks.
-            if not call.done():
+            if ended:
+                self._release(call)
+            elif not call.done():
+                # Deadline, client cancellation or a broken stream: cancelling the upstream stream makes
+                # Triton cancel the request, and the engine frees its KV blocks.
                 call.cancel()
         if error is not None:
             await abort(context, error.code, error.message, error.field)
+
+    def _release(self, call) -> None:
+        """Close a finished request's upstream stream in the background, without delaying the caller."""
+        task = asyncio.get_running_loop().create_task(self._half_close(call))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    @staticmethod
+    async def _half_close(call) -> None:
+        """Half-close and wait for Triton to end the stream (it does once the request is complete).
+
+        Not a cancel: on Triton 2.51, cancelling the stream right after the ensemble's *error* response
+        can leave the ensemble counting a request in flight (its shutdown then waits out the exit
+        timeout); a half-close lets Triton finish its bookkeeping first."""
+        try:
+            await call.done_writing()
+
+            async def drain():
+                while await call.read() is not grpc.aio.EOF:
+                    pass
+            await asyncio.wait_for(drain(), DRAIN_TIMEOUT_S)
+        except (asyncio.TimeoutError, grpc.aio.AioRpcError, asyncio.CancelledError):
+            pass
+        finally:
+            if not call.done():
+                call.cancel()
 
     # ---- Tokenize ---------------------------------------------------------------------------------
     def _tokenizer(self, path: Path):
@@ -203,6 +228,7 @@ class LLMService(pb_grpc.LLMServiceServicer):
         probe = pb.GenerateRequest(prompt="{", max_tokens=1, temperature=0.0,
                                    guided_decoding=pb.GuidedDecoding(any_json=pb.GuidedDecoding.AnyJson()))
         call = self.upstream.stub.ModelStreamInfer(timeout=30.0)
+        ended = False
         try:
             await call.write(mapping.build_infer_request(probe, "gateway-guide-probe-" + uuid.uuid4().hex[:8],
                                                          self.upstream.model))
@@ -211,14 +237,19 @@ class LLMService(pb_grpc.LLMServiceServicer):
                 if resp is grpc.aio.EOF:
                     raise RuntimeError("stream closed")
                 if resp.error_message:
+                    ended = True
                     err = mapping.map_triton_error(resp.error_message, probe, "probe")
                     if err.field and err.field.startswith("guided_decoding"):
                         return err.message
                     raise RuntimeError(resp.error_message)
                 if mapping.is_final(resp.infer_response):
+                    ended = True
                     return None
         finally:
-            call.cancel()
+            if ended:
+                self._release(call)
+            else:
+                call.cancel()
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
         await self._authorize(context)

@@ -128,14 +128,31 @@ def test_upstream_field_error_is_invalid_argument_with_a_bad_request_detail():
     run(body())
 
 
-def test_after_an_upstream_error_the_upstream_stream_is_closed():
+def test_after_an_upstream_error_the_upstream_stream_is_half_closed_not_cancelled():
+    """Triton 2.51 can count an ensemble request as in flight forever when its stream is cancelled right
+    after the error response; the gateway half-closes and lets Triton end the stream."""
     async def body():
-        fake = FakeTriton(script=lambda r: [error("in ensemble 'ensemble', top_k: must be >= 0, got -1"), "hang"])
+        fake = FakeTriton(script=lambda r: [error("in ensemble 'ensemble', top_k: must be >= 0, got -1")])
         async with harness(fake) as (_, stub, _, _):
             call = stub.Generate(pb.GenerateRequest(prompt="x", max_tokens=2, top_k=-1))
             err = await status_of(call)
             assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-            await until(lambda: fake.cancelled == 1, timeout=2, what="the upstream stream closed")
+            await until(lambda: fake.finished_streams == 1, timeout=2, what="the upstream stream ended by Triton")
+            assert fake.cancelled == 0
+    run(body())
+
+
+def test_an_upstream_stream_left_open_after_the_end_is_cancelled_after_the_drain_timeout():
+    from gateway.service import DRAIN_TIMEOUT_S
+
+    async def body():
+        fake = FakeTriton(script=lambda r: [response("x", finish="length", final=True), "hang"])
+        async with harness(fake) as (_, stub, _, _):
+            t = time.monotonic()
+            out = await collect(stub.Generate(REQ))
+            assert out[-1].finish_reason == pb.FINISH_REASON_LENGTH
+            assert time.monotonic() - t < DRAIN_TIMEOUT_S / 2  # the caller does not wait for the drain
+            await until(lambda: fake.cancelled == 1, timeout=DRAIN_TIMEOUT_S + 2, what="the stuck stream cancelled")
     run(body())
 
 
