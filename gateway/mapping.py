@@ -171,6 +171,7 @@ def _decode_bytes(raw: bytes) -> list[bytes]:
 
 
 _NUMERIC = {"INT32": "i", "FP32": "f", "INT64": "q", "UINT64": "Q", "FP64": "d", "BOOL": "?"}
+_ONE = {k: struct.Struct("<" + f) for k, f in _NUMERIC.items()}  # the common case: a [1, 1] scalar
 
 
 def decode_outputs(resp: service_pb2.ModelInferResponse) -> dict[str, list]:
@@ -180,11 +181,15 @@ def decode_outputs(resp: service_pb2.ModelInferResponse) -> dict[str, list]:
     for i, t in enumerate(resp.outputs):
         if i < len(raws):
             raw = raws[i]
-            if t.datatype == "BYTES":
+            dtype = t.datatype
+            if dtype == "BYTES":
                 out[t.name] = _decode_bytes(raw)
-            elif t.datatype in _NUMERIC:
-                fmt = _NUMERIC[t.datatype]
-                out[t.name] = list(struct.unpack(f"<{len(raw) // struct.calcsize(fmt)}{fmt}", raw))
+            elif dtype in _ONE:
+                one = _ONE[dtype]
+                if len(raw) == one.size:
+                    out[t.name] = [one.unpack(raw)[0]]
+                else:
+                    out[t.name] = list(struct.unpack(f"<{len(raw) // one.size}{_NUMERIC[dtype]}", raw))
         else:  # typed contents (not what Triton sends, but valid KServe v2)
             c = t.contents
             out[t.name] = list(c.bytes_contents or c.int_contents or c.fp32_contents or c.int64_contents
