@@ -20,7 +20,7 @@ log = logging.getLogger("gateway")
 
 TRACE_HEADERS = ("traceparent", "tracestate")
 MAX_TOKENIZE_BYTES = 1_000_000
-DRAIN_TIMEOUT_S = 2.0
+DRAIN_TIMEOUT_S = 30.0  # how long a finished request's upstream stream may take to close before it is cancelled
 
 
 async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str,
@@ -52,6 +52,7 @@ class LLMService(pb_grpc.LLMServiceServicer):
         self.inflight = 0
         self._tokenizers: dict[Path, object] = {}
         self._closing: set[asyncio.Task] = set()
+        self.drain_timeout_s = DRAIN_TIMEOUT_S
 
     # ---- cross-cutting ----------------------------------------------------------------------------
     async def _authorize(self, context: grpc.aio.ServicerContext) -> dict[str, str]:
@@ -134,12 +135,12 @@ class LLMService(pb_grpc.LLMServiceServicer):
 
     def _release(self, call) -> None:
         """Close a finished request's upstream stream in the background, without delaying the caller."""
-        task = asyncio.get_running_loop().create_task(self._half_close(call))
+        task = asyncio.get_running_loop().create_task(self._half_close(call, self.drain_timeout_s))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
     @staticmethod
-    async def _half_close(call) -> None:
+    async def _half_close(call, timeout: float) -> None:
         """Half-close and wait for Triton to end the stream (it does once the request is complete).
 
         Not a cancel: on Triton 2.51, cancelling the stream right after the ensemble's *error* response
@@ -151,8 +152,10 @@ class LLMService(pb_grpc.LLMServiceServicer):
             async def drain():
                 while await call.read() is not grpc.aio.EOF:
                     pass
-            await asyncio.wait_for(drain(), DRAIN_TIMEOUT_S)
-        except (asyncio.TimeoutError, grpc.aio.AioRpcError, asyncio.CancelledError):
+            await asyncio.wait_for(drain(), timeout)
+        except asyncio.TimeoutError:
+            log.warning("Triton did not close a finished request's stream within %.0fs; cancelling it", timeout)
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
         finally:
             if not call.done():

@@ -49,6 +49,9 @@ def gateway(server, tmp_path_factory):
     yield gw
     code = gw.stop()
     assert code == 0, f"the gateway exited with {code}\n{gw.log_tail()}"
+    warnings = [line for line in gw.log_tail(10_000).splitlines() if " WARNING " in line or " ERROR " in line]
+    if warnings:  # shown with -s or on a later failure (e.g. the session server's unclean exit)
+        print("\n--- gateway warnings ---\n" + "\n".join(warnings[-20:]))
 
 
 @pytest.fixture(scope="module")

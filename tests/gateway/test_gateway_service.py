@@ -143,16 +143,17 @@ def test_after_an_upstream_error_the_upstream_stream_is_half_closed_not_cancelle
 
 
 def test_an_upstream_stream_left_open_after_the_end_is_cancelled_after_the_drain_timeout():
-    from gateway.service import DRAIN_TIMEOUT_S
-
     async def body():
         fake = FakeTriton(script=lambda r: [response("x", finish="length", final=True), "hang"])
-        async with harness(fake) as (_, stub, _, _):
+        async with harness(fake) as (gw, stub, _, _):
+            gw.service.drain_timeout_s = 1.0
             t = time.monotonic()
             out = await collect(stub.Generate(REQ))
             assert out[-1].finish_reason == pb.FINISH_REASON_LENGTH
-            assert time.monotonic() - t < DRAIN_TIMEOUT_S / 2  # the caller does not wait for the drain
-            await until(lambda: fake.cancelled == 1, timeout=DRAIN_TIMEOUT_S + 2, what="the stuck stream cancelled")
+            assert time.monotonic() - t < 0.5  # the caller does not wait for the drain
+            await asyncio.sleep(0.5)
+            assert fake.cancelled == 0  # not before the drain timeout
+            await until(lambda: fake.cancelled == 1, timeout=3, what="the stuck stream cancelled")
     run(body())
 
 
