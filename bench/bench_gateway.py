@@ -11,8 +11,9 @@ greedy with ``min_tokens = max_tokens`` (exactly ``max_tokens`` tokens each), ``
 ``exclude_input_in_output=true``; tokens are counted from the cumulative ``num_output_tokens``.
 
 Two levels: concurrency 1 (TPOT: (last token - first token) / (tokens - 1), p50 over requests) and 32
-streams (output tokens/s over the level's wall time). Each level runs in the order direct, gateway,
-gateway, direct on halves of its requests, so a drifting background load hits both sides alike.
+streams (output tokens/s over each side's wall time). Both sides run the same requests, one request
+(concurrency 1) or one wave of 32 at a time, the order alternating (direct then gateway, gateway then
+direct, ...), so load from elsewhere on a shared machine hits both sides alike.
 Goals: gateway TPOT at concurrency 1 <= 1.05x direct; gateway throughput at 32 >= 0.95x direct.
 Writes bench/results/gateway.json. Run it on an otherwise idle machine (it prints the load average).
 """
@@ -84,16 +85,18 @@ async def closed_loop(items: list[WorkItem], concurrency: int, one) -> tuple[lis
     return [r for r in records if r is not None], clock() - t0
 
 
-async def run_level(items: list[WorkItem], concurrency: int, direct, gateway) -> dict[str, Any]:
-    half = len(items) // 2
+async def run_level(items: list[WorkItem], concurrency: int, direct, gateway, segment: int) -> dict[str, Any]:
+    """Both sides on the same items, ``segment`` items at a time, the order alternating per segment
+    (direct then gateway, gateway then direct, ...), so load from elsewhere hits both sides alike."""
     recs: dict[str, list] = {"direct": [None] * len(items), "gateway": [None] * len(items)}
     secs = {"direct": 0.0, "gateway": 0.0}
-    for side, lo, hi in (("direct", 0, half), ("gateway", 0, half), ("gateway", half, len(items)),
-                         ("direct", half, len(items))):
-        got, dt = await closed_loop(items[lo:hi], concurrency, direct if side == "direct" else gateway)
-        recs[side][lo:hi] = got
-        secs[side] += dt
-    row: dict[str, Any] = {"concurrency": concurrency, "requests": len(items)}
+    for k, lo in enumerate(range(0, len(items), segment)):
+        hi = min(lo + segment, len(items))
+        for side in (("direct", "gateway") if k % 2 == 0 else ("gateway", "direct")):
+            got, dt = await closed_loop(items[lo:hi], concurrency, direct if side == "direct" else gateway)
+            recs[side][lo:hi] = got
+            secs[side] += dt
+    row: dict[str, Any] = {"concurrency": concurrency, "requests": len(items), "segment": segment}
     for side in ("direct", "gateway"):
         row[side] = summarize([r for r in recs[side] if r is not None], secs[side])
     row["identical_text"] = sum(1 for d, g in zip(recs["direct"], recs["gateway"])
@@ -135,7 +138,7 @@ async def bench(args, triton_url: str, gateway_target: str, model: Path) -> dict
         levels = []
         for concurrency, n in ((1, args.requests_1), (32, args.requests_32)):
             items = fixed(make_workload(model, n, args.seed + concurrency, (32, 256), (16, 16)), args.max_tokens)
-            row = await run_level(items, concurrency, direct, gateway)
+            row = await run_level(items, concurrency, direct, gateway, segment=1 if concurrency == 1 else 32)
             levels.append(row)
             print(f"concurrency {concurrency} ({n} requests of {args.max_tokens} tokens, "
                   f"identical text {row['identical_text']}/{n}):", flush=True)
@@ -152,8 +155,8 @@ async def bench(args, triton_url: str, gateway_target: str, model: Path) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests-1", type=int, default=16, help="requests at concurrency 1 (default 16)")
-    ap.add_argument("--requests-32", type=int, default=128, help="requests at 32 streams (default 128)")
+    ap.add_argument("--requests-1", type=int, default=48, help="requests at concurrency 1 (default 48)")
+    ap.add_argument("--requests-32", type=int, default=256, help="requests at 32 streams (default 256)")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default 64)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="smoke run: 4 and 32 requests of 16 tokens")

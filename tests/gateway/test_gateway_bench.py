@@ -37,3 +37,22 @@ def test_gateway_request_records_tokens_and_errors():
         assert secs > 0
 
     asyncio.run(asyncio.wait_for(body(), 30))
+
+
+def test_run_level_alternates_sides_per_segment_on_the_same_items():
+    from bench.bench_pipeline import RequestRecord
+
+    calls = []
+
+    def side(name):
+        async def one(item):
+            calls.append((name, item.text))
+            return RequestRecord(start=0.0, events=[(0.1, 1), (0.2, 1)], end=0.2, text=item.text.upper())
+        return one
+
+    items = [WorkItem(f"p{i}", 2) for i in range(5)]
+    row = asyncio.run(bg.run_level(items, 1, side("direct"), side("gateway"), segment=2))
+    assert calls == [("direct", "p0"), ("direct", "p1"), ("gateway", "p0"), ("gateway", "p1"),
+                     ("gateway", "p2"), ("gateway", "p3"), ("direct", "p2"), ("direct", "p3"),
+                     ("direct", "p4"), ("gateway", "p4")]
+    assert row["direct"]["completed"] == row["gateway"]["completed"] == 5 and row["identical_text"] == 5
