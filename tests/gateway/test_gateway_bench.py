@@ -56,3 +56,4 @@ def test_run_level_alternates_sides_per_segment_on_the_same_items():
                      ("gateway", "p2"), ("gateway", "p3"), ("direct", "p2"), ("direct", "p3"),
                      ("direct", "p4"), ("gateway", "p4")]
     assert row["direct"]["completed"] == row["gateway"]["completed"] == 5 and row["identical_text"] == 5
+    assert row["paired_tpot_ratio_p50"] == 1.0 and len(row["segment_throughput_ratios"]) == 3
