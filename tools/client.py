@@ -3,6 +3,7 @@
     python -m tools.client "def fibonacci(n):" --max-tokens 64
     python -m tools.client --chat "Write a haiku about tests" --max-tokens 48 --temperature 0.7
     llm-client "import os" --stop "\\n\\n" --url localhost:8001
+    python -m tools.client "def f():" --gateway          # the typed API (gateway, localhost:50051)
 
 ``build_inputs`` turns Python values into the ensemble's typed inputs (TensorRT-LLM names); the
 end-to-end tests use it too.
@@ -138,7 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Stream a completion from the Triton ensemble.")
     ap.add_argument("prompt")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--url", default="localhost:8001", help="gRPC endpoint (default localhost:8001)")
+    ap.add_argument("--url", help="gRPC endpoint (default localhost:8001, or localhost:50051 with --gateway)")
+    ap.add_argument("--gateway", action="store_true",
+                    help="use the typed API (triton_llm.v1.LLMService) through the gateway instead of the ensemble")
+    ap.add_argument("--token", help="bearer token for the gateway (default: $GATEWAY_TOKEN)")
+    ap.add_argument("--tls-ca", help="PEM CA certificate: connect to the gateway with TLS")
     ap.add_argument("--model", default="ensemble")
     ap.add_argument("--chat", action="store_true", help="send the prompt as a user message (chat template)")
     ap.add_argument("--temperature", type=float)
@@ -148,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stop", action="append", help="stop string (repeatable)")
     ap.add_argument("--echo", action="store_true", help="print the prompt before the completion")
     args = ap.parse_args(argv)
+    if args.gateway:
+        return gateway_main(args)
+    args.url = args.url or "localhost:8001"
     options: dict[str, Any] = {"exclude_input_in_output": True, "temperature": args.temperature,
                                "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
                                "stop_words": args.stop, "return_num_output_tokens": True}
@@ -170,6 +178,46 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nerror: {getattr(e, 'message', lambda: str(e))()}", file=sys.stderr)
         return 1
     print(f"\n[finish_reason={reason or '?'} output_tokens={tokens}]", file=sys.stderr)
+    return 0
+
+
+def gateway_main(args) -> int:
+    """The same completion through the gateway's typed API."""
+    import os
+
+    import grpc
+
+    from gateway.client import generate
+    from triton_llm.v1 import llm_service_pb2 as pb
+
+    req = pb.GenerateRequest(max_tokens=args.max_tokens, stream=True, exclude_input_in_output=True,
+                             stop_words=args.stop or [])
+    if args.chat:
+        req.messages.messages.add(role="user", content=args.prompt)
+    else:
+        req.prompt = args.prompt
+    for name in ("temperature", "top_k", "top_p", "seed"):
+        if getattr(args, name) is not None:
+            setattr(req, name, getattr(args, name))
+    if args.echo and not args.chat:
+        print(args.prompt, end="", flush=True)
+    ca = open(args.tls_ca, "rb").read() if args.tls_ca else None
+    last = None
+    try:
+        for msg in generate(args.url or "localhost:50051", req, token=args.token or os.environ.get("GATEWAY_TOKEN"),
+                            root_certificates=ca):
+            print(msg.text, end="", flush=True)
+            last = msg
+    except KeyboardInterrupt:
+        print("\n[cancelled]", file=sys.stderr)
+        return 130
+    except grpc.RpcError as e:
+        print(f"\nerror: {e.code().name}: {e.details()}", file=sys.stderr)
+        return 1
+    reason = pb.FinishReason.Name(last.finish_reason).removeprefix("FINISH_REASON_").lower() if last else "?"
+    usage = last.usage if last is not None else pb.Usage()
+    print(f"\n[finish_reason={reason} prompt_tokens={usage.prompt_tokens} output_tokens={usage.completion_tokens}]",
+          file=sys.stderr)
     return 0
 
 

@@ -12,6 +12,10 @@ tritonserver arguments (e.g. ``--exit-timeout-secs=15``); ``TRITON_LLM_DRAIN_SEC
 wait for in-flight requests before stopping tritonserver (``drain``). The whole environment reaches
 tritonserver and its Python models, ``OTEL_EXPORTER_OTLP_ENDPOINT`` included. tritonserver listens on all
 interfaces (its default ``0.0.0.0``), so probes from outside the container reach ``/v2/health/{live,ready}``.
+
+Beside it, the typed gRPC gateway (``python -m gateway``, docs/api-grpc.md) listens on GATEWAY_PORT
+(default 50051); its auth and TLS come from GATEWAY_AUTH_TOKEN_FILE / GATEWAY_AUTH_TOKENS /
+GATEWAY_TLS_CERT / GATEWAY_TLS_KEY. ``--no-gateway`` runs tritonserver alone.
 """
 from __future__ import annotations
 
@@ -160,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="MODEL.KEY=VALUE",
                     help="override a config.pbtxt parameter for this run (repeatable)")
     ap.add_argument("--log-verbose", type=int, default=0)
+    ap.add_argument("--no-gateway", action="store_true", help="do not start the typed gRPC gateway (GATEWAY_PORT)")
     args = ap.parse_args(argv)
+    gateway = None
     try:
         ports = Ports.from_env()
         env_items, server_args = settings_from_env()
@@ -185,11 +191,16 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_sigterm(server, drain_s)
     try:
         server.wait_ready(timeout=600)
+        if not args.no_gateway:
+            gateway = start_gateway(server)
         print("\nready:")
         print(f"  gRPC     {server.grpc_url}    (KServe v2; model 'ensemble', decoupled: use streaming)")
         print(f"  HTTP     http://{server.http_url}  (/v2/health/ready, /v2/models/ensemble/config)")
         print(f"  metrics  {server.metrics_url}")
         print(f"  try:     python -m tools.client \"def fibonacci(n):\" --max-tokens 64 --url {server.grpc_url}")
+        if gateway is not None:
+            print(f"  gateway  {gateway.target}  (triton_llm.v1.LLMService, gRPC health and reflection)")
+            print(f"  try:     python -m tools.client \"def fibonacci(n):\" --max-tokens 64 --gateway --url {gateway.target}")
         print("Ctrl-C to stop.", flush=True)
         return server.proc.wait() if server.proc else 0
     except KeyboardInterrupt:
@@ -199,9 +210,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:
+        if gateway is not None:  # first, so its in-flight streams can finish while Triton still serves them
+            gateway.stop()
         server.stop()
         if repo != args.model_repository:  # the rendered copy with --set overrides
             shutil.rmtree(repo, ignore_errors=True)
+
+
+def start_gateway(server: TritonServer):
+    """``python -m gateway`` on 0.0.0.0:$GATEWAY_PORT in front of ``server``; returns once it is SERVING."""
+    import os
+
+    from gateway.launcher import GatewayProcess
+
+    raw = os.environ.get("GATEWAY_PORT", "50051")
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise LauncherError(f"GATEWAY_PORT: expected a port number, got {raw!r}")
+    gateway = GatewayProcess(f"0.0.0.0:{raw}", server.grpc_url).start()
+    try:
+        cert = os.environ.get("GATEWAY_TLS_CERT")
+        gateway.wait_ready(timeout=60, root_certificates=open(cert, "rb").read() if cert else None)
+    except Exception as e:
+        gateway.stop()
+        raise LauncherError(f"the gateway did not start: {e}") from None
+    return gateway
 
 
 if __name__ == "__main__":

@@ -1,0 +1,200 @@
+"""Gateway settings: command-line flags, each with an environment-variable fallback.
+
+| flag | environment | default |
+| --- | --- | --- |
+| ``--listen HOST:PORT`` | ``GATEWAY_LISTEN`` (else ``0.0.0.0:$GATEWAY_PORT``) | ``0.0.0.0:50051`` |
+| ``--triton-url HOST:PORT`` | ``GATEWAY_TRITON_URL`` (else ``localhost:$GRPC_PORT``) | ``localhost:8001`` |
+| ``--triton-model NAME`` | ``GATEWAY_TRITON_MODEL`` | ``ensemble`` |
+| ``--auth-token-file PATH`` | ``GATEWAY_AUTH_TOKEN_FILE`` | none |
+| (tokens themselves) | ``GATEWAY_AUTH_TOKENS`` (comma-separated) | none |
+| ``--tls-cert PATH`` / ``--tls-key PATH`` | ``GATEWAY_TLS_CERT`` / ``GATEWAY_TLS_KEY`` | none (plaintext) |
+| ``--max-inflight N`` | ``GATEWAY_MAX_INFLIGHT`` | 256 |
+| ``--grace-period-s S`` | ``GATEWAY_GRACE_PERIOD_S`` | 30 |
+| ``--health-interval-s S`` | ``GATEWAY_HEALTH_INTERVAL_S`` | 1.0 |
+| ``--tokenizer-path PATH`` | ``GATEWAY_TOKENIZER_PATH`` | the ``preprocess`` model's ``tokenizer_path`` |
+| ``--model-root PATH`` | ``GATEWAY_MODEL_ROOT`` | (relative model paths: tried under it, the cwd, the repository) |
+| ``--log-level LEVEL`` | ``GATEWAY_LOG_LEVEL`` | ``INFO`` |
+
+Auth is on when any token is configured (file and/or variable). A flag beats its variable.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class ConfigError(ValueError):
+    """A bad flag or environment variable; the message names it."""
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    listen: str = "0.0.0.0:50051"
+    triton_url: str = "localhost:8001"
+    triton_model: str = "ensemble"
+    auth_token_file: Path | None = None
+    auth_tokens: tuple[str, ...] = ()
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    max_inflight: int = 256
+    grace_period_s: float = 30.0
+    health_interval_s: float = 1.0
+    tokenizer_path: Path | None = None
+    model_root: Path | None = None
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if ":" not in self.listen:
+            raise ConfigError(f"--listen: expected HOST:PORT, got {self.listen!r}")
+        if ":" not in self.triton_url:
+            raise ConfigError(f"--triton-url: expected HOST:PORT, got {self.triton_url!r}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key: give both or neither")
+        for name in ("tls_cert", "tls_key", "auth_token_file"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ConfigError(f"--{name.replace('_', '-')}: {path} is not a file")
+        if self.max_inflight < 1:
+            raise ConfigError(f"--max-inflight: must be >= 1, got {self.max_inflight}")
+        if self.grace_period_s < 0:
+            raise ConfigError(f"--grace-period-s: must be >= 0, got {self.grace_period_s}")
+        if self.health_interval_s <= 0:
+            raise ConfigError(f"--health-interval-s: must be > 0, got {self.health_interval_s}")
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+    @property
+    def roots(self) -> list[Path]:
+        """Where relative model paths from Triton's configs are looked up."""
+        roots = [self.model_root] if self.model_root else []
+        return roots + [Path.cwd(), REPO]
+
+
+def _env_default(env: Mapping[str, str], name: str, default: str | None) -> str | None:
+    value = env.get(name)
+    return value if value not in (None, "") else default
+
+
+def parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    env = os.environ if env is None else env
+    port = _env_default(env, "GATEWAY_PORT", "50051")
+    grpc_port = _env_default(env, "GRPC_PORT", "8001")
+    ap = argparse.ArgumentParser(prog="python -m gateway",
+                                 description="The typed gRPC API (triton_llm.v1.LLMService) in front of Triton's ensemble.")
+    ap.add_argument("--listen", default=_env_default(env, "GATEWAY_LISTEN", f"0.0.0.0:{port}"),
+                    help="address to serve on, HOST:PORT (env GATEWAY_LISTEN, else 0.0.0.0:$GATEWAY_PORT; default 0.0.0.0:50051)")
+    ap.add_argument("--triton-url", default=_env_default(env, "GATEWAY_TRITON_URL", f"localhost:{grpc_port}"),
+                    help="Triton's gRPC endpoint (env GATEWAY_TRITON_URL, else localhost:$GRPC_PORT; default localhost:8001)")
+    ap.add_argument("--triton-model", default=_env_default(env, "GATEWAY_TRITON_MODEL", "ensemble"),
+                    help="the model Generate calls (env GATEWAY_TRITON_MODEL; default ensemble)")
+    ap.add_argument("--auth-token-file", type=Path, default=_env_default(env, "GATEWAY_AUTH_TOKEN_FILE", None),
+                    help="file of accepted bearer tokens, one per line (env GATEWAY_AUTH_TOKEN_FILE); "
+                         "GATEWAY_AUTH_TOKENS adds comma-separated tokens; auth is off when there are none")
+    ap.add_argument("--tls-cert", type=Path, default=_env_default(env, "GATEWAY_TLS_CERT", None),
+                    help="PEM certificate chain for TLS (env GATEWAY_TLS_CERT)")
+    ap.add_argument("--tls-key", type=Path, default=_env_default(env, "GATEWAY_TLS_KEY", None),
+                    help="PEM private key for TLS (env GATEWAY_TLS_KEY)")
+    ap.add_argument("--max-inflight", type=int, default=int(_env_default(env, "GATEWAY_MAX_INFLIGHT", "256")),
+                    help="Generate calls in flight before RESOURCE_EXHAUSTED (env GATEWAY_MAX_INFLIGHT; default 256)")
+    ap.add_argument("--grace-period-s", type=float, default=float(_env_default(env, "GATEWAY_GRACE_PERIOD_S", "30")),
+                    help="on SIGTERM, seconds in-flight calls may finish before they are cancelled "
+                         "(env GATEWAY_GRACE_PERIOD_S; default 30)")
+    ap.add_argument("--health-interval-s", type=float,
+                    default=float(_env_default(env, "GATEWAY_HEALTH_INTERVAL_S", "1.0")),
+                    help="seconds between readiness polls of Triton (env GATEWAY_HEALTH_INTERVAL_S; default 1)")
+    ap.add_argument("--tokenizer-path", type=Path, default=_env_default(env, "GATEWAY_TOKENIZER_PATH", None),
+                    help="checkpoint folder whose tokenizer Tokenize uses (env GATEWAY_TOKENIZER_PATH; "
+                         "default: the preprocess model's tokenizer_path, read from Triton)")
+    ap.add_argument("--model-root", type=Path, default=_env_default(env, "GATEWAY_MODEL_ROOT", None),
+                    help="folder that relative paths in Triton's model configs are relative to (env GATEWAY_MODEL_ROOT)")
+    ap.add_argument("--log-level", default=_env_default(env, "GATEWAY_LOG_LEVEL", "INFO"),
+                    help="env GATEWAY_LOG_LEVEL; default INFO")
+    return ap
+
+
+def from_args(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> GatewayConfig:
+    env = os.environ if env is None else env
+    try:
+        args = parser(env).parse_args(argv)
+    except ValueError as e:  # a malformed numeric environment variable
+        raise ConfigError(f"gateway environment: {e}") from None
+    tokens = tuple(t.strip() for t in (env.get("GATEWAY_AUTH_TOKENS") or "").split(",") if t.strip())
+    return GatewayConfig(listen=args.listen, triton_url=args.triton_url, triton_model=args.triton_model,
+                         auth_token_file=args.auth_token_file, auth_tokens=tokens, tls_cert=args.tls_cert,
+                         tls_key=args.tls_key, max_inflight=args.max_inflight, grace_period_s=args.grace_period_s,
+                         health_interval_s=args.health_interval_s, tokenizer_path=args.tokenizer_path,
+                         model_root=args.model_root, log_level=args.log_level)
+
+
+# ---- bearer tokens -------------------------------------------------------------------------------------
+
+def read_token_file(path: Path) -> list[str]:
+    """Tokens from a file: one per line; blank lines and ``#`` comments ignored."""
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            out.append(line)
+    return out
+
+
+@dataclass
+class TokenSet:
+    """Accepted bearer tokens, compared in constant time; the file is re-read when it changes
+    (checked at most every ``reload_interval_s``), so a rotated Kubernetes secret takes effect."""
+
+    static: tuple[str, ...] = ()
+    path: Path | None = None
+    reload_interval_s: float = 5.0
+    _digests: tuple[bytes, ...] = ()
+    _mtime: float | None = None
+    _checked: float = 0.0
+    _file_digests: tuple[bytes, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        self._reload(force=True)
+
+    @staticmethod
+    def _digest(token: str) -> bytes:
+        return hashlib.sha256(token.encode("utf-8")).digest()
+
+    def _reload(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._checked < self.reload_interval_s:
+            return
+        self._checked = now
+        if self.path is not None:
+            try:
+                mtime = self.path.stat().st_mtime
+                if force or mtime != self._mtime:
+                    self._file_digests = tuple(self._digest(t) for t in read_token_file(self.path))
+                    self._mtime = mtime
+            except OSError:
+                if force:
+                    raise
+                # keep the last good tokens when the file is briefly missing (secret rotation)
+        self._digests = tuple(self._digest(t) for t in self.static) + self._file_digests
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.static) or self.path is not None
+
+    def check(self, token: str) -> bool:
+        """True if ``token`` is accepted. Compares SHA-256 digests with ``hmac.compare_digest`` against
+        every token (no early exit), so the time taken says nothing about the tokens."""
+        self._reload()
+        presented = self._digest(token)
+        ok = False
+        for d in self._digests:
+            ok |= hmac.compare_digest(presented, d)
+        return ok

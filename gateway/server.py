@@ -1,0 +1,101 @@
+"""The gateway's gRPC server: LLMService, grpc.health.v1 and server reflection on one port.
+
+Health (service ``""`` and ``triton_llm.v1.LLMService``) is SERVING only while Triton's ensemble is
+ready (polled every ``health_interval_s``), and NOT_SERVING from the moment shutdown starts. On
+SIGTERM or SIGINT the server stops taking calls, lets in-flight streams finish for
+``grace_period_s``, then cancels them (which cancels their Triton requests).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from triton_llm.v1 import llm_service_pb2 as pb
+from triton_llm.v1 import llm_service_pb2_grpc as pb_grpc
+
+from .config import GatewayConfig, TokenSet
+from .service import LLMService
+from .upstream import TritonUpstream
+
+log = logging.getLogger("gateway")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["LLMService"].full_name  # triton_llm.v1.LLMService
+SERVER_OPTIONS = [
+    ("grpc.so_reuseport", 0),  # a second gateway on the same port fails instead of sharing it
+    ("grpc.max_receive_message_length", 16 * 2**20),
+    ("grpc.max_send_message_length", 16 * 2**20),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+]
+
+
+@dataclass
+class Gateway:
+    config: GatewayConfig
+    server: grpc.aio.Server
+    upstream: TritonUpstream
+    service: LLMService
+    health: health.aio.HealthServicer
+    port: int
+
+    async def set_serving(self, ready: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop taking calls (health NOT_SERVING), wait up to ``grace`` for in-flight calls, cancel the rest."""
+        grace = self.config.grace_period_s if grace is None else grace
+        await self.health.enter_graceful_shutdown()
+        log.info("shutting down: %d Generate call(s) in flight, grace period %.0fs", self.service.inflight, grace)
+        await self.server.stop(grace)
+        await self.upstream.close()
+
+
+def _credentials(config: GatewayConfig) -> grpc.ServerCredentials | None:
+    if not config.tls:
+        return None
+    return grpc.ssl_server_credentials([(config.tls_key.read_bytes(), config.tls_cert.read_bytes())])
+
+
+async def start(config: GatewayConfig) -> Gateway:
+    """Build and start the server (the caller runs the event loop); raises if the port cannot be bound."""
+    upstream = TritonUpstream(config.triton_url, config.triton_model, poll_interval_s=config.health_interval_s,
+                              roots=config.roots, tokenizer_path=config.tokenizer_path)
+    tokens = TokenSet(config.auth_tokens, config.auth_token_file)
+    service = LLMService(upstream, tokens=tokens, max_inflight=config.max_inflight)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    pb_grpc.add_LLMServiceServicer_to_server(service, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    creds = _credentials(config)
+    port = server.add_secure_port(config.listen, creds) if creds else server.add_insecure_port(config.listen)
+    gw = Gateway(config, server, upstream, service, health_servicer, port)
+    await gw.set_serving(False)
+    upstream.on_readiness_change(gw.set_serving)
+    await upstream.poll_once()
+    upstream.start()
+    await server.start()
+    log.info("gateway listening on %s (port %d, %s, auth %s) -> Triton %s model %r (%s)", config.listen, port,
+             "TLS" if creds else "plaintext", "on" if tokens.enabled else "off", config.triton_url,
+             config.triton_model, "ready" if upstream.ready else "not ready yet")
+    return gw
+
+
+async def serve(config: GatewayConfig) -> None:
+    """Run until SIGTERM / SIGINT, then shut down gracefully."""
+    gw = await start(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await gw.stop()
+    log.info("gateway stopped")

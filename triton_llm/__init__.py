@@ -1,0 +1,1 @@
+"""Generated Python stubs of the typed gRPC API (proto/triton_llm/). Regenerate with ``make proto``."""
