@@ -99,6 +99,7 @@ def test_probes_ports_and_service(name):
         assert triton[probe]["httpGet"] == {"path": path, "port": "http"}, probe
     startup = triton["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # model load: 10 min at least
+    assert "--no-gateway" in triton["args"]   # the launcher's own gateway would take the gateway container's port
     service = one(docs, "Service")
     named = {p["name"] for c in one(docs, "Deployment")["spec"]["template"]["spec"]["containers"] for p in c["ports"]}
     for p in service["spec"]["ports"]:
