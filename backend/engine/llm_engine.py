@@ -7,8 +7,11 @@ gets exactly one output with ``request_finished=True``, whatever happens to it.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+import random
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -17,8 +20,10 @@ import torch
 
 from backend.config import EngineConfig
 from backend.core.outputs import FinishReason, RequestOutput
+from backend.core.timeline import mark_scheduled, mark_step_done
 from backend.engine.builder import EngineParts, build_engine_parts
 from backend.engine.inbox import AbortRequest, AddRequest, InboxMessage
+from backend.sampling.batch import GREEDY_EPS
 from contracts.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -54,11 +59,17 @@ class LLMEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._steps = 0
+        self._seeds = random.Random(config.seed)   # seeds for unseeded sampled requests (under _cv)
 
     # ---- submission (any thread) -------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
                     on_output: OutputCallback) -> None:
-        """Queue a request; raises ``ValueError`` naming the field when it cannot be served."""
+        """Queue a request; raises ``ValueError`` naming the field when it cannot be served.
+
+        A sampled request (temperature > 0) without a seed gets one drawn here, so that its output
+        can be replayed from the seed its final ``RequestOutput.stats`` reports. Greedy requests
+        keep ``seed=None`` (they use no randomness)."""
+        arrival = time.monotonic()
         if not isinstance(request_id, str) or not request_id:
             raise ValueError("request_id: must be a non-empty string")
         if params.guide is not None:  # grammar masks land with the constrained-decoding issue
@@ -70,8 +81,10 @@ class LLMEngine:
                 raise RuntimeError("engine is shut down")
             if request_id in self._callbacks:
                 raise ValueError(f"request_id: {request_id!r} is already in flight")
+            if params.seed is None and params.temperature >= GREEDY_EPS:
+                params = dataclasses.replace(params, seed=self._seeds.getrandbits(63))
             self._callbacks[request_id] = on_output
-            self._inbox.append(AddRequest(request_id, prompt, params))
+            self._inbox.append(AddRequest(request_id, prompt, params, arrival))
             self._cv.notify()
 
     def abort(self, request_id: str) -> bool:
@@ -121,8 +134,11 @@ class LLMEngine:
             return
         plan = self.scheduler.schedule()
         if plan.scheduled:
+            started = time.monotonic()
+            marks = mark_scheduled(plan, started)
             forward = self.runner.execute(plan)
             output = self.runner.sample(plan, forward, grammar_bitmask=None)  # bitmasks: constrained decoding
+            mark_step_done(plan, marks, output.sampled_token_ids, started, time.monotonic())
             self._dispatch(self.scheduler.update_from_output(plan, output))
             self._steps += 1
 
@@ -147,7 +163,10 @@ class LLMEngine:
         for msg in items:
             if isinstance(msg, AddRequest):
                 try:
-                    self.scheduler.enqueue(msg.request_id, msg.prompt_token_ids, msg.params)
+                    seqs = self.scheduler.enqueue(msg.request_id, msg.prompt_token_ids, msg.params)
+                    if msg.arrival_time is not None:
+                        for seq in seqs:
+                            seq.arrival_time = msg.arrival_time
                 except ValueError as e:
                     self._dispatch([RequestOutput(msg.request_id, 0, [], finished=True, request_finished=True,
                                                   finish_reason=FinishReason.ERROR, error=str(e))])
