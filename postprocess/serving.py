@@ -73,7 +73,7 @@ class PostprocessServing:
         if meta.stop_ack:  # the answer to a client's `stop` request: nothing to detokenize
             return self._response("", "", meta, [], 0, 0)
         if self._should_check_cancel(rid, meta.request_finished) and request.is_cancelled():
-            self.stop_engine(rid)
+            self.stop_engine(rid, "cancelled")
         if meta.error and not meta.request_finished:  # one sequence of several failed: report at the end
             self._failed.setdefault(rid, meta.error)
         if meta.error and meta.request_finished:
@@ -91,7 +91,7 @@ class PostprocessServing:
                                          finish_reason=meta.finish_reason, options_json=meta.options,
                                          seq_index=meta.seq_index)
             if out.stop_engine:
-                self.stop_engine(rid)
+                self.stop_engine(rid, "stop_string")
             lps: list[float] = []
             if out.options.return_log_probs:
                 t = pb.get_input_tensor_by_name(request, wire.OUTPUT_LOG_PROBS)
@@ -105,7 +105,7 @@ class PostprocessServing:
             if meta.request_finished:
                 return pb.InferenceResponse(error=pb.TritonError(message))
             self._failed[rid] = message  # reported on the final response (see the module doc)
-            self.stop_engine(rid)
+            self.stop_engine(rid, "error")
             return self._response("", "", meta, [], 0, 0)
 
     def _should_check_cancel(self, engine_id: str, last: bool) -> bool:
@@ -124,8 +124,9 @@ class PostprocessServing:
             self._cancel_checked.popitem(last=False)
         return True
 
-    def stop_engine(self, engine_id: str) -> None:
-        """BLS ``stop`` to the llm model (decoupled): it answers at once with a final response."""
+    def stop_engine(self, engine_id: str, reason: str = "stop_string") -> None:
+        """BLS ``stop`` to the llm model (decoupled): it answers at once with a final response.
+        ``reason`` (``wire.STOP_REASONS``) goes along for the llm's request log and metrics."""
         if engine_id in self._stopped:
             return
         self._stopped[engine_id] = None
@@ -133,7 +134,9 @@ class PostprocessServing:
             self._stopped.popitem(last=False)
         pb = self.pb
         req = pb.InferenceRequest(model_name=self.llm_model, request_id=engine_id,
-                                  inputs=[pb.Tensor(wire.STOP, np.asarray([[True]], dtype=np.bool_))],
+                                  inputs=[pb.Tensor(wire.STOP, np.asarray([[True]], dtype=np.bool_)),
+                                          pb.Tensor(wire.REQUEST, np.asarray(
+                                              [[wire.stop_reason_json(reason).encode()]], dtype=np.object_))],
                                   requested_output_names=[wire.RESPONSE])
         try:
             for resp in req.exec(decoupled=True):

@@ -64,12 +64,28 @@ class ResponseSender:
                 self.closed.set()
 
 
+class Trace:
+    """``request.trace()``: ``get_context()`` is Triton's span context as JSON text, or None."""
+
+    def __init__(self, context: str | None, owner: "Request"):
+        self._context, self._owner = context, owner
+
+    def get_context(self):
+        self._owner.trace_reads += 1
+        return self._context
+
+
 class Request:
-    def __init__(self, inputs: dict, request_id: str = "", cancelled: bool = False):
+    def __init__(self, inputs: dict, request_id: str = "", cancelled: bool = False, trace_context: str | None = None):
         self.inputs = {k: Tensor(k, v) for k, v in inputs.items() if v is not None}
         self._id = request_id
         self.cancelled = cancelled
         self.sender = ResponseSender()
+        self.trace_context = trace_context
+        self.trace_reads = 0          # how often a model asked for the span context
+
+    def trace(self) -> Trace:
+        return Trace(self.trace_context, self)
 
     def request_id(self) -> str:
         return self._id
