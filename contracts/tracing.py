@@ -285,14 +285,18 @@ class ModelTracer:
         return ctx if sc.is_valid and sc.trace_flags.sampled else None
 
     def span(self, name: str, parent, start_ns: int, end_ns: int, attributes: Mapping[str, Any] | None = None,
-             events: Iterable[Event] = (), kind: str = "INTERNAL"):
-        """Record a finished span; returns a context to parent further spans on."""
+             events: Iterable[Event] = (), kind: str = "INTERNAL", error: str | None = None):
+        """Record a finished span (status ERROR with ``error`` as its description when given);
+        returns a context to parent further spans on."""
         from opentelemetry import trace
+        from opentelemetry.trace import Status, StatusCode
 
         span = self.tracer.start_span(name, context=parent, kind=getattr(trace.SpanKind, kind),
                                       attributes=_clean(attributes), start_time=start_ns)
         for ev_name, ev_ns, ev_attrs in events:
             span.add_event(ev_name, attributes=_clean(ev_attrs), timestamp=ev_ns)
+        if error:
+            span.set_status(Status(StatusCode.ERROR, error))
         span.end(end_time=max(end_ns, start_ns))
         return trace.set_span_in_context(span)
 

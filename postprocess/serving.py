@@ -37,9 +37,14 @@ LLM_MODEL = "llm"
 
 class PostprocessServing:
     def __init__(self, processor: Postprocessor, pb_utils, *, llm_model: str = LLM_MODEL, max_remembered: int = 4096,
-                 cancel_check_interval_s: float = 0.05, clock=time.monotonic):
+                 cancel_check_interval_s: float = 0.05, clock=time.monotonic, tracer=None):
         self.processor = processor
         self.pb = pb_utils
+        self.tracing = None   # PostprocessTracing when OTEL_* turns tracing on (contracts/tracing.py)
+        if tracer is not None:
+            from postprocess.tracing import PostprocessTracing
+
+            self.tracing = PostprocessTracing(tracer, pb_utils, max_requests=max_remembered)
         self.llm_model = llm_model
         self._stopped: OrderedDict[str, None] = OrderedDict()  # engine ids already sent a stop
         self._failed: dict[str, str] = {}                      # engine id -> error to report on its final response
@@ -55,13 +60,24 @@ class PostprocessServing:
         params = model_parameters(model_config)
         path = resolve_path(str_param(params, "tokenizer_path", DEFAULT_TOKENIZER))
         max_states = int_param(params, "max_states", 4096)
+        from contracts.tracing import ModelTracer
+
         return cls(Postprocessor(load_tokenizer(path), max_requests=max_states), pb_utils,
-                   llm_model=str_param(params, "llm_model", LLM_MODEL))
+                   llm_model=str_param(params, "llm_model", LLM_MODEL),
+                   tracer=ModelTracer.from_env(model_config.get("name", "postprocess")))
 
     def execute(self, requests) -> list:
         return [self.process(r) for r in requests]
 
     def process(self, request):
+        if self.tracing is None:
+            return self._process(request)
+        meta, start = self.tracing.before(request)
+        response = self._process(request)
+        self.tracing.after(meta, start, response)
+        return response
+
+    def _process(self, request):
         pb = self.pb
         try:
             raw = pb.get_input_tensor_by_name(request, wire.RESPONSE).as_numpy().reshape(-1)[0]
@@ -138,12 +154,15 @@ class PostprocessServing:
                                           pb.Tensor(wire.REQUEST, np.asarray(
                                               [[wire.stop_reason_json(reason).encode()]], dtype=np.object_))],
                                   requested_output_names=[wire.RESPONSE])
+        start = time.time_ns()
         try:
             for resp in req.exec(decoupled=True):
                 if resp is not None and resp.has_error():
                     log.warning("postprocess: stop of %s failed: %s", engine_id, resp.error().message())
         except Exception:
             log.exception("postprocess: stop of %s failed", engine_id)
+        if self.tracing is not None:
+            self.tracing.engine_stop_sent(engine_id, reason, start)
 
     def _response(self, text: str, reason: str, meta: wire.LLMResponseMeta, lps: list[float],
                   num_input: int, num_output: int):

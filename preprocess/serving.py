@@ -33,10 +33,15 @@ from preprocess.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 class PreprocessServing:
-    def __init__(self, parser: RequestParser, pb_utils, input_names: list[str]):
+    def __init__(self, parser: RequestParser, pb_utils, input_names: list[str], tracer=None):
         self.parser = parser
         self.pb = pb_utils
         self.input_names = list(input_names)
+        self.tracing = None   # PreprocessTracing when OTEL_* turns tracing on (contracts/tracing.py)
+        if tracer is not None:
+            from preprocess.tracing import PreprocessTracing
+
+            self.tracing = PreprocessTracing(tracer, parser)
 
     @classmethod
     def from_model_config(cls, model_config: dict, pb_utils) -> "PreprocessServing":
@@ -47,7 +52,9 @@ class PreprocessServing:
             limits["max_model_len"] = ctx
         parser = RequestParser(load_tokenizer(path), RequestLimits(**limits))
         names = [i["name"] for i in model_config.get("input", [])]
-        return cls(parser, pb_utils, names)
+        from contracts.tracing import ModelTracer
+
+        return cls(parser, pb_utils, names, tracer=ModelTracer.from_env(model_config.get("name", "preprocess")))
 
     def read_inputs(self, request) -> dict[str, Any]:
         inputs = {}
@@ -61,6 +68,14 @@ class PreprocessServing:
         return [self.process(r) for r in requests]
 
     def process(self, request):
+        if self.tracing is None:
+            return self._process(request)
+        parent, start = self.tracing.begin(request)
+        response = self._process(request)
+        self.tracing.end(parent, start, response)
+        return response
+
+    def _process(self, request):
         pb = self.pb
         try:
             inputs = self.read_inputs(request)

@@ -92,7 +92,7 @@ class LLMSpans:
         events += [("preempted", ns(x), {}) for x in s.preemption_times]
         if rec.stopped_by:
             events.append(("stop_requested", end, {t.ATTR_PREFIX + "stopped_by": rec.stopped_by}))
-        ctx = self.tracer.span("llm.generate", parent, start, end, generate_attributes(rec), events)
+        ctx = self.tracer.span("llm.generate", parent, start, end, generate_attributes(rec), events, error=rec.error)
 
         scheduled = s.first_scheduled_time
         self.tracer.span("llm.queue", ctx, start, ns(scheduled if scheduled is not None else s.finished_time),
