@@ -4,18 +4,21 @@ Ports come from HTTP_PORT / GRPC_PORT / METRICS_PORT (default 8000 / 8001 / 8002
 is $TRITONSERVER, else ``tritonserver`` on PATH (NGC image), else the one bundled in nvidia-pytriton.
 Engine settings are the ``parameters`` of model_repository/llm/config.pbtxt; ``--set llm.KEY=VALUE``
 overrides one for this run (e.g. ``--set llm.model_path=/path/to/checkpoint``). Ctrl-C stops it.
+``OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318`` sends traces there (docs/observability.md).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import sys
 import tempfile
 from pathlib import Path
 
+from contracts.tracing import TracingConfigError, TracingSettings
 from tools.triton_launcher import (CACHE, MODEL_REPOSITORY, LauncherError, Ports, TritonServer, find_tritonserver,
-                                   render_model_repository)
+                                   otel_trace_args, render_model_repository)
 
 
 def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
@@ -28,6 +31,18 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
             raise LauncherError(f"--set: expected MODEL.PARAMETER=VALUE, got {item!r}")
         out.setdefault(model, {})[param] = value
     return out
+
+
+def tracing_summary(env=None) -> str:
+    """One line on where traces go (OTEL_EXPORTER_OTLP_ENDPOINT, docs/observability.md)."""
+    try:
+        settings = TracingSettings.from_env(env)
+    except TracingConfigError as e:
+        return f"off ({e})"
+    if settings is None:
+        return "off (set OTEL_EXPORTER_OTLP_ENDPOINT, e.g. http://localhost:4318, to send traces)"
+    share = "none sampled" if settings.triton_rate is None else f"1 request in {settings.triton_rate}"
+    return f"{settings.traces_url} as {settings.service_name!r}, {share}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             repo = render_model_repository(Path(tempfile.mkdtemp(prefix="model_repository.", dir=CACHE)), overrides,
                                            src=args.model_repository)
         install = find_tritonserver()
+        otel_trace_args(os.environ)   # a bad OTEL_* value stops here, naming the variable
     except LauncherError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -62,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  gRPC     {server.grpc_url}    (KServe v2; model 'ensemble', decoupled: use streaming)")
         print(f"  HTTP     http://{server.http_url}  (/v2/health/ready, /v2/models/ensemble/config)")
         print(f"  metrics  {server.metrics_url}")
+        print(f"  traces   {tracing_summary()}")
         print(f"  try:     python -m tools.client \"def fibonacci(n):\" --max-tokens 64 --url {server.grpc_url}")
         print("Ctrl-C to stop.", flush=True)
         return server.proc.wait() if server.proc else 0

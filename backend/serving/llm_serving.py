@@ -68,7 +68,8 @@ class _InFlight:
     prompt_sha256: str = ""
     num_prompt_tokens: int = 0
     trace_context: str | None = None  # Triton's span context (only when tracing is on)
-    stopped_by: str | None = None     # stop_string | stop_request | cancelled
+    stopped_by: str | None = None     # stop_string | cancelled | error (postprocess) | stop_request (client)
+    stopped_at: float | None = None   # time.monotonic() of the stop
     output_hashes: dict = field(default_factory=dict)   # seq_index -> sha256 of its output token ids
     finish_reasons: dict = field(default_factory=dict)  # seq_index -> finish reason
 
@@ -144,7 +145,7 @@ class LLMServing:
                 ids = [f.engine_id for f in self._inflight.values() if target and f.client_id == target]
             for i in ids:
                 self._inflight[i].aborted = True
-                self._inflight[i].stopped_by = stopped_by
+                self._inflight[i].stopped_by, self._inflight[i].stopped_at = stopped_by, time.monotonic()
         for i in ids:
             self.engine.abort(i)
         meta = wire.LLMResponseMeta(request_id=target, finished=True, request_finished=True,
@@ -255,7 +256,7 @@ class LLMServing:
                         continue
                     try:
                         if f.request.is_cancelled():
-                            f.aborted, f.stopped_by = True, "cancelled"
+                            f.aborted, f.stopped_by, f.stopped_at = True, "cancelled", time.monotonic()
                             cancelled.append(f.engine_id)
                     except Exception:
                         pass
@@ -305,7 +306,8 @@ class LLMServing:
         return FinishedRequest(
             model_name=self.model_name, engine_id=flight.engine_id, client_id=flight.client_id,
             params=flight.params, stats=out.stats, finish_reason=reason, finish_reasons=reasons,
-            stopped_by=flight.stopped_by, error=out.error, prompt_sha256=flight.prompt_sha256,
+            stopped_by=flight.stopped_by, stopped_at=flight.stopped_at, error=out.error,
+            prompt_sha256=flight.prompt_sha256,
             num_prompt_tokens=flight.num_prompt_tokens,
             output_sha256=[flight.output_hashes[i].hexdigest() for i in sorted(flight.output_hashes)],
             options=flight.options, trace_context=flight.trace_context, finished_wall=time.time(),

@@ -23,7 +23,7 @@ from typing import IO, Any, Sequence
 
 import numpy as np
 
-from backend.serving.telemetry import FinishedRequest
+from backend.serving.telemetry import FinishedRequest, f32
 
 LOGGER_NAME = "triton_llm.requests"
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
@@ -75,9 +75,10 @@ def log_record(rec: FinishedRequest) -> dict[str, Any]:
         "output_tokens": s.num_output_tokens if s is not None else 0,
         "output_sha256": list(rec.output_sha256),
         "sampling": {
-            "seed": seed, "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
-            "repetition_penalty": p.repetition_penalty, "presence_penalty": p.presence_penalty,
-            "frequency_penalty": p.frequency_penalty, "max_tokens": p.max_tokens, "min_tokens": p.min_tokens,
+            "seed": seed, "temperature": f32(p.temperature), "top_k": p.top_k, "top_p": f32(p.top_p),
+            "min_p": f32(p.min_p), "repetition_penalty": f32(p.repetition_penalty),
+            "presence_penalty": f32(p.presence_penalty), "frequency_penalty": f32(p.frequency_penalty),
+            "max_tokens": p.max_tokens, "min_tokens": p.min_tokens,
             "n": p.n, "stop_token_ids": list(p.stop_token_ids), "ignore_eos": p.ignore_eos,
             "bad_words_ids": [list(w) for w in p.bad_words_ids], "logprobs": p.logprobs,
             "guide_type": guide.kind if guide else None,

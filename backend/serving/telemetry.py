@@ -14,6 +14,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from backend.core.timeline import RequestStats
 from contracts.sampling_params import SamplingParams
 from contracts.tracing import trace_id_of
@@ -32,7 +34,8 @@ class FinishedRequest:
     stats: RequestStats | None             # None when the engine never queued it
     finish_reason: str                     # request level, as the client sees it (stop-string stops are "stop")
     finish_reasons: Sequence[str] = ()     # per sequence
-    stopped_by: str | None = None          # stop_string (postprocess) | stop_request (client) | cancelled
+    stopped_by: str | None = None          # stop_string | cancelled | error (postprocess's stops) | stop_request (client)
+    stopped_at: float | None = None        # time.monotonic() when the stop reached the llm model
     error: str | None = None
     prompt_sha256: str = ""
     num_prompt_tokens: int = 0
@@ -48,6 +51,11 @@ class FinishedRequest:
 
 
 Sink = Callable[[FinishedRequest], Any]
+
+
+def f32(x: float) -> float:
+    """An FP32 ensemble input as the number the client sent (0.7, not 0.699999988079071)."""
+    return float(str(np.float32(x)))
 
 
 @dataclass

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from backend.serving.telemetry import FinishedRequest
+from backend.serving.telemetry import FinishedRequest, f32
 from contracts import tracing as t
 from contracts.tracing import ModelTracer, unix_nanos
 
@@ -38,11 +38,11 @@ def generate_attributes(rec: FinishedRequest) -> dict[str, Any]:
         t.GEN_AI_OPERATION_NAME: "text_completion",
         t.GEN_AI_REQUEST_MODEL: rec.model_name,
         t.GEN_AI_REQUEST_MAX_TOKENS: p.max_tokens,
-        t.GEN_AI_REQUEST_TEMPERATURE: p.temperature,
-        t.GEN_AI_REQUEST_TOP_P: p.top_p,
+        t.GEN_AI_REQUEST_TEMPERATURE: f32(p.temperature),
+        t.GEN_AI_REQUEST_TOP_P: f32(p.top_p),
         t.GEN_AI_REQUEST_TOP_K: p.top_k,
-        t.GEN_AI_REQUEST_FREQUENCY_PENALTY: p.frequency_penalty,
-        t.GEN_AI_REQUEST_PRESENCE_PENALTY: p.presence_penalty,
+        t.GEN_AI_REQUEST_FREQUENCY_PENALTY: f32(p.frequency_penalty),
+        t.GEN_AI_REQUEST_PRESENCE_PENALTY: f32(p.presence_penalty),
         t.GEN_AI_REQUEST_SEED: s.seed if s is not None else p.seed,
         t.GEN_AI_REQUEST_CHOICE_COUNT: p.n,
         t.GEN_AI_REQUEST_STOP_SEQUENCES: _stop_sequences(rec.options),
@@ -50,8 +50,8 @@ def generate_attributes(rec: FinishedRequest) -> dict[str, Any]:
         t.GEN_AI_RESPONSE_FINISH_REASONS: list(rec.finish_reasons) or [rec.finish_reason],
         t.ATTR_PREFIX + "request_id": rec.client_id,
         t.ATTR_PREFIX + "prompt_sha256": rec.prompt_sha256,
-        t.ATTR_PREFIX + "request.min_p": p.min_p,
-        t.ATTR_PREFIX + "request.repetition_penalty": p.repetition_penalty,
+        t.ATTR_PREFIX + "request.min_p": f32(p.min_p),
+        t.ATTR_PREFIX + "request.repetition_penalty": f32(p.repetition_penalty),
         t.ATTR_PREFIX + "request.seed_drawn": p.seed is None and s is not None and s.seed is not None,
         t.ATTR_PREFIX + "stopped_by": rec.stopped_by,
         t.ATTR_PREFIX + "error": rec.error,
@@ -91,7 +91,8 @@ class LLMSpans:
             events.append(("first_token", ns(s.first_token_time), {}))
         events += [("preempted", ns(x), {}) for x in s.preemption_times]
         if rec.stopped_by:
-            events.append(("stop_requested", end, {t.ATTR_PREFIX + "stopped_by": rec.stopped_by}))
+            at = ns(rec.stopped_at) if rec.stopped_at is not None else end
+            events.append(("stop_requested", min(at, end), {t.ATTR_PREFIX + "stopped_by": rec.stopped_by}))
         ctx = self.tracer.span("llm.generate", parent, start, end, generate_attributes(rec), events, error=rec.error)
 
         scheduled = s.first_scheduled_time

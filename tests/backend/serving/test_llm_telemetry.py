@@ -190,6 +190,13 @@ def test_log_record_holds_the_whole_sampling_tuple():
     assert d["finish_reason"] == "length" and d["stopped_by"] is None and d["error"] is None
 
 
+def test_log_record_shows_fp32_inputs_as_sent():
+    p = SamplingParams(max_tokens=4, temperature=float(np.float32(0.7)), top_p=float(np.float32(0.95)))
+    d = log_record(record(params=p))
+    assert d["sampling"]["temperature"] == 0.7 and d["sampling"]["top_p"] == 0.95
+    assert np.float32(d["sampling"]["temperature"]) == np.float32(p.temperature)   # replays the same FP32 input
+
+
 def test_log_record_of_a_request_the_engine_never_saw():
     d = log_record(record(stats=None, finish_reason="error", error="max_tokens: too many", trace_context=None,
                           params=SamplingParams(max_tokens=4, temperature=0.0)))
@@ -293,9 +300,10 @@ def test_llm_spans_tree_times_and_attributes(spans):
 def test_request_aborted_while_waiting_has_only_generate_and_queue(spans):
     s = spans(record(stats=stats(first_scheduled_time=None, first_token_time=None, num_output_tokens=0,
                                  inter_token_latencies=(), decode_times=(), prefill_chunks=()),
-                     finish_reason="abort", stopped_by="cancelled"))
+                     finish_reason="abort", stopped_by="cancelled", stopped_at=12.5))
     assert set(s) == {"llm.generate", "llm.queue"}
-    assert [e.name for e in s["llm.generate"].events] == ["stop_requested"]
+    event, = s["llm.generate"].events
+    assert event.name == "stop_requested" and event.timestamp == 12_500_000_000
 
 
 def test_untraced_request_makes_no_spans(spans):
