@@ -243,7 +243,7 @@ class TraceStore:
             self._last.clear()
 
 
-class _Handler(BaseHTTPRequestHandler):
+class OTLPHandler(BaseHTTPRequestHandler):
     server: "OTLPReceiver"
 
     def do_POST(self):  # noqa: N802 (http.server's name)
@@ -282,8 +282,8 @@ class OTLPReceiver(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 4318, handler=_Handler):
-        super().__init__((host, port), handler)
+    def __init__(self, host: str = "127.0.0.1", port: int = 4318, handler=None):
+        super().__init__((host, port), handler or OTLPHandler)
         self.store = TraceStore()
         self._thread: threading.Thread | None = None
 
