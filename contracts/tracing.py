@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 DEFAULT_SERVICE_NAME = "triton-llm"
 TRACES_PATH = "/v1/traces"
@@ -187,6 +187,17 @@ def request_trace_context(request) -> str | None:
         return trace.get_context() if trace is not None else None
     except Exception:   # an older stub without trace(), or a released request
         return None
+
+
+def traced_call(tracing, request, process: Callable[[Any], Any]):
+    """``process(request)``, wrapped in ``tracing.before(request)`` / ``tracing.after(token, response)``
+    when a model's tracing helper exists (tracing on), else just called."""
+    if tracing is None:
+        return process(request)
+    token = tracing.before(request)
+    response = process(request)
+    tracing.after(token, response)
+    return response
 
 
 def unix_nanos(monotonic_s: float, offset_s: float) -> int:

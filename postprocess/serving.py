@@ -22,6 +22,7 @@ from collections import OrderedDict
 import numpy as np
 
 from contracts import wire
+from contracts.tracing import traced_call
 from contracts.triton_config import (
     DEFAULT_TOKENIZER,
     int_param,
@@ -70,12 +71,7 @@ class PostprocessServing:
         return [self.process(r) for r in requests]
 
     def process(self, request):
-        if self.tracing is None:
-            return self._process(request)
-        meta, start = self.tracing.before(request)
-        response = self._process(request)
-        self.tracing.after(meta, start, response)
-        return response
+        return traced_call(self.tracing, request, self._process)
 
     def _process(self, request):
         pb = self.pb

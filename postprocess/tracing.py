@@ -67,7 +67,8 @@ class PostprocessTracing:
             entry.events.append(("engine_stop_sent", now, {t.ATTR_PREFIX + "stop_reason": reason,
                                                            t.ATTR_PREFIX + "bls_seconds": (now - start_ns) / 1e9}))
 
-    def after(self, meta: wire.LLMResponseMeta | None, start_ns: int, response) -> None:
+    def after(self, token: tuple[wire.LLMResponseMeta | None, int], response) -> None:
+        meta, start_ns = token
         if meta is None:
             return
         entry = self._open.get(meta.request_id)

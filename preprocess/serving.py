@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from contracts import wire
+from contracts.tracing import traced_call
 from contracts.triton_config import (
     DEFAULT_TOKENIZER,
     int_param,
@@ -68,12 +69,7 @@ class PreprocessServing:
         return [self.process(r) for r in requests]
 
     def process(self, request):
-        if self.tracing is None:
-            return self._process(request)
-        parent, start = self.tracing.begin(request)
-        response = self._process(request)
-        self.tracing.end(parent, start, response)
-        return response
+        return traced_call(self.tracing, request, self._process)
 
     def _process(self, request):
         pb = self.pb

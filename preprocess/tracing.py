@@ -43,13 +43,14 @@ class PreprocessTracing:
         if getattr(parser, "chat_template", None) is not None:
             parser.chat_template = _Timed(parser.chat_template, "render", "preprocess.chat_template", self.stages)
 
-    def begin(self, request) -> tuple[Any, int]:
+    def before(self, request) -> tuple[Any, int]:
         """(parent context or None, start time); call before parsing."""
         self.stages.clear()
         return self.tracer.parent(request_trace_context(request)), time.time_ns()
 
-    def end(self, parent, start_ns: int, response) -> None:
+    def after(self, token: tuple[Any, int], response) -> None:
         """Record the request's spans from the response preprocess built (nothing when untraced)."""
+        parent, start_ns = token
         if parent is None:
             return
         error = response.error().message() if response.has_error() else None
