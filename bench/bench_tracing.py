@@ -55,6 +55,26 @@ PROMPTS = [f"def handler_{i}(request, *args):\n    \"\"\"Handle request number {
            for i in range(64)]
 
 
+def tree_cpu_seconds(root_pid: int) -> float:
+    """User + system CPU seconds of a process and its live descendants (tritonserver and its model stubs)."""
+    procs = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            procs[int(d.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))   # ppid, utime + stime
+    tree, frontier = {root_pid}, [root_pid]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, _) in procs.items():
+            if ppid == parent and pid not in tree:
+                tree.add(pid)
+                frontier.append(pid)
+    return sum(procs[p][1] for p in tree if p in procs) / os.sysconf("SC_CLK_TCK")
+
+
 def loadavg() -> str:
     try:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
@@ -125,12 +145,16 @@ def run_once(mode: str, args, sink_port: int, root: Path) -> dict:
         overrides["preprocess"] = {"tokenizer_path": args.model}
         overrides["postprocess"] = {"tokenizer_path": args.model}
     repo = render_model_repository(root / f"repo-{mode}", overrides)
-    srv = TritonServer(repo, Ports.free(), log_path=root / f"server-{mode}.log", env=env, extra_args=extra)
+    # env= only when needed, so this script also runs from a checkout older than tracing (a baseline)
+    srv = TritonServer(repo, Ports.free(), log_path=root / f"server-{mode}.log", extra_args=extra,
+                       **({"env": env} if env else {}))
     with srv:
         asyncio.run(closed_loop(srv.grpc_url, args.streams, args.warmup_seconds, args.max_tokens))   # warm up
-        load_before = loadavg()
+        load_before, cpu_before = loadavg(), tree_cpu_seconds(srv.proc.pid)
         result = asyncio.run(closed_loop(srv.grpc_url, args.streams, args.seconds, args.max_tokens))
-        result.update(mode=mode, load_before=load_before, load_after=loadavg())
+        cpu = tree_cpu_seconds(srv.proc.pid) - cpu_before
+        result.update(mode=mode, load_before=load_before, load_after=loadavg(), server_cpu_s=cpu,
+                      server_cpu_ms_per_token=1000 * cpu / max(1, result["tokens"]))
     return result
 
 
@@ -159,8 +183,9 @@ def main(argv=None) -> int:
                 for mode in (modes if r % 2 == 0 else modes[::-1]):
                     res = run_once(mode, args, sink_port, Path(tmp))
                     runs.append(res)
-                    print(f"{mode:>3}: {res['tokens_per_s']:8.1f} tokens/s  {res['requests']:5d} requests "
-                          f"{res['errors']} errors  load {res['load_before']} -> {res['load_after']}", flush=True)
+                    print(f"{mode:>6}: {res['tokens_per_s']:8.1f} tokens/s  {res['requests']:5d} requests "
+                          f"{res['errors']} errors  server CPU {res['server_cpu_ms_per_token']:.3f} ms/token  "
+                          f"load {res['load_before']} -> {res['load_after']}", flush=True)
         import urllib.request
         sink_stats = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{sink_port}/", timeout=5).read())
     finally:
@@ -169,16 +194,23 @@ def main(argv=None) -> int:
     off = [r["tokens_per_s"] for r in runs if r["mode"] == "off"]
     on = [r["tokens_per_s"] for r in runs if r["mode"] == "on"]
     triton = [r["tokens_per_s"] for r in runs if r["mode"] == "triton"]
-    ratio = statistics.median(on) / statistics.median(off)
+    ratio = statistics.median(on) / statistics.median(off) if on and off else None
+    cpu = {m: [r["server_cpu_ms_per_token"] for r in runs if r["mode"] == m] for m in ("off", "on", "triton")}
     summary = {"streams": args.streams, "max_tokens": args.max_tokens, "seconds": args.seconds,
                "off_tokens_per_s": off, "on_tokens_per_s": on, "ratio_on_off": ratio,
-               "triton_only_tokens_per_s": triton,
+               "triton_only_tokens_per_s": triton, "server_cpu_ms_per_token": cpu,
+               "cpu_ratio_on_off": statistics.median(cpu["on"]) / statistics.median(cpu["off"]) if cpu["on"] and cpu["off"]
+               else None,
                "ratio_triton_only_off": statistics.median(triton) / statistics.median(off) if triton else None,
                "collector": sink_stats, "runs": runs, "cpus": os.cpu_count()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2))
-    print(f"tracing on / off at {args.streams} streams: {ratio:.3f} (median of {len(on)} vs {len(off)}); "
-          f"collector got {sink_stats['posts']} exports, {sink_stats['bytes'] / 1e6:.1f} MB -> {args.out}")
+    if ratio is not None:
+        print(f"tracing on / off at {args.streams} streams: {ratio:.3f} tokens/s (median of {len(on)} vs {len(off)}), "
+              f"{summary['cpu_ratio_on_off']:.3f} server CPU per token; collector got {sink_stats['posts']} exports, "
+              f"{sink_stats['bytes'] / 1e6:.1f} MB -> {args.out}")
+    else:
+        print(f"median tokens/s: off {statistics.median(off) if off else None} -> {args.out}")
     return 0
 
 
