@@ -184,6 +184,9 @@ class LLMServing:
                 self._inflight.pop(engine_id, None)
             msg = engine_error_message(e)
             self._send_error(sender, client_id, msg)
+            if self.telemetry is not None:   # a rejected request is a finished one too (log line, error count)
+                self.telemetry.submit(self._finished(flight, RequestOutput(
+                    engine_id, 0, [], finished=True, request_finished=True, error=msg)))
 
     # ---- engine side (engine thread) -------------------------------------------------------
     def _on_output(self, out: RequestOutput) -> None:

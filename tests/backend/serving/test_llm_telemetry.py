@@ -134,6 +134,18 @@ def test_parallel_samples_hash_each_sequence(traced):
     assert rec.finish_reasons == ["length", "stop"]
 
 
+def test_a_request_the_engine_rejects_is_recorded_as_an_error():
+    engine, pb, cap = FakeEngine(reject="max_tokens: prompt (3 tokens) + max_tokens (9999) exceeds max_model_len"), \
+        make_pb_utils(), Capture()
+    serving = LLMServing(engine, pb, telemetry=cap)
+    r = llm_request(request_id="big")
+    serving.execute([r])
+    serving.shutdown()
+    rec, = cap.records
+    assert rec.client_id == "big" and rec.finish_reason == "error" and rec.stats is None
+    assert rec.error.startswith("max_tokens:") and r.sender.sent[-1][1] == 1
+
+
 def test_without_telemetry_nothing_is_hashed_or_read():
     engine, pb = FakeEngine(), make_pb_utils()
     serving = LLMServing(engine, pb)
