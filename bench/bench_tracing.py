@@ -212,8 +212,11 @@ def main(argv=None) -> int:
         import urllib.request
         sink_stats = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{sink_port}/", timeout=5).read())
     finally:
-        for srv in servers.values():
+        telemetry_cpu = {}
+        for mode, srv in servers.items():
             srv.stop()
+            lines = [x for x in srv.log_tail(400).splitlines() if x.startswith("telemetry: ")]
+            telemetry_cpu[mode] = lines[-1] if lines else None
         shutil.rmtree(tmp, ignore_errors=True)
         sink.terminate()
         sink.wait(10)
@@ -231,13 +234,15 @@ def main(argv=None) -> int:
                "ratio_triton_only_off": statistics.median(triton) / statistics.median(off) if triton else None,
                "base_tokens_per_s": base,
                "ratio_off_base": statistics.median(off) / statistics.median(base) if base and off else None,
-               "collector": sink_stats, "runs": runs, "cpus": os.cpu_count()}
+               "collector": sink_stats, "runs": runs, "cpus": os.cpu_count(), "telemetry_thread": telemetry_cpu}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2))
     if ratio is not None:
         print(f"tracing on / off at {args.streams} streams: {ratio:.3f} tokens/s (median of {len(on)} vs {len(off)}), "
               f"{summary['cpu_ratio_on_off']:.3f} server CPU per token; collector got {sink_stats['posts']} exports, "
               f"{sink_stats['bytes'] / 1e6:.1f} MB -> {args.out}")
+    for mode, line in telemetry_cpu.items():
+        print(f"  {mode:>6}: {line or 'no telemetry line'}")
     for mode in modes:
         tps = [r["tokens_per_s"] for r in runs if r["mode"] == mode]
         print(f"  {mode:>6}: median {statistics.median(tps):8.1f} tokens/s, "

@@ -253,6 +253,7 @@ def test_telemetry_runs_every_sink_off_thread_and_survives_a_failing_one():
         tel.submit(record(engine_id=f"e{i}"))
     assert tel.flush(5)
     assert seen == [f"e{i}" for i in range(5)] and threads == {"llm-telemetry"}
+    assert tel.processed == 5 and tel.cpu_seconds > 0
     tel.shutdown()
     assert closed == [1]
 
