@@ -41,11 +41,12 @@ class PostprocessServing:
                  cancel_check_interval_s: float = 0.05, clock=time.monotonic, tracer=None):
         self.processor = processor
         self.pb = pb_utils
+        self.last_meta: wire.LLMResponseMeta | None = None   # of the response being processed (for tracing)
         self.tracing = None   # PostprocessTracing when OTEL_* turns tracing on (contracts/tracing.py)
         if tracer is not None:
             from postprocess.tracing import PostprocessTracing
 
-            self.tracing = PostprocessTracing(tracer, pb_utils, max_requests=max_remembered)
+            self.tracing = PostprocessTracing(tracer, self, max_requests=max_remembered)
         self.llm_model = llm_model
         self._stopped: OrderedDict[str, None] = OrderedDict()  # engine ids already sent a stop
         self._failed: dict[str, str] = {}                      # engine id -> error to report on its final response
@@ -75,9 +76,10 @@ class PostprocessServing:
 
     def _process(self, request):
         pb = self.pb
+        self.last_meta = None
         try:
             raw = pb.get_input_tensor_by_name(request, wire.RESPONSE).as_numpy().reshape(-1)[0]
-            meta = wire.LLMResponseMeta.from_json(raw)
+            meta = self.last_meta = wire.LLMResponseMeta.from_json(raw)
         except Exception as e:
             log.exception("postprocess: unreadable llm response")
             return pb.InferenceResponse(error=pb.TritonError(f"postprocess: unreadable llm response: {e}"))

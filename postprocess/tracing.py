@@ -8,6 +8,8 @@ outlives that parent, and lies within the ensemble's span). Events: ``stop_strin
 the time actually spent in postprocess, as the span mostly covers waiting for tokens.
 
 Only built when tracing is on (``PostprocessServing`` holds a ``PostprocessTracing`` then, else None).
+Per response it costs two clock reads and a table lookup; Triton's span context is read once per
+request, and the response's tensors only on the final one.
 """
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contracts import tracing as t
-from contracts import wire
 from contracts.tracing import ModelTracer, request_trace_context
 
 
@@ -27,78 +28,72 @@ class _Open:
     start_ns: int
     responses: int = 0
     busy_ns: int = 0
-    output_tokens: int = 0
-    finish_reason: str = ""
-    error: str | None = None
-    stop_matched: bool = False
-    stop_sent_ns: int = 0        # when the BLS stop began (the stop string matched just before)
     events: list = field(default_factory=list)
 
 
 class PostprocessTracing:
-    def __init__(self, tracer: ModelTracer, pb_utils, max_requests: int = 4096):
+    """``before``/``after`` around ``PostprocessServing._process`` (``contracts.tracing.traced_call``);
+    the response's meta comes from ``serving.last_meta``, parsed there."""
+
+    def __init__(self, tracer: ModelTracer, serving, max_requests: int = 4096):
         self.tracer = tracer
-        self.pb = pb_utils
+        self.serving = serving
         self.max_requests = max_requests
         self._open: OrderedDict[str, _Open | None] = OrderedDict()   # None: seen, not traced
+        self._stops: dict[str, list] = {}        # engine id -> events of a stop sent before its first after()
 
-    def before(self, request) -> tuple[wire.LLMResponseMeta | None, int]:
-        """Note the request's first response (reading Triton's span context once per request)."""
-        start = time.time_ns()
-        try:
-            raw = self.pb.get_input_tensor_by_name(request, wire.RESPONSE).as_numpy().reshape(-1)[0]
-            meta = wire.LLMResponseMeta.from_json(raw)
-        except Exception:   # postprocess itself reports an unreadable response
-            meta = None
-        if meta is None or meta.stop_ack:
-            return None, start
-        if meta.request_id not in self._open:
-            parent = self.tracer.parent(request_trace_context(request))
-            self._open[meta.request_id] = _Open(parent, start) if parent is not None else None
-            while len(self._open) > self.max_requests:
-                self._open.popitem(last=False)
-        return meta, start
+    def before(self, request) -> tuple[Any, int]:
+        return request, time.time_ns()
 
     def engine_stop_sent(self, engine_id: str, reason: str, start_ns: int) -> None:
+        now = time.time_ns()
+        events = [("engine_stop_sent", now, {t.ATTR_PREFIX + "stop_reason": reason,
+                                             t.ATTR_PREFIX + "bls_seconds": (now - start_ns) / 1e9})]
+        if reason == "stop_string":   # the match is what made postprocess send the stop, just before
+            events.insert(0, ("stop_string_matched", start_ns, {}))
         entry = self._open.get(engine_id)
         if entry is not None:
-            now = time.time_ns()
-            entry.stop_sent_ns = start_ns
-            entry.events.append(("engine_stop_sent", now, {t.ATTR_PREFIX + "stop_reason": reason,
-                                                           t.ATTR_PREFIX + "bls_seconds": (now - start_ns) / 1e9}))
+            entry.events += events
+        elif engine_id not in self._open:
+            self._stops[engine_id] = events
 
-    def after(self, token: tuple[wire.LLMResponseMeta | None, int], response) -> None:
-        meta, start_ns = token
-        if meta is None:
+    def after(self, token: tuple[Any, int], response) -> None:
+        request, start_ns = token
+        meta = self.serving.last_meta
+        if meta is None or meta.stop_ack:
             return
-        entry = self._open.get(meta.request_id)
+        rid = meta.request_id
         now = time.time_ns()
+        if rid not in self._open:                # the request's first response
+            parent = self.tracer.parent(request_trace_context(request))
+            self._open[rid] = _Open(parent, start_ns) if parent is not None else None
+            while len(self._open) > self.max_requests:
+                self._open.popitem(last=False)
+        entry = self._open[rid]
+        stops = self._stops.pop(rid, None)
         if entry is not None:
             entry.responses += 1
             entry.busy_ns += now - start_ns
-            if response.has_error():
-                entry.error = response.error().message()
-            else:
-                out = {x.name(): x.as_numpy() for x in response.output_tensors()}
-                reason = _text(out.get("finish_reason"))
-                if reason:
-                    entry.finish_reason = reason
-                if out.get("num_output_tokens") is not None:
-                    entry.output_tokens = max(entry.output_tokens, int(out["num_output_tokens"].reshape(-1)[0]))
-                if reason == "stop" and not (meta.finished or meta.request_finished) and not entry.stop_matched:
-                    entry.stop_matched = True   # the engine did not stop it: a stop string matched here
-                    at = entry.stop_sent_ns if entry.stop_sent_ns >= start_ns else now
-                    entry.events.append(("stop_string_matched", at, {}))
-        if meta.request_finished:
-            self._open.pop(meta.request_id, None)
-            if entry is not None:
-                self.tracer.span("postprocess", entry.parent, entry.start_ns, now, {
-                    t.GEN_AI_USAGE_OUTPUT_TOKENS: entry.output_tokens,
-                    t.GEN_AI_RESPONSE_FINISH_REASONS: [entry.finish_reason] if entry.finish_reason else None,
-                    t.ATTR_PREFIX + "responses": entry.responses,
-                    t.ATTR_PREFIX + "busy_seconds": entry.busy_ns / 1e9,
-                    t.ATTR_PREFIX + "engine_request_id": meta.request_id,
-                }, sorted(entry.events, key=lambda e: e[1]), error=entry.error)
+            if stops:
+                entry.events += stops
+        if not meta.request_finished:
+            return
+        del self._open[rid]
+        if entry is None:
+            return
+        error, attrs = None, {}
+        if response.has_error():
+            error = response.error().message()
+        else:
+            out = {x.name(): x.as_numpy() for x in response.output_tensors()}
+            attrs[t.GEN_AI_USAGE_OUTPUT_TOKENS] = int(out["num_output_tokens"].reshape(-1)[0])
+            reason = _text(out.get("finish_reason"))
+            attrs[t.GEN_AI_RESPONSE_FINISH_REASONS] = [reason] if reason else None
+        attrs.update({t.ATTR_PREFIX + "responses": entry.responses,
+                      t.ATTR_PREFIX + "busy_seconds": entry.busy_ns / 1e9,
+                      t.ATTR_PREFIX + "engine_request_id": rid})
+        self.tracer.span("postprocess", entry.parent, entry.start_ns, now, attrs,
+                         sorted(entry.events, key=lambda e: e[1]), error=error)
 
     def num_open(self) -> int:
         return len(self._open)
