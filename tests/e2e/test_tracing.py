@@ -103,6 +103,23 @@ def within(child, parent) -> bool:
     return parent.start_ns - SKEW_NS <= child.start_ns and child.end_ns <= parent.end_ns + SKEW_NS
 
 
+def missing_report(srv, store, trace_ids: list[str]) -> str:
+    """Why traces are incomplete: what arrived, whether the llm model saw each trace's context (its log
+    line's trace_id), and what else the receiver got."""
+    logged = set()
+    for line in srv.log_path.read_text(errors="replace").splitlines():
+        if line.startswith('{"event":"request_finished"'):
+            logged.add(json.loads(line)["trace_id"])
+    lines = [f"receiver: {store.requests} exports, {store.errors} unreadable; "
+             f"{len(set(store.trace_ids()) - set(trace_ids))} other traces"]
+    for t in trace_ids:
+        spans = store.trace(t)
+        mine, triton = names(spans)
+        lines.append(f"{t}: {len(spans)} spans; llm saw this context: {t in logged}; "
+                     f"missing ours {sorted(OURS - mine)}, missing Triton's {sorted(TRITONS - triton)}")
+    return "\n".join(lines + [render_trace(store.trace(t)) for t in trace_ids])
+
+
 def set_trace(srv, **settings) -> dict:
     """Triton's trace settings API (POST /v2/trace/setting): change level and rate at run time."""
     req = urllib.request.Request(f"http://{srv.http_url}/v2/trace/setting", data=json.dumps(settings).encode(),
@@ -116,8 +133,8 @@ def test_one_trace_per_request_rooted_at_the_clients_span(traced):
     calls = run_traced(srv.grpc_url, PROMPTS)
     for trace_id, _, res in calls:
         assert res.error is None and res.num_final == 1, res.error
-    assert store.wait_for(lambda st: all(complete(st.trace(t)) for t, _, _ in calls), 30), \
-        "incomplete traces:\n" + "\n".join(render_trace(store.trace(t)) for t, _, _ in calls)
+    assert store.wait_for(lambda st: all(complete(st.trace(t)) for t, _, _ in calls), 60), \
+        missing_report(srv, store, [t for t, _, _ in calls])
     for (trace_id, client_span, res), prompt in zip(calls, PROMPTS):
         traced["texts"][prompt] = res.text
         spans = store.trace(trace_id)
