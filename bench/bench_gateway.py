@@ -4,7 +4,7 @@
     .venv/bin/python bench/bench_gateway.py --quick    # fewer requests (smoke run)
 
 Both sides talk to the same tritonserver (the shipped model repository, free ports): "direct" is the
-closed-loop gRPC client of bench/bench_pipeline.py (``tritonclient.grpc.aio``, one ``stream_infer``
+closed-loop gRPC client of bench/closed_loop.py (``tritonclient.grpc.aio``, one ``stream_infer``
 per request to ``ensemble``); "gateway" sends the same requests as ``triton_llm.v1.GenerateRequest``
 to ``python -m gateway`` (its own process, as deployed), over grpcio's asyncio client. Requests are
 greedy with ``min_tokens = max_tokens`` (exactly ``max_tokens`` tokens each), ``stream=true``,
@@ -35,10 +35,18 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.bench_pipeline import (RequestRecord, WorkItem, make_workload, percentile,  # noqa: E402
-                                  pipeline_request, summarize)
-from tools.triton_launcher import (CACHE, MODEL_REPOSITORY, LauncherError, Ports, TritonServer,  # noqa: E402
-                                   free_port, render_model_repository)
+from bench.closed_loop import pipeline_request  # noqa: E402
+from bench.stats import RequestRecord, percentile, request_metrics, summarize  # noqa: E402
+from bench.workload import WorkItem, make_workload  # noqa: E402
+from tools.triton_launcher import (  # noqa: E402
+    CACHE,
+    MODEL_REPOSITORY,
+    LauncherError,
+    Ports,
+    TritonServer,
+    free_port,
+    render_model_repository,
+)
 
 GOAL_TPOT_RATIO = 1.05        # gateway TPOT p50 at concurrency 1 / direct, at most
 GOAL_THROUGHPUT_RATIO = 0.95  # gateway tokens/s at 32 streams / direct, at least
@@ -94,7 +102,6 @@ async def run_level(items: list[WorkItem], concurrency: int, direct, gateway, se
     Besides each side's totals, the row has paired ratios (gateway / direct), taken where both sides
     ran back to back: per request TPOT, and per segment tokens/s; their medians shrug off a burst of
     load that hit one side of one pair."""
-    from bench.bench_pipeline import request_metrics
 
     recs: dict[str, list] = {"direct": [None] * len(items), "gateway": [None] * len(items)}
     secs = {"direct": 0.0, "gateway": 0.0}

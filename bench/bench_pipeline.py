@@ -43,22 +43,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.closed_loop import clock, engine_runner, pipeline_runner, run_level, sweep  # noqa: E402
-from bench.report import (  # noqa: E402
-    ENGINE,
-    PIPELINE,
-    Comparison,
-    git_commit,
-    machine,
-    print_load,
-    write_json,
-)
-from bench.server import (  # noqa: E402
-    LauncherError,
-    check_alive,
-    engine_config,
-    repository_overrides,
-    run_with_server,
-)
+from bench.report import ENGINE, PIPELINE, Comparison, git_commit, machine, print_load, write_json  # noqa: E402
+from bench.server import LauncherError, check_alive, engine_config, repository_overrides, run_with_server  # noqa: E402
 from bench.workload import make_workload, request_values, requests_for  # noqa: E402
 
 LEVELS = (1, 4, 8, 16, 32)

@@ -7,7 +7,8 @@ response.
 
 preprocess -> llm:  ``input_ids`` INT32 [-1], ``request`` BYTES [1] (``LLMRequest`` JSON),
                     ``stop`` BOOL [1] (a stop request carries no prompt; its Triton request id names
-                    the request to stop)
+                    the request to stop; postprocess's stops also carry ``request`` =
+                    ``{"stop_reason": ...}``, see ``stop_reason_json``)
 llm -> postprocess: ``output_ids`` INT32 [-1] (new tokens of this response), ``output_log_probs``
                     FP32 [-1] (their logprobs, when asked), ``response`` BYTES [1] (``LLMResponseMeta`` JSON)
 """
@@ -49,6 +50,23 @@ def sampling_params_from_dict(d: dict[str, Any]) -> SamplingParams:
     if "bad_words_ids" in d:
         d["bad_words_ids"] = tuple(tuple(s) for s in d["bad_words_ids"])
     return SamplingParams(**d)
+
+
+STOP_REASONS = ("stop_string", "cancelled", "error")   # why postprocess stops the engine
+
+
+def stop_reason_json(reason: str) -> str:
+    """The ``request`` tensor of postprocess's BLS stop: why it stops the engine (for the request log)."""
+    return json.dumps({"stop_reason": reason})
+
+
+def parse_stop_reason(text: str | bytes | None) -> str | None:
+    """``stop_reason_json``'s reason, or None (a client's stop carries none)."""
+    try:
+        reason = json.loads(text).get("stop_reason") if text else None
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return None
+    return reason if reason in STOP_REASONS else None
 
 
 @dataclass

@@ -40,6 +40,7 @@ OPTIONAL_SCALARS: dict[str, tuple[str, str]] = {
     "return_num_output_tokens": ("return_num_output_tokens", "BOOL"),
     "skip_special_tokens": ("skip_special_tokens", "BOOL"),
     "include_stop_str_in_output": ("include_stop_str_in_output", "BOOL"),
+    "num_speculative_tokens": ("num_speculative_tokens", "INT32"),
 }
 LIST_FIELDS: dict[str, str] = {"stop_words": "stop_words", "bad_words": "bad_words"}
 
@@ -63,6 +64,7 @@ ENSEMBLE_INPUTS = frozenset({
     "end_id", "pad_id", "min_tokens", "min_length", "num_return_sequences", "beam_width",
     "exclude_input_in_output", "return_log_probs", "return_num_input_tokens", "return_num_output_tokens",
     "guided_decoding_guide_type", "guided_decoding_guide", "skip_special_tokens", "include_stop_str_in_output",
+    "num_speculative_tokens", "return_perf_metrics",
 })
 MAX_REQUEST_ID_CHARS = 128
 _REQUEST_ID_RE = re.compile(r"[\x21-\x7e]+")
@@ -139,6 +141,7 @@ def ensemble_values(request: pb.GenerateRequest) -> list[tuple[str, str, list]]:
         items = list(getattr(request, fname))
         if items:
             values.append((name, "BYTES", items))
+    values.append(("return_perf_metrics", "BOOL", [True]))   # the speculative counts for Usage
     guide = guide_case(request)
     if guide is not None:
         text = "" if guide == "any_json" else getattr(request.guided_decoding, guide)

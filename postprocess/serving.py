@@ -22,6 +22,7 @@ from collections import OrderedDict
 import numpy as np
 
 from contracts import wire
+from contracts.tracing import traced_call
 from contracts.triton_config import DEFAULT_TOKENIZER, int_param, model_parameters, resolve_path, str_param
 from postprocess.processor import Postprocessor
 
@@ -31,9 +32,15 @@ LLM_MODEL = "llm"
 
 class PostprocessServing:
     def __init__(self, processor: Postprocessor, pb_utils, *, llm_model: str = LLM_MODEL, max_remembered: int = 4096,
-                 cancel_check_interval_s: float = 0.05, clock=time.monotonic):
+                 cancel_check_interval_s: float = 0.05, clock=time.monotonic, tracer=None):
         self.processor = processor
         self.pb = pb_utils
+        self.last_meta: wire.LLMResponseMeta | None = None   # of the response being processed (for tracing)
+        self.tracing = None   # PostprocessTracing when OTEL_* turns tracing on (contracts/tracing.py)
+        if tracer is not None:
+            from postprocess.tracing import PostprocessTracing
+
+            self.tracing = PostprocessTracing(tracer, self, max_requests=max_remembered)
         self.llm_model = llm_model
         self._stopped: OrderedDict[str, None] = OrderedDict()  # engine ids already sent a stop
         self._failed: dict[str, str] = {}                      # engine id -> error to report on its final response
@@ -49,17 +56,24 @@ class PostprocessServing:
         params = model_parameters(model_config)
         path = resolve_path(str_param(params, "tokenizer_path", DEFAULT_TOKENIZER))
         max_states = int_param(params, "max_states", 4096)
+        from contracts.tracing import ModelTracer
+
         return cls(Postprocessor(load_tokenizer(path), max_requests=max_states), pb_utils,
-                   llm_model=str_param(params, "llm_model", LLM_MODEL))
+                   llm_model=str_param(params, "llm_model", LLM_MODEL),
+                   tracer=ModelTracer.from_env(model_config.get("name", "postprocess")))
 
     def execute(self, requests) -> list:
         return [self.process(r) for r in requests]
 
     def process(self, request):
+        return traced_call(self.tracing, request, self._process)
+
+    def _process(self, request):
         pb = self.pb
+        self.last_meta = None
         try:
             raw = pb.get_input_tensor_by_name(request, wire.RESPONSE).as_numpy().reshape(-1)[0]
-            meta = wire.LLMResponseMeta.from_json(raw)
+            meta = self.last_meta = wire.LLMResponseMeta.from_json(raw)
         except Exception as e:
             log.exception("postprocess: unreadable llm response")
             return pb.InferenceResponse(error=pb.TritonError(f"postprocess: unreadable llm response: {e}"))
@@ -67,7 +81,7 @@ class PostprocessServing:
         if meta.stop_ack:  # the answer to a client's `stop` request: nothing to detokenize
             return self._response("", "", meta, [], 0, 0)
         if self._should_check_cancel(rid, meta.request_finished) and request.is_cancelled():
-            self.stop_engine(rid)
+            self.stop_engine(rid, "cancelled")
         if meta.error and not meta.request_finished:  # one sequence of several failed: report at the end
             self._failed.setdefault(rid, meta.error)
         if meta.error and meta.request_finished:
@@ -85,7 +99,7 @@ class PostprocessServing:
                                          finish_reason=meta.finish_reason, options_json=meta.options,
                                          seq_index=meta.seq_index)
             if out.stop_engine:
-                self.stop_engine(rid)
+                self.stop_engine(rid, "stop_string")
             lps: list[float] = []
             if out.options.return_log_probs:
                 t = pb.get_input_tensor_by_name(request, wire.OUTPUT_LOG_PROBS)
@@ -99,7 +113,7 @@ class PostprocessServing:
             if meta.request_finished:
                 return pb.InferenceResponse(error=pb.TritonError(message))
             self._failed[rid] = message  # reported on the final response (see the module doc)
-            self.stop_engine(rid)
+            self.stop_engine(rid, "error")
             return self._response("", "", meta, [], 0, 0)
 
     def _should_check_cancel(self, engine_id: str, last: bool) -> bool:
@@ -118,8 +132,9 @@ class PostprocessServing:
             self._cancel_checked.popitem(last=False)
         return True
 
-    def stop_engine(self, engine_id: str) -> None:
-        """BLS ``stop`` to the llm model (decoupled): it answers at once with a final response."""
+    def stop_engine(self, engine_id: str, reason: str = "stop_string") -> None:
+        """BLS ``stop`` to the llm model (decoupled): it answers at once with a final response.
+        ``reason`` (``wire.STOP_REASONS``) goes along for the llm's request log and metrics."""
         if engine_id in self._stopped:
             return
         self._stopped[engine_id] = None
@@ -127,14 +142,19 @@ class PostprocessServing:
             self._stopped.popitem(last=False)
         pb = self.pb
         req = pb.InferenceRequest(model_name=self.llm_model, request_id=engine_id,
-                                  inputs=[pb.Tensor(wire.STOP, np.asarray([[True]], dtype=np.bool_))],
+                                  inputs=[pb.Tensor(wire.STOP, np.asarray([[True]], dtype=np.bool_)),
+                                          pb.Tensor(wire.REQUEST, np.asarray(
+                                              [[wire.stop_reason_json(reason).encode()]], dtype=np.object_))],
                                   requested_output_names=[wire.RESPONSE])
+        start = time.time_ns()
         try:
             for resp in req.exec(decoupled=True):
                 if resp is not None and resp.has_error():
                     log.warning("postprocess: stop of %s failed: %s", engine_id, resp.error().message())
         except Exception:
             log.exception("postprocess: stop of %s failed", engine_id)
+        if self.tracing is not None:
+            self.tracing.engine_stop_sent(engine_id, reason, start)
 
     def _response(self, text: str, reason: str, meta: wire.LLMResponseMeta, lps: list[float],
                   num_input: int, num_output: int, perf: bool = False):

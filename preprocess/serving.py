@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from contracts import wire
+from contracts.tracing import traced_call
 from contracts.triton_config import DEFAULT_TOKENIZER, int_param, model_parameters, resolve_path, str_param
 from preprocess.errors import RequestError
 from preprocess.request import RequestLimits, RequestParser
@@ -27,10 +28,15 @@ from preprocess.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 class PreprocessServing:
-    def __init__(self, parser: RequestParser, pb_utils, input_names: list[str]):
+    def __init__(self, parser: RequestParser, pb_utils, input_names: list[str], tracer=None):
         self.parser = parser
         self.pb = pb_utils
         self.input_names = list(input_names)
+        self.tracing = None   # PreprocessTracing when OTEL_* turns tracing on (contracts/tracing.py)
+        if tracer is not None:
+            from preprocess.tracing import PreprocessTracing
+
+            self.tracing = PreprocessTracing(tracer, parser)
 
     @classmethod
     def from_model_config(cls, model_config: dict, pb_utils) -> "PreprocessServing":
@@ -41,7 +47,9 @@ class PreprocessServing:
             limits["max_model_len"] = ctx
         parser = RequestParser(load_tokenizer(path), RequestLimits(**limits))
         names = [i["name"] for i in model_config.get("input", [])]
-        return cls(parser, pb_utils, names)
+        from contracts.tracing import ModelTracer
+
+        return cls(parser, pb_utils, names, tracer=ModelTracer.from_env(model_config.get("name", "preprocess")))
 
     def read_inputs(self, request) -> dict[str, Any]:
         inputs = {}
@@ -55,6 +63,9 @@ class PreprocessServing:
         return [self.process(r) for r in requests]
 
     def process(self, request):
+        return traced_call(self.tracing, request, self._process)
+
+    def _process(self, request):
         pb = self.pb
         try:
             inputs = self.read_inputs(request)

@@ -16,6 +16,8 @@ interfaces (its default ``0.0.0.0``), so probes from outside the container reach
 Beside it, the typed gRPC gateway (``python -m gateway``, docs/api-grpc.md) listens on GATEWAY_PORT
 (default 50051); its auth and TLS come from GATEWAY_AUTH_TOKEN_FILE / GATEWAY_AUTH_TOKENS /
 GATEWAY_TLS_CERT / GATEWAY_TLS_KEY. ``--no-gateway`` runs tritonserver alone.
+
+``OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318`` sends traces there (docs/observability.md).
 """
 from __future__ import annotations
 
@@ -32,8 +34,17 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from tools.triton_launcher import (CACHE, MODEL_REPOSITORY, LauncherError, Ports, TritonServer, find_tritonserver,
-                                   render_model_repository)
+from contracts.tracing import TracingConfigError, TracingSettings
+from tools.triton_launcher import (
+    CACHE,
+    MODEL_REPOSITORY,
+    LauncherError,
+    Ports,
+    TritonServer,
+    find_tritonserver,
+    otel_trace_args,
+    render_model_repository,
+)
 
 
 def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
@@ -157,6 +168,17 @@ def stop_on_sigterm(server: TritonServer, drain_s: float) -> None:
 
     signal.signal(signal.SIGTERM, handler)
 
+def tracing_summary(env=None) -> str:
+    """One line on where traces go (OTEL_EXPORTER_OTLP_ENDPOINT, docs/observability.md)."""
+    try:
+        settings = TracingSettings.from_env(env)
+    except TracingConfigError as e:
+        return f"off ({e})"
+    if settings is None:
+        return "off (set OTEL_EXPORTER_OTLP_ENDPOINT, e.g. http://localhost:4318, to send traces)"
+    share = "none sampled" if settings.triton_rate is None else f"1 request in {settings.triton_rate}"
+    return f"{settings.traces_url} as {settings.service_name!r}, {share}"
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -178,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             repo = render_model_repository(Path(tempfile.mkdtemp(prefix="model_repository.", dir=CACHE)), overrides,
                                            src=args.model_repository)
         install = find_tritonserver()
+        otel_trace_args(os.environ)   # a bad OTEL_* value stops here, naming the variable
     except LauncherError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -197,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  gRPC     {server.grpc_url}    (KServe v2; model 'ensemble', decoupled: use streaming)")
         print(f"  HTTP     http://{server.http_url}  (/v2/health/ready, /v2/models/ensemble/config)")
         print(f"  metrics  {server.metrics_url}")
+        print(f"  traces   {tracing_summary()}")
         print(f"  try:     python -m tools.client \"def fibonacci(n):\" --max-tokens 64 --url {server.grpc_url}")
         if gateway is not None:
             print(f"  gateway  {gateway.target}  (triton_llm.v1.LLMService, gRPC health and reflection)")

@@ -13,6 +13,10 @@ Where the server comes from, in order:
 The Python models import the repository's packages, so the repository root goes on ``PYTHONPATH``,
 and the interpreter's ``bin`` goes first on ``PATH`` so the stub's embedded interpreter finds this
 virtual environment's packages.
+
+Tracing: when the environment sets ``OTEL_EXPORTER_OTLP_ENDPOINT`` (contracts/tracing.py), the server
+runs in its OpenTelemetry trace mode pointed at it (``otel_trace_args``), and the Python models, which
+inherit the environment, export their own spans there.
 """
 from __future__ import annotations
 
@@ -30,6 +34,9 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
+
+from contracts.tracing import TracingConfigError, TracingSettings
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_REPOSITORY = REPO / "model_repository"
@@ -163,6 +170,15 @@ def _backend_dir_for(binary: Path, env: dict[str, str]) -> Path | None:
     return guess if guess.is_dir() else None  # None: the server's built-in default (/opt/tritonserver/backends)
 
 
+def otel_trace_args(env: Mapping[str, str]) -> list[str]:
+    """tritonserver's ``--trace-config`` flags for the OTEL_* environment ([] when tracing is off)."""
+    try:
+        settings = TracingSettings.from_env(env)
+    except TracingConfigError as e:
+        raise LauncherError(str(e)) from None
+    return settings.triton_args() if settings is not None else []
+
+
 _PARAM_RE = r'(key:\s*"{key}"\s*,?\s*value:\s*\{{\s*string_value:\s*)"[^"]*"'
 
 
@@ -201,8 +217,9 @@ class TritonServer:
 
     def __init__(self, model_repository: Path = MODEL_REPOSITORY, ports: Ports | None = None, *,
                  install: TritonInstall | None = None, log_path: Path | None = None,
-                 extra_args: list[str] | None = None, log_verbose: int = 0):
+                 extra_args: list[str] | None = None, log_verbose: int = 0, env: Mapping[str, str] | None = None):
         self.model_repository = Path(model_repository)
+        self.env = dict(env or {})      # added to os.environ for the server and its Python models
         self.ports = ports or Ports()
         self.install = install
         self.log_path = log_path
@@ -239,23 +256,30 @@ class TritonServer:
         ]
         if self.install.backend_dir is not None:
             cmd.append(f"--backend-directory={self.install.backend_dir}")
-        return cmd + self.extra_args
+        return cmd + otel_trace_args(self.server_env()) + self.extra_args
+
+    def server_env(self) -> dict[str, str]:
+        """The environment of the server process (and of its Python model stubs)."""
+        env = dict(os.environ)
+        env.update(self.install.env if self.install is not None else {})
+        env.update(self.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
 
     def start(self) -> "TritonServer":
         if self.proc is not None:
             raise LauncherError("server already started")
         if self.install is None:
             self.install = find_tritonserver()
-        env = dict(os.environ)
-        env.update(self.install.env)
-        env.setdefault("PYTHONUNBUFFERED", "1")
+        env = self.server_env()
+        command = self.command()
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log_file = open(self.log_path, "wb")
             out = self._log_file
         else:
             out = None  # inherit the terminal
-        self.proc = subprocess.Popen(self.command(), env=env, stdout=out, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
                                      start_new_session=True, cwd=str(REPO))
         return self
 

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from backend.core.timeline import RequestStats
 
 
 class FinishReason(str, enum.Enum):
@@ -28,7 +32,8 @@ class RequestOutput:
     ``new_token_ids`` are the tokens generated since the previous output of the same
     sequence. ``finished`` marks the sequence's last output; ``request_finished`` marks
     the request's very last output (after every one of its ``n`` sequences finished).
-    Every request gets exactly one output with ``request_finished=True``.
+    Every request gets exactly one output with ``request_finished=True``; the engine puts the
+    request's ``RequestStats`` (timings, counts, the seed it was sampled with) on that one.
     """
 
     request_id: str
@@ -44,3 +49,4 @@ class RequestOutput:
     num_output_tokens: int = 0
     num_draft_tokens: int = 0            # speculative drafts verified for this sequence so far
     num_accepted_draft_tokens: int = 0   # of which accepted
+    stats: RequestStats | None = None

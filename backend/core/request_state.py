@@ -12,6 +12,7 @@ from typing import Collection
 
 from backend.core.outputs import FinishReason, RequestOutput, TokenLogprob
 from backend.core.sequence import Sequence
+from backend.core.timeline import mark_finished, request_stats
 
 
 def stop_reason(seq: Sequence, token: int, eos_token_ids: Collection[int], max_model_len: int) -> FinishReason | None:
@@ -58,12 +59,16 @@ class RequestState:
         if not seq.is_finished and (n_new == 0 or (start > 0 and n_new < stream_interval)):
             return None
         self.num_emitted[i] = seq.num_output_tokens
+        if seq.is_finished:
+            mark_finished(seq)
+        request_finished = seq.is_finished and self.finished
         want_lp = seq.params.logprobs is not None
         lps, self.logprob_buf[i] = self.logprob_buf[i], []
         return RequestOutput(
             request_id=self.request_id, seq_index=i, new_token_ids=seq.output_token_ids[start:],
-            finished=seq.is_finished, request_finished=seq.is_finished and self.finished,
+            finished=seq.is_finished, request_finished=request_finished,
             finish_reason=seq.finish_reason, error=error, logprobs=lps if want_lp else None,
             cum_logprob=seq.cum_logprob if want_lp else None, num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens, num_draft_tokens=seq.num_spec_draft_tokens,
-            num_accepted_draft_tokens=seq.num_spec_accepted_tokens)
+            num_accepted_draft_tokens=seq.num_spec_accepted_tokens,
+            stats=request_stats(self.seqs) if request_finished else None)

@@ -11,7 +11,9 @@ One writer per piece of state:
   ``draft_token_ids``, ``finish_reason``, ``first_token_time``, ``num_preemptions``,
   ``cum_logprob``, the speculative counts): written only by ``backend/core/scheduler.py`` (drafts enter through
   ``Scheduler.update_draft_token_ids``);
-- ``block_table``: written only by ``backend/core/block_manager.py``.
+- ``block_table``: written only by ``backend/core/block_manager.py``;
+- ``timeline`` (step timestamps for metrics, logs and traces): written only by the engine loop
+  (``backend/core/timeline.py``).
 Everyone else (runner, sampler, request state, metrics) only reads. Per-sequence sampler state
 (a seeded request's RNG) lives in the sampler, keyed by ``seq_id``.
 """
@@ -22,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 from backend.core.outputs import FinishReason
+from backend.core.timeline import SequenceTimeline
 from contracts.sampling_params import SamplingParams
 
 
@@ -51,6 +54,7 @@ class Sequence:
     num_spec_draft_tokens: int = 0       # drafts verified for this sequence (speculative decoding)
     num_spec_accepted_tokens: int = 0    # of which accepted
     cum_logprob: float = 0.0
+    timeline: SequenceTimeline = field(default_factory=SequenceTimeline)
 
     @property
     def num_prompt_tokens(self) -> int:

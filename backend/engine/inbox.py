@@ -17,6 +17,7 @@ class AddRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    arrival_time: float | None = None   # time.monotonic() at add_request (queue time starts there)
 
 
 @dataclass(frozen=True)

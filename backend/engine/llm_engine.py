@@ -7,7 +7,9 @@ gets exactly one output with ``request_finished=True``, whatever happens to it.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+import random
 import threading
 import time
 from collections import deque
@@ -19,10 +21,12 @@ import torch
 from backend.config import EngineConfig
 from backend.core.outputs import FinishReason, RequestOutput
 from backend.core.scheduler import SpecDecodeCounters
+from backend.core.timeline import mark_scheduled, mark_step_done
 from backend.engine.builder import EngineParts, build_engine_parts
 from backend.engine.inbox import AbortRequest, AddRequest, InboxMessage
 from backend.engine.stream_pacer import StreamPacer
 from backend.engine.thread_policy import ThreadPolicy
+from backend.sampling.batch import GREEDY_EPS
 from contracts.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -62,11 +66,17 @@ class LLMEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._steps = 0
+        self._seeds = random.Random(config.seed)   # seeds for unseeded sampled requests (under _cv)
 
     # ---- submission (any thread) -------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
                     on_output: OutputCallback) -> None:
-        """Queue a request; raises ``ValueError`` naming the field when it cannot be served."""
+        """Queue a request; raises ``ValueError`` naming the field when it cannot be served.
+
+        A sampled request (temperature > 0) without a seed gets one drawn here, so that its output
+        can be replayed from the seed its final ``RequestOutput.stats`` reports. Greedy requests
+        keep ``seed=None`` (they use no randomness)."""
+        arrival = time.monotonic()
         if not isinstance(request_id, str) or not request_id:
             raise ValueError("request_id: must be a non-empty string")
         if params.guide is not None:  # grammar masks land with the constrained-decoding issue
@@ -78,8 +88,10 @@ class LLMEngine:
                 raise RuntimeError("engine is shut down")
             if request_id in self._callbacks:
                 raise ValueError(f"request_id: {request_id!r} is already in flight")
+            if params.seed is None and params.temperature >= GREEDY_EPS:
+                params = dataclasses.replace(params, seed=self._seeds.getrandbits(63))
             self._callbacks[request_id] = on_output
-            self._inbox.append(AddRequest(request_id, prompt, params))
+            self._inbox.append(AddRequest(request_id, prompt, params, arrival))
             self._cv.notify()
 
     def abort(self, request_id: str) -> bool:
@@ -134,12 +146,15 @@ class LLMEngine:
         if plan.scheduled:
             threads = self.threads.choose(plan.num_batched_tokens)
             t0 = time.perf_counter()
+            started = time.monotonic()
+            marks = mark_scheduled(plan, started)
             spec = self.speculator
             forward = self.runner.execute(plan)
             output = self.runner.sample(plan, forward, grammar_bitmask=None,  # bitmasks: constrained decoding
                                         draft_probs=spec.draft_probs if spec else None)
             now = time.perf_counter()
             seconds = now - t0
+            mark_step_done(plan, marks, output.sampled_token_ids, started, time.monotonic())
             self.threads.observe(plan.num_batched_tokens, threads, seconds)
             self.scheduler.stream_interval = self.pacer.observe(now, sum(map(len, output.sampled_token_ids)))
             self._dispatch(self.scheduler.update_from_output(plan, output))
@@ -168,7 +183,10 @@ class LLMEngine:
         for msg in items:
             if isinstance(msg, AddRequest):
                 try:
-                    self.scheduler.enqueue(msg.request_id, msg.prompt_token_ids, msg.params)
+                    seqs = self.scheduler.enqueue(msg.request_id, msg.prompt_token_ids, msg.params)
+                    if msg.arrival_time is not None:
+                        for seq in seqs:
+                            seq.arrival_time = msg.arrival_time
                 except ValueError as e:
                     self._dispatch([RequestOutput(msg.request_id, 0, [], finished=True, request_finished=True,
                                                   finish_reason=FinishReason.ERROR, error=str(e))])

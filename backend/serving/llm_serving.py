@@ -8,15 +8,20 @@
 - a watcher thread polls ``is_cancelled()`` of in-flight requests and aborts the cancelled ones;
 - every stream ends with a response flagged ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``, whatever
   happens: a failed request ends with ``meta.error`` set (postprocess turns it into a ``TritonError``
-  naming the field, and drops its state for the request).
+  naming the field, and drops its state for the request);
+- each finished request goes to ``telemetry`` (histograms, the JSON log line, spans when traced:
+  backend/serving/telemetry.py), which runs on its own thread.
 
 ``pb_utils`` (Triton's ``triton_python_backend_utils``) is passed in, so this module runs in tests
 without the server.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,14 +29,16 @@ from typing import Any
 import numpy as np
 
 from backend.core.outputs import RequestOutput
+from backend.serving.telemetry import FinishedRequest
 from contracts import wire
 from contracts.field_names import as_ensemble_error
+from contracts.tracing import monotonic_offset, request_trace_context
 from contracts.triton_config import model_parameters, positive_float_param, resolve_paths
 
 log = logging.getLogger(__name__)
 
 # config.pbtxt parameters read by this module (the others go to EngineConfig.from_parameters).
-SERVING_PARAMETERS = {"cancel_poll_interval_s": "0.2", "metrics_interval_s": "1.0"}
+SERVING_PARAMETERS = {"cancel_poll_interval_s": "0.2", "metrics_interval_s": "1.0", "request_log_level": "info"}
 
 
 def split_parameters(params: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -52,15 +59,28 @@ class _InFlight:
     seen_seqs: set = field(default_factory=set)
     pending: dict = field(default_factory=dict)  # non-stream: seq_index -> (token ids, logprobs, options) held until it ends
     aborted: bool = False
+    # for telemetry (only when it is on)
+    params: Any = None                # the request's SamplingParams
+    prompt_sha256: str = ""
+    num_prompt_tokens: int = 0
+    trace_context: str | None = None  # Triton's span context (only when tracing is on)
+    stopped_by: str | None = None     # stop_string | cancelled | error (postprocess) | stop_request (client)
+    stopped_at: float | None = None   # time.monotonic() of the stop
+    output_hashes: dict = field(default_factory=dict)   # seq_index -> sha256 of its output token ids
+    finish_reasons: dict = field(default_factory=dict)  # seq_index -> finish reason
 
 
 class LLMServing:
     """Owns the in-flight table between Triton's requests and the engine's callbacks."""
 
-    def __init__(self, engine, pb_utils, *, cancel_poll_interval_s: float = 0.2, metrics=None):
+    def __init__(self, engine, pb_utils, *, cancel_poll_interval_s: float = 0.2, metrics=None, telemetry=None,
+                 tracing: bool = False, model_name: str = ""):
         self.engine = engine
         self.pb = pb_utils
         self.metrics = metrics            # EngineMetrics publishing the engine's gauges, or None
+        self.telemetry = telemetry        # RequestTelemetry for finished requests, or None
+        self.tracing = tracing            # read Triton's span context of each request
+        self.model_name = model_name      # the served checkpoint, for the log line and spans
         self._lock = threading.Lock()
         self._inflight: dict[str, _InFlight] = {}
         self._closed = threading.Event()
@@ -78,12 +98,16 @@ class LLMServing:
         engine_params, serving = split_parameters(resolve_paths(model_parameters(model_config)))
         poll = positive_float_param(serving, "cancel_poll_interval_s", 0.2)
         interval = positive_float_param(serving, "metrics_interval_s", 1.0)
+        log_level = serving["request_log_level"]
         engine = LLMEngine(EngineConfig.from_parameters(engine_params))
         engine.start()
+        name = model_config.get("name", "llm")
         metrics = EngineMetrics(pb_utils, engine.stats, max_num_seqs=engine.config.max_num_seqs,
-                                model=model_config.get("name", "llm"), version=model_version,
-                                interval_s=interval).start()
-        return cls(engine, pb_utils, cancel_poll_interval_s=poll, metrics=metrics)
+                                model=name, version=model_version, interval_s=interval).start()
+        telemetry, tracer = build_telemetry(pb_utils, max_model_len=engine.scheduler.max_model_len, model=name,
+                                            version=model_version, log_level=log_level)
+        return cls(engine, pb_utils, cancel_poll_interval_s=poll, metrics=metrics, telemetry=telemetry,
+                   tracing=tracer is not None, model_name=os.path.basename(os.path.normpath(engine.config.model_path)))
 
     # ---- Triton side -----------------------------------------------------------------
     def execute(self, requests) -> None:
@@ -105,6 +129,11 @@ class LLMServing:
 
     def _handle_stop(self, r) -> None:
         target = r.request_id() or ""
+        stopped_by = "stop_request"        # a client's stop (TensorRT-LLM's cancel input)
+        if self.telemetry is not None:
+            reason_t = self.pb.get_input_tensor_by_name(r, wire.REQUEST)
+            if reason_t is not None:       # postprocess says why it stops the engine
+                stopped_by = wire.parse_stop_reason(np.asarray(reason_t.as_numpy()).reshape(-1)[0]) or stopped_by
         with self._lock:
             if target in self._inflight:
                 ids = [target]
@@ -112,6 +141,7 @@ class LLMServing:
                 ids = [f.engine_id for f in self._inflight.values() if target and f.client_id == target]
             for i in ids:
                 self._inflight[i].aborted = True
+                self._inflight[i].stopped_by, self._inflight[i].stopped_at = stopped_by, time.monotonic()
         for i in ids:
             self.engine.abort(i)
         meta = wire.LLMResponseMeta(request_id=target, finished=True, request_finished=True,
@@ -136,6 +166,11 @@ class LLMServing:
             return self._send_error(sender, client_id, str(e))
         engine_id = uuid.uuid4().hex
         flight = _InFlight(engine_id, llm_req.request_id or client_id, r, sender, llm_req.stream, llm_req.options)
+        if self.telemetry is not None:
+            flight.params, flight.num_prompt_tokens = llm_req.sampling, len(prompt)
+            flight.prompt_sha256 = hashlib.sha256(np.asarray(prompt, dtype="<i4").tobytes()).hexdigest()
+            if self.tracing:
+                flight.trace_context = request_trace_context(r)
         with self._lock:
             self._inflight[engine_id] = flight
         try:
@@ -145,6 +180,9 @@ class LLMServing:
                 self._inflight.pop(engine_id, None)
             msg = engine_error_message(e)
             self._send_error(sender, client_id, msg)
+            if self.telemetry is not None:   # a rejected request is a finished one too (log line, error count)
+                self.telemetry.submit(self._finished(flight, RequestOutput(
+                    engine_id, 0, [], finished=True, request_finished=True, error=msg)))
 
     # ---- engine side (engine thread) -------------------------------------------------------
     def _on_output(self, out: RequestOutput) -> None:
@@ -154,6 +192,8 @@ class LLMServing:
                 del self._inflight[out.request_id]
         if flight is None:
             return
+        if self.telemetry is not None:
+            self._note_output(flight, out)
         reason = out.finish_reason.value if out.finish_reason is not None else None
         meta = wire.LLMResponseMeta(
             request_id=out.request_id, seq_index=out.seq_index, finished=out.finished,
@@ -216,7 +256,7 @@ class LLMServing:
                         continue
                     try:
                         if f.request.is_cancelled():
-                            f.aborted = True
+                            f.aborted, f.stopped_by, f.stopped_at = True, "cancelled", time.monotonic()
                             cancelled.append(f.engine_id)
                     except Exception:
                         pass
@@ -240,6 +280,63 @@ class LLMServing:
                 self._inflight.clear()
             for f in left:
                 self._send_error(f.sender, f.engine_id, "server shutting down")
+            if self.telemetry is not None:
+                self.telemetry.shutdown()
+
+    # ---- telemetry ---------------------------------------------------------------------
+    def _note_output(self, flight: _InFlight, out: RequestOutput) -> None:
+        """Hash the tokens (engine thread); on the request's last output, hand it to telemetry."""
+        h = flight.output_hashes.get(out.seq_index)
+        if h is None:
+            h = flight.output_hashes[out.seq_index] = hashlib.sha256()
+        if out.new_token_ids:
+            h.update(np.asarray(out.new_token_ids, dtype="<i4").tobytes())
+        if out.finished and out.finish_reason is not None:
+            flight.finish_reasons[out.seq_index] = out.finish_reason.value
+        if out.request_finished:
+            self.telemetry.submit(self._finished(flight, out))
+
+    def _finished(self, flight: _InFlight, out: RequestOutput) -> FinishedRequest:
+        # an abort the engine reports for a stop by postprocess is what the client sees instead
+        seen_as = {"stop_string": "stop", "error": "error"}.get(flight.stopped_by or "", "abort")
+        reason = out.finish_reason.value if out.finish_reason is not None else "error"
+        reason = seen_as if reason == "abort" else reason
+        reasons = [flight.finish_reasons.get(i, reason) for i in sorted(flight.output_hashes)]
+        reasons = [seen_as if r == "abort" else r for r in reasons]
+        return FinishedRequest(
+            model_name=self.model_name, engine_id=flight.engine_id, client_id=flight.client_id,
+            params=flight.params, stats=out.stats, finish_reason=reason, finish_reasons=reasons,
+            stopped_by=flight.stopped_by, stopped_at=flight.stopped_at, error=out.error,
+            prompt_sha256=flight.prompt_sha256,
+            num_prompt_tokens=flight.num_prompt_tokens,
+            output_sha256=[flight.output_hashes[i].hexdigest() for i in sorted(flight.output_hashes)],
+            options=flight.options, trace_context=flight.trace_context, finished_wall=time.time(),
+            wall_offset=monotonic_offset())
+
+
+def build_telemetry(pb_utils, *, max_model_len: int, model: str, version: str, log_level: str = "info"):
+    """(RequestTelemetry started, ModelTracer or None): histograms, the request log, and spans when the
+    OTEL_* environment turns tracing on."""
+    from backend.serving.request_log import RequestLog
+    from backend.serving.request_metrics import RequestMetrics
+    from backend.serving.telemetry import RequestTelemetry
+    from contracts.tracing import ModelTracer
+
+    metrics = RequestMetrics(pb_utils, max_model_len=max_model_len, model=model, version=version)
+    request_log = RequestLog(log_level)
+
+    def record_metrics(rec: FinishedRequest) -> None:
+        metrics.record(rec.stats, rec.finish_reason)
+    sinks = [record_metrics, request_log.write]
+    tracer = ModelTracer.from_env(model)
+    if tracer is not None:
+        from backend.serving.tracing import LLMSpans
+
+        sinks.append(LLMSpans(tracer))
+    closers = [tracer.shutdown] if tracer is not None else []
+    # the metric families must live as long as the telemetry that observes them
+    telemetry = RequestTelemetry(sinks, closers=closers, resources=(metrics, request_log, tracer)).start()
+    return telemetry, tracer
 
 
 def engine_error_message(e: Exception) -> str:

@@ -52,29 +52,40 @@ def model_path() -> Path:
     return e2e_model_path()
 
 
-@pytest.fixture(scope="session")
-def server(model_path, tmp_path_factory) -> E2EServer:
-    root = tmp_path_factory.mktemp("triton")
+def start_e2e_server(root: Path, model_path: Path, env: dict[str, str] | None = None) -> TritonServer:
+    """The model repository rendered under ``root`` (small KV budget, fast polling), served on free ports;
+    ``env`` is added to the server's environment (e.g. OTEL_* for tracing). Fails the test if it does not start."""
     repo = render_model_repository(root / "model_repository", {
         "llm": {"model_path": str(model_path), "kv_cache_bytes": KV_CACHE_BYTES, "max_num_seqs": MAX_NUM_SEQS,
                 "metrics_interval_s": "0.1", "cancel_poll_interval_s": "0.02", "device": "cpu", **SPECULATIVE},
         "preprocess": {"tokenizer_path": str(model_path)},
         "postprocess": {"tokenizer_path": str(model_path)},
     })
-    srv = TritonServer(repo, Ports.free(), log_path=root / "server.log", extra_args=["--exit-timeout-secs=30"])
+    srv = TritonServer(repo, Ports.free(), log_path=root / "server.log", extra_args=["--exit-timeout-secs=30"],
+                       env=env)
     srv.start()
     try:
         srv.wait_ready(timeout=300)
     except LauncherError as e:
         srv.stop()
         pytest.fail(f"the e2e tritonserver did not start: {e}", pytrace=False)
-    yield E2EServer(srv, model_path)
+    return srv
+
+
+def stop_e2e_server(srv: TritonServer) -> None:
+    """Stop the server; a clean exit means no ensemble request was left in flight (Triton waits for them)."""
     code = srv.stop(timeout=45)
-    # A clean exit means no ensemble request was left in flight (Triton waits for them on shutdown).
     if code != 0:
         shutdown = [line for line in srv.log_tail(400).splitlines() if "in-flight" in line or "live models" in line]
         raise AssertionError(f"tritonserver exited with {code}; shutdown log:\n" + "\n".join(shutdown[-12:]) +
                              f"\n--- log tail ---\n{srv.log_tail(30)}")
+
+
+@pytest.fixture(scope="session")
+def server(model_path, tmp_path_factory) -> E2EServer:
+    srv = start_e2e_server(tmp_path_factory.mktemp("triton"), model_path)
+    yield E2EServer(srv, model_path)
+    stop_e2e_server(srv)
 
 
 @pytest.fixture(scope="session")

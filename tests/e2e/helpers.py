@@ -52,10 +52,11 @@ def requested_outputs():
 class Stream:
     """One gRPC bidirectional stream; ``send`` requests, ``collect`` each one's responses by id."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, headers: dict[str, str] | None = None):
         self.client = grpcclient.InferenceServerClient(url)
         self._q: queue.Queue = queue.Queue()
-        self.client.start_stream(callback=lambda result, error: self._q.put((result, error)))
+        # headers: gRPC metadata of the stream, e.g. a W3C traceparent
+        self.client.start_stream(callback=lambda result, error: self._q.put((result, error)), headers=headers)
         self.results: dict[str, Result] = {}
         self.on_chunk: Callable[[str, Chunk], None] | None = None
 

@@ -34,7 +34,8 @@ def everything_set(**input_case) -> pb.GenerateRequest:
         bad_words=["foo"], end_id=7, pad_id=2, min_tokens=1, num_return_sequences=2, beam_width=1,
         exclude_input_in_output=True, return_log_probs=True, return_num_input_tokens=True,
         return_num_output_tokens=True, skip_special_tokens=False, include_stop_str_in_output=True,
-        guided_decoding=pb.GuidedDecoding(json_schema='{"type": "object"}'), request_id="req-1", **input_case)
+        guided_decoding=pb.GuidedDecoding(json_schema='{"type": "object"}'), request_id="req-1",
+        num_speculative_tokens=2, **input_case)
 
 
 def sent(request: pb.GenerateRequest) -> dict[str, tuple[str, list]]:
@@ -73,7 +74,7 @@ def test_values_are_encoded_as_the_ensemble_expects():
 
 def test_unset_options_are_not_sent_so_the_ensemble_defaults_apply():
     got = sent(pb.GenerateRequest(prompt="x", max_tokens=3))
-    assert set(got) == {"text_input", "max_tokens"}
+    assert set(got) == {"text_input", "max_tokens", "return_perf_metrics"}   # the last one feeds Usage
     # Explicit zero values are sent (presence tracking): temperature=0 means greedy, not "default".
     got = sent(pb.GenerateRequest(prompt="x", max_tokens=3, temperature=0.0, top_k=0, stream=False))
     assert got["temperature"] == ("FP32", [0.0]) and got["top_k"] == ("INT32", [0]) and got["stream"] == ("BOOL", [False])
@@ -170,7 +171,7 @@ def test_proto_defaults_match_the_ensemble_defaults_in_docs_api():
         assert m, f"{fname}: no 'Default ...' in its comment: {comments[fname]!r}"
         assert _norm(m.group(1)) == _norm(docs[input_name]), (fname, m.group(1), docs[input_name])
         checked += 1
-    assert checked == len(mapping.OPTIONAL_SCALARS) + len(mapping.LIST_FIELDS) == 22
+    assert checked == len(mapping.OPTIONAL_SCALARS) + len(mapping.LIST_FIELDS) == 23
 
 
 # ---- responses ----------------------------------------------------------------------------------------

@@ -64,12 +64,28 @@ class ResponseSender:
                 self.closed.set()
 
 
+class Trace:
+    """``request.trace()``: ``get_context()`` is Triton's span context as JSON text, or None."""
+
+    def __init__(self, context: str | None, owner: "Request"):
+        self._context, self._owner = context, owner
+
+    def get_context(self):
+        self._owner.trace_reads += 1
+        return self._context
+
+
 class Request:
-    def __init__(self, inputs: dict, request_id: str = "", cancelled: bool = False):
+    def __init__(self, inputs: dict, request_id: str = "", cancelled: bool = False, trace_context: str | None = None):
         self.inputs = {k: Tensor(k, v) for k, v in inputs.items() if v is not None}
         self._id = request_id
         self.cancelled = cancelled
         self.sender = ResponseSender()
+        self.trace_context = trace_context
+        self.trace_reads = 0          # how often a model asked for the span context
+
+    def trace(self) -> Trace:
+        return Trace(self.trace_context, self)
 
     def request_id(self) -> str:
         return self._id
@@ -82,28 +98,51 @@ class Request:
 
 
 class Metric:
-    def __init__(self, labels):
+    """A gauge (``set``), counter (``increment``) or histogram (``observe``; ``buckets`` given)."""
+
+    def __init__(self, labels, kind="gauge", buckets=None):
         self.labels = dict(labels)
+        self.kind = kind
         self.value = None
+        self.buckets = list(buckets) if buckets is not None else None
+        self.observations: list[float] = []
 
     def set(self, value):
+        assert self.kind == "gauge", f"set() on a {self.kind}"
         self.value = value
 
     def increment(self, value):
+        assert self.kind in ("gauge", "counter"), f"increment() on a {self.kind}"
+        if self.kind == "counter" and value < 0:
+            raise ValueError("a counter cannot decrease")
         self.value = (self.value or 0) + value
+
+    def observe(self, value):
+        assert self.kind == "histogram", f"observe() on a {self.kind}"
+        self.observations.append(value)
+
+    @property
+    def count(self) -> int:
+        return len(self.observations)
 
 
 class MetricFamily:
     GAUGE = "gauge"
     COUNTER = "counter"
+    HISTOGRAM = "histogram"
     created: list = []
 
     def __init__(self, name, description, kind):
         self.name, self.description, self.kind = name, description, kind
         self.metrics: list[Metric] = []
 
-    def Metric(self, labels=None):  # noqa: N802 (Triton's name)
-        m = Metric(labels or {})
+    def Metric(self, labels=None, buckets=None):  # noqa: N802 (Triton's name)
+        # Triton 2.51: a histogram needs its bucket boundaries (increasing); other kinds take none
+        if (self.kind == self.HISTOGRAM) != (buckets is not None):
+            raise ValueError(f"buckets are required for histograms only ({self.name})")
+        if buckets is not None and list(buckets) != sorted(set(buckets)):
+            raise ValueError(f"buckets must increase ({self.name})")
+        m = Metric(labels or {}, self.kind, buckets)
         self.metrics.append(m)
         return m
 

@@ -75,8 +75,10 @@ def test_postprocess_stop_string_stops_the_engine_once(post, tokenizer):
     assert "".join(text_of(o) for o in outs + [final]) == "a = 1\n"
     (kwargs, decoupled), = pb.bls_calls
     assert decoupled and kwargs["model_name"] == "llm" and kwargs["request_id"] == "e2"
-    stop_tensor, = kwargs["inputs"]
+    stop_tensor, reason_tensor = kwargs["inputs"]
     assert stop_tensor.name() == wire.STOP and stop_tensor.as_numpy().reshape(-1).tolist() == [True]
+    assert reason_tensor.name() == wire.REQUEST
+    assert wire.parse_stop_reason(reason_tensor.as_numpy().reshape(-1)[0]) == "stop_string"
     assert reason_of(final) == "stop"
 
 
@@ -108,6 +110,8 @@ def test_postprocess_cancelled_request_stops_the_engine(post):
     r2.cancelled = True
     serving.process(r2)
     assert [k["request_id"] for k, _ in pb.bls_calls] == ["e4"]
+    reason = pb.bls_calls[0][0]["inputs"][1].as_numpy().reshape(-1)[0]
+    assert wire.parse_stop_reason(reason) == "cancelled"
 
 
 def test_postprocess_asks_is_cancelled_at_most_every_interval(tokenizer):

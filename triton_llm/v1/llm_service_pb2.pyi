@@ -72,7 +72,7 @@ class GuidedDecoding(_message.Message):
     def __init__(self, json_schema: _Optional[str] = ..., any_json: _Optional[_Union[GuidedDecoding.AnyJson, _Mapping]] = ..., regex: _Optional[str] = ..., ebnf_grammar: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "messages", "max_tokens", "stream", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop_words", "bad_words", "end_id", "pad_id", "min_tokens", "num_return_sequences", "beam_width", "exclude_input_in_output", "return_log_probs", "return_num_input_tokens", "return_num_output_tokens", "skip_special_tokens", "include_stop_str_in_output", "guided_decoding", "request_id")
+    __slots__ = ("prompt", "messages", "max_tokens", "stream", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop_words", "bad_words", "end_id", "pad_id", "min_tokens", "num_return_sequences", "beam_width", "exclude_input_in_output", "return_log_probs", "return_num_input_tokens", "return_num_output_tokens", "skip_special_tokens", "include_stop_str_in_output", "guided_decoding", "request_id", "num_speculative_tokens")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,7 @@ class GenerateRequest(_message.Message):
     INCLUDE_STOP_STR_IN_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     GUIDED_DECODING_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     messages: ChatMessages
     max_tokens: int
@@ -127,7 +128,8 @@ class GenerateRequest(_message.Message):
     include_stop_str_in_output: bool
     guided_decoding: GuidedDecoding
     request_id: str
-    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stream: bool = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop_words: _Optional[_Iterable[str]] = ..., bad_words: _Optional[_Iterable[str]] = ..., end_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., min_tokens: _Optional[int] = ..., num_return_sequences: _Optional[int] = ..., beam_width: _Optional[int] = ..., exclude_input_in_output: bool = ..., return_log_probs: bool = ..., return_num_input_tokens: bool = ..., return_num_output_tokens: bool = ..., skip_special_tokens: bool = ..., include_stop_str_in_output: bool = ..., guided_decoding: _Optional[_Union[GuidedDecoding, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    num_speculative_tokens: int
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stream: bool = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop_words: _Optional[_Iterable[str]] = ..., bad_words: _Optional[_Iterable[str]] = ..., end_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., min_tokens: _Optional[int] = ..., num_return_sequences: _Optional[int] = ..., beam_width: _Optional[int] = ..., exclude_input_in_output: bool = ..., return_log_probs: bool = ..., return_num_input_tokens: bool = ..., return_num_output_tokens: bool = ..., skip_special_tokens: bool = ..., include_stop_str_in_output: bool = ..., guided_decoding: _Optional[_Union[GuidedDecoding, _Mapping]] = ..., request_id: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "total_tokens", "draft_tokens", "accepted_draft_tokens")

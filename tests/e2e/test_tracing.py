@@ -1,0 +1,250 @@
+"""Tracing end to end: a tritonserver of its own, started with OTEL_EXPORTER_OTLP_ENDPOINT pointing at an
+OTLP/HTTP receiver in this process (tools/trace_viewer.py), and clients sending W3C traceparents.
+
+Triton 2.51 ends a decoupled model's span when ``execute`` returns, so the llm's own ``llm.generate`` span
+(and postprocess's span over a request's responses) outlive their Triton parent span: they are checked to
+start inside it and to lie inside the ensemble's span instead. Every other span lies inside its parent.
+
+Sampling (OTEL_TRACES_SAMPLER_ARG=0.25 -> tritonserver rate 4): Triton 2.51 traces one request in four
+of those without a traceparent, and every request that carries one (whatever its sampled flag); our
+models follow Triton's decision, so a request is traced in every stage or in none.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from tests.e2e.conftest import start_e2e_server, stop_e2e_server
+from tests.e2e.helpers import Stream
+from tools.client import build_inputs
+from tools.trace_viewer import OTLPHandler, OTLPReceiver, render_trace
+
+SKEW_NS = 5_000_000          # processes stamp their own clocks: allow 5 ms
+OURS = {"preprocess", "preprocess.tokenize", "llm.generate", "llm.queue", "llm.prefill", "llm.decode", "postprocess"}
+TRITONS = {"InferRequest", "ensemble", "preprocess", "llm", "postprocess"}
+ASYNC = {"llm.generate", "postprocess"}   # ours, continuing after Triton's span of the call that started them
+PROMPTS = ["def add(a, b):", "import os\n", "class Queue:\n", "while True:\n", "# read a file\n", "x = {}\n",
+           "try:\n    ", "def main():\n"]
+
+
+class _ControlledHandler(OTLPHandler):
+    def do_POST(self):  # noqa: N802
+        if self.server.hanging.is_set():          # a collector that accepts and never answers
+            self.server.held += 1
+            self.server.release.wait(120)
+            self.close_connection = True
+            return
+        super().do_POST()
+
+
+class ControlledReceiver(OTLPReceiver):
+    def __init__(self, port: int = 0):
+        super().__init__("127.0.0.1", port, handler=_ControlledHandler)
+        self.hanging, self.release, self.held = threading.Event(), threading.Event(), 0
+
+
+def ours(span) -> bool:
+    return "triton.model_name" in span.resource      # our models set it on their resource; Triton does not
+
+
+@pytest.fixture(scope="module")
+def traced(model_path, tmp_path_factory):
+    receiver = ControlledReceiver().start()
+    port = receiver.server_address[1]
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_SERVICE_NAME": "triton-llm-e2e",
+           "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"}
+    srv = start_e2e_server(tmp_path_factory.mktemp("traced"), model_path, env=env)
+    state = {"receiver": receiver, "port": port, "srv": srv, "texts": {}}
+    yield state
+    state["receiver"].release.set()
+    try:
+        stop_e2e_server(srv)
+    finally:
+        state["receiver"].stop()
+
+
+def traceparent() -> tuple[str, str, str]:
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    return trace_id, span_id, f"00-{trace_id}-{span_id}-01"
+
+
+def run_traced(url: str, prompts: list[str], max_tokens: int = 12):
+    """Each prompt on its own stream with its own traceparent, all at once; [(trace id, parent span id, Result)]."""
+    calls = []
+    for p in prompts:
+        trace_id, span_id, header = traceparent()
+        s = Stream(url, headers={"traceparent": header})
+        rid = s.send(build_inputs(p, max_tokens, temperature=0.0, stream=True, exclude_input_in_output=True))
+        calls.append((trace_id, span_id, s, rid))
+    out = []
+    for trace_id, span_id, s, rid in calls:
+        try:
+            out.append((trace_id, span_id, s.wait([rid], 120)[rid]))
+        finally:
+            s.close()
+    return out
+
+
+def names(spans) -> tuple[set, set]:
+    return {s.name for s in spans if ours(s)}, {s.name for s in spans if not ours(s)}
+
+
+def complete(spans) -> bool:
+    mine, triton = names(spans)
+    return mine >= OURS and triton >= TRITONS
+
+
+def within(child, parent) -> bool:
+    return parent.start_ns - SKEW_NS <= child.start_ns and child.end_ns <= parent.end_ns + SKEW_NS
+
+
+def missing_report(srv, store, trace_ids: list[str]) -> str:
+    """Why traces are incomplete: what arrived, whether the llm model saw each trace's context (its log
+    line's trace_id), and what else the receiver got."""
+    logged = set()
+    for line in srv.log_path.read_text(errors="replace").splitlines():
+        if line.startswith('{"event":"request_finished"'):
+            logged.add(json.loads(line)["trace_id"])
+    lines = [f"receiver: {store.requests} exports, {store.errors} unreadable; "
+             f"{len(set(store.trace_ids()) - set(trace_ids))} other traces"]
+    for t in trace_ids:
+        spans = store.trace(t)
+        mine, triton = names(spans)
+        lines.append(f"{t}: {len(spans)} spans; llm saw this context: {t in logged}; "
+                     f"missing ours {sorted(OURS - mine)}, missing Triton's {sorted(TRITONS - triton)}")
+    return "\n".join(lines + [render_trace(store.trace(t)) for t in trace_ids])
+
+
+def set_trace(srv, **settings) -> dict:
+    """Triton's trace settings API (POST /v2/trace/setting): change level and rate at run time."""
+    req = urllib.request.Request(f"http://{srv.http_url}/v2/trace/setting", data=json.dumps(settings).encode(),
+                                 method="POST", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def test_one_trace_per_request_rooted_at_the_clients_span(traced):
+    srv, store = traced["srv"], traced["receiver"].store
+    calls = run_traced(srv.grpc_url, PROMPTS)
+    for trace_id, _, res in calls:
+        assert res.error is None and res.num_final == 1, res.error
+    assert store.wait_for(lambda st: all(complete(st.trace(t)) for t, _, _ in calls), 60), \
+        missing_report(srv, store, [t for t, _, _ in calls])
+    for (trace_id, client_span, res), prompt in zip(calls, PROMPTS):
+        traced["texts"][prompt] = res.text
+        spans = store.trace(trace_id)
+        view = render_trace(spans)
+        by_id = {s.span_id: s for s in spans}
+        assert len(by_id) == len(spans), view
+        # a tree rooted at the client's span: one span hangs from it, every other from a span of the trace
+        roots = [s for s in spans if s.parent_id == client_span]
+        assert [r.name for r in roots] == ["InferRequest"], view
+        assert all(s.parent_id in by_id for s in spans if s is not roots[0]), view
+        ensemble, = [s for s in spans if s.name == "ensemble"]
+        for s in spans:
+            if s is roots[0]:
+                continue
+            parent = by_id[s.parent_id]
+            if ours(s) and s.name in ASYNC:
+                assert parent.start_ns - SKEW_NS <= s.start_ns <= parent.end_ns + SKEW_NS, (s.name, view)
+                assert within(s, ensemble), (s.name, view)
+            else:
+                assert within(s, parent), (s.name, parent.name, view)
+        mine = {s.name: s for s in spans if ours(s)}
+        triton_parent = {s.name: by_id[s.parent_id].name for s in mine.values()}
+        assert triton_parent == {"preprocess": "preprocess", "preprocess.tokenize": "preprocess",
+                                 "llm.generate": "llm", "llm.queue": "llm.generate", "llm.prefill": "llm.generate",
+                                 "llm.decode": "llm.generate", "postprocess": "postprocess"}, view
+        assert not ours(by_id[mine["llm.generate"].parent_id]) and not ours(by_id[mine["postprocess"].parent_id])
+        gen, decode = mine["llm.generate"], mine["llm.decode"]
+        assert decode.attributes["gen_ai.usage.output_tokens"] == res.num_output_tokens, view
+        assert gen.attributes["gen_ai.usage.output_tokens"] == res.num_output_tokens
+        assert gen.attributes["gen_ai.usage.input_tokens"] == mine["preprocess"].attributes["gen_ai.usage.input_tokens"]
+        assert gen.attributes["gen_ai.request.max_tokens"] == 12
+        assert list(gen.attributes["gen_ai.response.finish_reasons"]) == [res.finish_reason]
+        assert mine["llm.prefill"].end_ns == decode.start_ns and mine["llm.queue"].start_ns == gen.start_ns
+        assert [e[0] for e in mine["llm.prefill"].events] == ["prefill_chunk"]
+        assert mine["postprocess"].attributes["gen_ai.usage.output_tokens"] == res.num_output_tokens
+        assert {s.service for s in mine.values()} >= {"triton-llm-e2e/llm", "triton-llm-e2e/preprocess",
+                                                      "triton-llm-e2e/postprocess"}
+    # the client's trace id is in each request's log line
+    log = srv.log_path.read_text(errors="replace")
+    lines = [json.loads(x) for x in log.splitlines() if x.startswith('{"event":"request_finished"')]
+    logged = {d["trace_id"] for d in lines}
+    assert {t for t, _, _ in calls} <= logged
+
+
+def run_untraced(url: str, prompt: str, max_tokens: int = 4):
+    with Stream(url) as s:
+        rid = s.send(build_inputs(prompt, max_tokens, temperature=0.0, stream=True))
+        return s.wait([rid], 120)[rid]
+
+
+def test_sampling_follows_tritons_rate_and_is_never_partial(traced):
+    srv, store = traced["srv"], traced["receiver"].store
+    time.sleep(2)                 # let earlier tests' spans arrive, then start counting afresh
+    store.clear()
+    results = [run_untraced(srv.grpc_url, PROMPTS[i % len(PROMPTS)]) for i in range(16)]
+    assert all(r.error is None and r.num_final == 1 for r in results)
+    time.sleep(3)                 # longer than every exporter's batch delay
+    assert store.wait_for(lambda st: all(complete(st.trace(t)) for t in st.trace_ids()), 10), \
+        "a partial trace:\n" + "\n".join(render_trace(store.trace(t)) for t in store.trace_ids())
+    assert len(store.trace_ids()) == 4, f"{len(store.trace_ids())} of 16 requests traced at ratio 0.25"
+
+    # a client's traceparent is always honoured (Triton 2.51 traces it whatever the rate)
+    calls = run_traced(srv.grpc_url, PROMPTS[:3], max_tokens=4)
+    assert store.wait_for(lambda st: all(complete(st.trace(t)) for t, _, _ in calls), 30)
+
+    try:
+        set_trace(srv, trace_level=["OFF"])        # the sampler off: nothing at all
+        store.clear()
+        off = run_traced(srv.grpc_url, PROMPTS[:3], max_tokens=4)
+        off_plain = [run_untraced(srv.grpc_url, p) for p in PROMPTS[:4]]
+        assert all(res.error is None for _, _, res in off) and all(r.error is None for r in off_plain)
+        time.sleep(3)
+        assert store.trace_ids() == []
+    finally:
+        set_trace(srv, trace_level=["TIMESTAMPS"])
+
+
+def _unchanged_under(traced, what: str):
+    srv = traced["srv"]
+    t0 = time.perf_counter()
+    calls = run_traced(srv.grpc_url, PROMPTS)
+    took = time.perf_counter() - t0
+    for (_, _, res), prompt in zip(calls, PROMPTS):
+        assert res.error is None and res.num_final == 1, (what, res.error)
+        assert res.text == traced["texts"][prompt], f"{what}: the output changed"
+    print(f"\n8 concurrent traced requests with the collector that {what}: {took:.2f}s")
+    return calls
+
+
+def test_a_hanging_collector_does_not_break_serving(traced):
+    if not traced["texts"]:
+        pytest.skip("needs the reference texts of the first test")
+    receiver = traced["receiver"]
+    receiver.hanging.set()
+    try:
+        _unchanged_under(traced, "hangs")
+        time.sleep(1.5)
+        assert receiver.held > 0, "no exporter reached the hanging collector"
+    finally:
+        receiver.hanging.clear()
+        receiver.release.set()
+
+
+def test_a_refusing_collector_does_not_break_serving_and_tracing_recovers(traced):
+    if not traced["texts"]:
+        pytest.skip("needs the reference texts of the first test")
+    traced["receiver"].stop()                     # the port now refuses connections
+    _unchanged_under(traced, "refuses connections")
+    receiver = ControlledReceiver(traced["port"]).start()
+    traced["receiver"] = receiver
+    (trace_id, _, res), = run_traced(traced["srv"].grpc_url, PROMPTS[:1])
+    assert res.error is None
+    assert receiver.store.wait_for(lambda st: complete(st.trace(trace_id)), 30), render_trace(receiver.store.trace(trace_id))
