@@ -19,7 +19,9 @@ KV_CACHE_BYTES = "8MiB"       # a few hundred blocks: enough for 32 short stream
 MAX_NUM_SEQS = "48"
 # Every e2e test runs with n-gram speculation on (the reference engine runs without it), so each greedy
 # comparison also checks that speculation is lossless through the whole pipeline.
-SPECULATIVE = {"speculative_method": "ngram", "num_speculative_tokens": "4"}
+# Adaptive k is off so that a seeded sampled request replays exactly (with it on, k follows measured
+# timings and only greedy output is reproducible: docs/engine.md).
+SPECULATIVE = {"speculative_method": "ngram", "num_speculative_tokens": "4", "speculative_adaptive": "false"}
 
 
 @dataclass
