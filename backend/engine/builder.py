@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from backend.attention.selector import make_attention_backend
+from backend.attention.window import serving_windows, uniform_window
 from backend.config import EngineConfig
 from backend.core.kv_cache import KVCache, num_blocks_for_budget
 from backend.core.scheduler import Scheduler
@@ -98,10 +99,12 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     kv_cache = KVCache(mcfg.num_hidden_layers, blocks, config.block_size, mcfg.num_key_value_heads, mcfg.head_dim,
                        dtype=dtype, device=device)
     eos = set(mcfg.eos_token_ids) | generation_eos_ids(folder)
+    windows = serving_windows(mcfg.sliding_windows, mcfg.num_hidden_layers, max_model_len)
     scheduler = Scheduler(config, num_blocks=blocks, max_model_len=max_model_len, vocab_size=mcfg.vocab_size,
-                          eos_token_ids=eos, cache_key=checkpoint_identity(folder))
+                          eos_token_ids=eos, cache_key=checkpoint_identity(folder),
+                          sliding_window=uniform_window(windows))
     sampler = Sampler(vocab_size=mcfg.vocab_size, device=device, seed=config.seed, eos_token_ids=sorted(eos))
-    runner = ModelRunner(model, kv_cache, make_attention_backend(kv_cache), sampler, device)
+    runner = ModelRunner(model, kv_cache, make_attention_backend(kv_cache, windows=windows), sampler, device)
     return EngineParts(scheduler, runner, build_speculator(config, folder, mcfg, blocks, device, dtype, max_model_len))
 
 
