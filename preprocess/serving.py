@@ -7,8 +7,10 @@ runs in tests without the server.
 Conventions at this boundary:
 - ``stop=true`` (TensorRT-LLM's cancel input) skips validation: the llm model aborts the request
   whose id this request carries, so only the flag travels on;
-- ``text_input`` is a required ensemble input (TensorRT-LLM compatibility), so a chat request sends
-  ``messages`` with an empty ``text_input``, which is then ignored.
+- ``text_input`` and ``max_tokens`` are optional in ``config.pbtxt`` so that a request lacking them gets
+  the parser's error naming the input (Triton's decoupled ensemble would close the stream silently); a
+  chat request sends ``messages`` alone, or with an empty ``text_input`` (TensorRT-LLM clients), which is
+  then ignored.
 """
 from __future__ import annotations
 
@@ -60,6 +62,11 @@ class PreprocessServing:
             inputs = self.read_inputs(request)
             stop = inputs.pop(wire.STOP, None)
             if stop is not None and np.asarray(stop).dtype.kind == "b" and bool(np.asarray(stop).any()):
+                if "max_tokens" not in inputs:
+                    # a stop request of `stop` alone leaves Triton 2.51's ensemble unable to unload (shutdown
+                    # then waits out its exit timeout); with max_tokens it does not (docs/serving.md)
+                    raise RequestError("max_tokens", "required input is missing (a stop request sends it too; "
+                                                     "any value)")
                 return self._response([], "", stop=True)
             check_batch_of_one(inputs)
             text = inputs.get("text_input")

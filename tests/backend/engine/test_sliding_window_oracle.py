@@ -117,7 +117,7 @@ def test_sliding_window_greedy_matches_hf(setup, variant):
 
 def test_blocks_behind_the_window_are_freed_while_running(setup):
     """Mistral windows every layer: one long request holds at most the window's blocks plus a chunk's."""
-    name, folder, prompts, expected = setup
+    name, folder, prompts, _ = setup
     if name != "mistral":
         pytest.skip("Qwen2 here keeps a full-attention layer, so no block ever falls out of every window")
     engine = LLMEngine(EngineConfig(model_path=str(folder), kv_cache_bytes=16 << 20, device="cpu", block_size=16,
