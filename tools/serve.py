@@ -12,6 +12,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from tools.triton_launcher import (CACHE, MODEL_REPOSITORY, LauncherError, Ports, TritonServer, find_tritonserver,
@@ -43,8 +44,12 @@ def main(argv: list[str] | None = None) -> int:
         repo = args.model_repository
         if overrides:
             CACHE.mkdir(parents=True, exist_ok=True)
-            repo = render_model_repository(Path(tempfile.mkdtemp(prefix="model_repository.", dir=CACHE)), overrides,
-                                           src=args.model_repository)
+            tmp = Path(tempfile.mkdtemp(prefix="model_repository.", dir=CACHE))
+            try:
+                repo = render_model_repository(tmp, overrides, src=args.model_repository)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)   # a bad --set leaves nothing behind
+                raise
         install = find_tritonserver()
     except LauncherError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -72,7 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:
-        server.stop()
+        t0 = time.monotonic()
+        code = server.stop()
+        if code not in (0, None, -signal.SIGINT):
+            print(f"tritonserver exited with code {code} after {time.monotonic() - t0:.0f} s of shutdown"
+                  + (" (an ensemble request Triton rejected keeps the ensemble from unloading: docs/serving.md, "
+                     "'Known Triton 2.51 issues')" if time.monotonic() - t0 > 20 else ""), file=sys.stderr)
         if repo != args.model_repository:  # the rendered copy with --set overrides
             shutil.rmtree(repo, ignore_errors=True)
 
