@@ -51,6 +51,12 @@ BAD_INPUTS = (
     ({"num_return_sequences": 0}, "num_return_sequences"),
     ({"stop_words": [""]}, "stop_words"),
 )
+# inputs Triton itself rejects before our code (another datatype, an unknown input): off by default, since
+# Triton 2.51 then keeps the ensemble live until shutdown (docs/serving.md); --triton-rejected-share measures it
+TRITON_REJECTED = (
+    ({"max_tokens": ("INT64", 16)}, r"data-type is 'INT64', but model 'ensemble' expects 'INT32'"),
+    ({"foo": ("INT32", 1)}, r"unexpected inference input 'foo'"),
+)
 
 
 @dataclass
@@ -62,6 +68,8 @@ class Plan:
     kind: str                        # "greedy", "sampled", "cancel", "bad"
     cancel_after: int = 0            # responses to read before cancelling (kind "cancel")
     error_field: str | None = None   # kind "bad": the field the error must name
+    error_regex: str | None = None   # kind "bad_triton": what Triton's own error says
+    raw: dict[str, tuple[str, Any]] = field(default_factory=dict)   # inputs sent with their own datatype
 
 
 @dataclass
@@ -112,7 +120,8 @@ def prompt_texts(n: int, rng: random.Random, min_chars: int = 20, max_chars: int
 
 
 def make_plans(n: int, *, seed: int, cancel_share: float, bad_share: float, sampled_share: float,
-               max_tokens: tuple[int, int]) -> list[Plan]:
+               max_tokens: tuple[int, int], triton_rejected_share: float = 0.0,
+               cancel_after_final_share: float = 0.0) -> list[Plan]:
     rng = random.Random(seed)
     texts = prompt_texts(n, rng)
     plans = []
@@ -120,6 +129,13 @@ def make_plans(n: int, *, seed: int, cancel_share: float, bad_share: float, samp
         values: dict[str, Any] = {"text_input": text, "max_tokens": rng.randint(*max_tokens), "stream": True,
                                   "exclude_input_in_output": True, "return_num_output_tokens": True}
         r = rng.random()
+        if triton_rejected_share and rng.random() < triton_rejected_share:
+            change, pattern = TRITON_REJECTED[rng.randrange(len(TRITON_REJECTED))]
+            raw = dict(change)
+            for k in raw:
+                values.pop(k, None)
+            plans.append(Plan(i, values, "bad_triton", error_regex=pattern, raw=raw))
+            continue
         if r < bad_share:
             change, fld = BAD_INPUTS[rng.randrange(len(BAD_INPUTS))]
             for k, v in change.items():
@@ -137,6 +153,8 @@ def make_plans(n: int, *, seed: int, cancel_share: float, bad_share: float, samp
         if r < bad_share + cancel_share:
             values["max_tokens"] = max(values["max_tokens"], 32)     # long enough to be cancelled mid-stream
             plans.append(Plan(i, values, "cancel", cancel_after=rng.randint(1, 3)))
+        elif cancel_after_final_share and rng.random() < cancel_after_final_share:
+            plans.append(Plan(i, values, "cancel_after_final"))
         else:
             plans.append(Plan(i, values, "sampled" if sampled else "greedy"))
     return plans
@@ -144,13 +162,19 @@ def make_plans(n: int, *, seed: int, cancel_share: float, bad_share: float, samp
 
 # ---- one request ------------------------------------------------------------------------------------
 
-def _inputs(values: dict[str, Any]):
+def _inputs(values: dict[str, Any], raw: dict[str, tuple[str, Any]] | None = None):
+    import numpy as np
     import tritonclient.grpc.aio as grpcclient
 
     out = []
     for name, value in values.items():
         arr = to_array(name, value)
         inp = grpcclient.InferInput(name, list(arr.shape), INPUT_TYPES[name])
+        inp.set_data_from_numpy(arr)
+        out.append(inp)
+    for name, (dtype, value) in (raw or {}).items():
+        arr = np.asarray([[value]], dtype={"INT64": np.int64, "INT32": np.int32}[dtype])
+        inp = grpcclient.InferInput(name, list(arr.shape), dtype)
         inp.set_data_from_numpy(arr)
         out.append(inp)
     return out
@@ -163,7 +187,7 @@ async def run_one(client, plan: Plan, *, model: str, timeout: float) -> Outcome:
     done = asyncio.Event()
 
     async def requests():
-        yield {"model_name": model, "inputs": _inputs(plan.values), "outputs": outputs,
+        yield {"model_name": model, "inputs": _inputs(plan.values, plan.raw), "outputs": outputs,
                "request_id": uuid.uuid4().hex}
         await done.wait()
 
@@ -181,6 +205,8 @@ async def run_one(client, plan: Plan, *, model: str, timeout: float) -> Outcome:
                 msg = str(getattr(error, "message", lambda: error)())
                 if plan.kind == "bad" and re.search(rf"(^|, ){plan.error_field}: ", msg):
                     return result("clean_error", msg)
+                if plan.kind == "bad_triton" and re.search(plan.error_regex, msg):
+                    return result("clean_error", msg)
                 return result("unexpected_error", msg)
             chunk = parse_result(res)
             seen += 1
@@ -188,7 +214,7 @@ async def run_one(client, plan: Plan, *, model: str, timeout: float) -> Outcome:
                 responses.cancel()
                 return result("cancelled")
             if chunk.final:
-                if plan.kind == "bad":
+                if plan.kind.startswith("bad"):
                     return result("unexpected_error", "a bad input was served")
                 return result("completed") if chunk.finish_reason or plan.kind == "cancel" else \
                     result("lost", "final response without a finish reason")
@@ -207,7 +233,9 @@ async def run_one(client, plan: Plan, *, model: str, timeout: float) -> Outcome:
                      f"{code}: {details}")
     finally:
         done.set()
-    if out.outcome != "cancelled":
+    if plan.kind == "cancel_after_final":   # what a client closing its stream with cancel_requests=True does
+        responses.cancel()
+    elif out.outcome != "cancelled":
         try:  # the server closes the stream after its final response
             async def drain():
                 async for _ in responses:
@@ -366,6 +394,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cancel-share", type=float, default=0.2, help="requests the client cancels mid-stream")
     ap.add_argument("--bad-share", type=float, default=0.08, help="requests with a bad input")
     ap.add_argument("--sampled-share", type=float, default=0.5, help="of the good requests, sampled (rest greedy)")
+    ap.add_argument("--cancel-after-final-share", type=float, default=0.0,
+                    help="of the good requests, cancel the stream after the final response (a diagnostic: "
+                         "Triton 2.51 may then keep the ensemble live)")
+    ap.add_argument("--triton-rejected-share", type=float, default=0.0,
+                    help="requests Triton itself rejects (INT64 max_tokens, an unknown input); they keep Triton "
+                         "2.51's ensemble live until shutdown")
     ap.add_argument("--max-tokens", default="8,64", help="max_tokens range (default 8,64)")
     ap.add_argument("--warmup", type=int, default=200, help="requests before the 'after warm-up' RSS sample")
     ap.add_argument("--rss-every", type=int, default=1000, help="an RSS sample every this many requests")
@@ -376,7 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     lo, hi = (int(x) for x in args.max_tokens.split(","))
     plans = make_plans(args.requests, seed=args.seed, cancel_share=args.cancel_share, bad_share=args.bad_share,
-                       sampled_share=args.sampled_share, max_tokens=(lo, hi))
+                       sampled_share=args.sampled_share, max_tokens=(lo, hi),
+                       triton_rejected_share=args.triton_rejected_share,
+                       cancel_after_final_share=args.cancel_after_final_share)
     report = Report(config={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()})
 
     def body(url: str, server) -> Report:

@@ -62,11 +62,6 @@ class PreprocessServing:
             inputs = self.read_inputs(request)
             stop = inputs.pop(wire.STOP, None)
             if stop is not None and np.asarray(stop).dtype.kind == "b" and bool(np.asarray(stop).any()):
-                if "max_tokens" not in inputs:
-                    # a stop request of `stop` alone leaves Triton 2.51's ensemble unable to unload (shutdown
-                    # then waits out its exit timeout); with max_tokens it does not (docs/serving.md)
-                    raise RequestError("max_tokens", "required input is missing (a stop request sends it too; "
-                                                     "any value)")
                 return self._response([], "", stop=True)
             check_batch_of_one(inputs)
             text = inputs.get("text_input")

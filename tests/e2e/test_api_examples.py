@@ -32,6 +32,9 @@ def test_documented_example(server, example):
         return
     assert res.error is None, res.error
     assert res.num_final == 1, "every stream ends with exactly one final response"
+    if example.empty:
+        assert res.text == "" and not res.finish_reason and res.num_output_tokens == 0
+        return
     n = example.inputs.get("num_return_sequences", 1)
     by_seq: dict[int, list] = {}
     for c in res.chunks:

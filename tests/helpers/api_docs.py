@@ -64,6 +64,7 @@ class Example:
     error: str | None              # the message the stream's error contains
     num_output_tokens: int | None
     finish_reason: str | None
+    empty: bool = False            # the answer is one empty final response
 
 
 def examples(path: Path = API_MD) -> list[Example]:
@@ -73,6 +74,9 @@ def examples(path: Path = API_MD) -> list[Example]:
         m = re.fullmatch(r"error `(.*)`", answer)
         if m:
             out.append(Example(inputs, m.group(1), None, None))
+            continue
+        if answer.startswith("an empty final response"):
+            out.append(Example(inputs, None, None, None, empty=True))
             continue
         n = re.search(r"(\d+) output tokens", answer)
         reason = re.search(r"`finish_reason` `(\w+)`", answer)
