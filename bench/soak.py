@@ -248,10 +248,11 @@ async def run_one(client, plan: Plan, *, model: str, timeout: float) -> Outcome:
 
 # ---- the server's side: RSS and metrics -------------------------------------------------------------
 
-def _rss_mib(pid: int) -> float | None:
+def _rss_mib(pid: int, field_name: str = "VmRSS") -> float | None:
+    """``VmRSS`` (or ``RssAnon``: heap; ``RssShmem``: shared memory such as the Python backend's regions)."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(field_name + ":"):
                 return int(line.split()[1]) / 1024
     except OSError:
         return None
@@ -293,7 +294,12 @@ def server_processes(server_pid: int) -> dict[str, int]:
 
 
 def rss_sample(procs: dict[str, int], label: str, requests_done: int) -> dict:
-    return {"at": label, "requests": requests_done, **{name: _rss_mib(pid) for name, pid in procs.items()}}
+    """RSS of each process, and tritonserver's split into heap (anon) and shared memory (shmem)."""
+    sample = {"at": label, "requests": requests_done, **{name: _rss_mib(pid) for name, pid in procs.items()}}
+    if "tritonserver" in procs:
+        sample["tritonserver anon"] = _rss_mib(procs["tritonserver"], "RssAnon")
+        sample["tritonserver shmem"] = _rss_mib(procs["tritonserver"], "RssShmem")
+    return sample
 
 
 _METRIC = re.compile(r'^(\w+)\{([^}]*)\}\s+(\S+)$')

@@ -15,7 +15,7 @@ from backend.config import EngineConfig
 from backend.core.outputs import FinishReason
 from backend.engine.llm_engine import LLMEngine, output_token_ids
 from contracts.sampling_params import SamplingParams
-from tests.helpers.oracle import hf_greedy
+from tests.helpers.oracle import assert_same_tokens, hf_greedy
 
 NUM_REQUESTS = 16
 NEW_TOKENS = 24
@@ -75,8 +75,7 @@ def test_greedy_matches_hf_under_concurrency(setup, variant):
         results = run_staggered(engine, prompts, params)
         for i, outs in enumerate(results):
             got = output_token_ids(outs)
-            first = next((j for j, (a, b) in enumerate(zip(got, expected[i])) if a != b), None)
-            assert got == expected[i], f"request {i} differs from HF at output position {first}"
+            assert_same_tokens(got, expected[i], f"request {i}")
             assert outs[-1].request_finished and outs[-1].finish_reason is FinishReason.LENGTH
             assert sum(o.request_finished for o in outs) == 1
         stats = engine.stats()

@@ -5,8 +5,6 @@ mixed), alone and under concurrency, with chunked prefill, n-gram and draft-mode
 preemption. The same prompts served without the window differ from HF's, so the test can fail."""
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -18,7 +16,7 @@ from backend.engine.llm_engine import LLMEngine, output_token_ids
 from contracts.sampling_params import SamplingParams
 from tests.backend.engine.test_engine_oracle import run_staggered
 from tests.helpers.checkpoints import make_random_checkpoint
-from tests.helpers.oracle import hf_greedy
+from tests.helpers.oracle import assert_same_tokens, hf_greedy, repeating_prompts
 
 WINDOW = 16
 NEW_TOKENS = 24
@@ -51,15 +49,9 @@ def without_window(folder):
     return AutoModelForCausalLM.from_pretrained(str(folder), config=cfg, dtype=torch.float32).eval()
 
 
-def make_prompts(seed: int, n: int = 10, vocab: int = 4000) -> list[list[int]]:
-    """20..70 tokens (the window is 16), most repeating a span (n-gram drafts), half sharing a stem."""
-    rng = random.Random(seed)
-    stem = [rng.randrange(7, vocab) for _ in range(20)]
-    prompts = []
-    for i in range(n):
-        span = [rng.randrange(7, vocab) for _ in range(rng.randint(6, 14))]
-        body = span + [rng.randrange(7, vocab) for _ in range(rng.randint(8, 20))] + (span if i % 3 else [])
-        prompts.append([0] + (stem + body if i % 2 else body))
+def make_prompts(seed: int, n: int = 10) -> list[list[int]]:
+    """22..69 tokens (the window is 16), most repeating a span (n-gram drafts), half sharing a stem."""
+    prompts = repeating_prompts(seed, n, stem_len=20, span_range=(6, 14), gap_range=(8, 20), gap_always=True)
     assert all(len(p) > WINDOW for p in prompts)
     return prompts
 
@@ -102,8 +94,7 @@ def test_sliding_window_greedy_matches_hf(setup, variant):
         results = run_staggered(engine, prompts, params)
         for i, outs in enumerate(results):
             got = output_token_ids(outs)
-            first = next((j for j, (a, b) in enumerate(zip(got, expected[i])) if a != b), None)
-            assert got == expected[i], f"{name}/{variant}: request {i} differs from HF at output position {first}"
+            assert_same_tokens(got, expected[i], f"{name}/{variant}: request {i}")
             assert outs[-1].finish_reason is FinishReason.LENGTH
         stats = engine.stats()
         assert stats.kv_blocks_used == 0, "blocks leaked"

@@ -4,7 +4,6 @@ staggered arrivals, chunked prefill, prefix-cache hits and preemption; afterward
 the target and of the draft is free again. Abort in the middle of speculation frees everything."""
 from __future__ import annotations
 
-import random
 import threading
 import time
 
@@ -18,21 +17,14 @@ from backend.engine.llm_engine import LLMEngine, output_token_ids
 from contracts.sampling_params import SamplingParams
 from tests.backend.engine.test_engine_oracle import run_staggered
 from tests.helpers.checkpoints import DEMO_DRAFT
-from tests.helpers.oracle import hf_greedy
+from tests.helpers.oracle import assert_same_tokens, hf_greedy, repeating_prompts
 
 NEW_TOKENS = 24
 
 
-def make_prompts(seed: int, n: int = 12, vocab: int = 4000) -> list[list[int]]:
+def make_prompts(seed: int, n: int = 12) -> list[list[int]]:
     """Prompts of 8..60 tokens; half share a stem (prefix hits), most repeat a span (n-gram matches)."""
-    rng = random.Random(seed)
-    stem = [rng.randrange(7, vocab) for _ in range(24)]
-    prompts = []
-    for i in range(n):
-        span = [rng.randrange(7, vocab) for _ in range(rng.randint(4, 12))]
-        body = span + [rng.randrange(7, vocab) for _ in range(rng.randint(0, 6))] + span if i % 3 else span
-        prompts.append([0] + (stem + body if i % 2 else body))
-    return prompts
+    return repeating_prompts(seed, n, stem_len=24, span_range=(4, 12), gap_range=(0, 6))
 
 
 @pytest.fixture(scope="module", params=["tiny", "demo"])
@@ -80,8 +72,7 @@ def test_speculative_greedy_matches_hf(setup, method, k, adaptive, variant):
         results = run_staggered(engine, prompts, params)
         for i, outs in enumerate(results):
             got = output_token_ids(outs)
-            first = next((j for j, (a, b) in enumerate(zip(got, expected[i])) if a != b), None)
-            assert got == expected[i], f"request {i} differs from HF at output position {first}"
+            assert_same_tokens(got, expected[i], f"request {i}")
             assert outs[-1].finish_reason is FinishReason.LENGTH and sum(o.request_finished for o in outs) == 1
         spec = engine.scheduler.spec_counters
         assert spec.num_draft_tokens > 0 and spec.num_accepted_tokens > 0, "speculation never ran"
