@@ -58,6 +58,16 @@ def run_staggered(engine: LLMEngine, prompts, params) -> list[list]:
     return results
 
 
+def check_greedy_matches(engine: LLMEngine, prompts, expected, new_tokens: int, what: str = "") -> None:
+    """Run every prompt greedy (EOS masked, as HF's min_new_tokens) with staggered arrivals; each output
+    equals ``expected`` token for token and ends once, with ``length``."""
+    params = SamplingParams(max_tokens=new_tokens, min_tokens=new_tokens, temperature=0.0)
+    for i, outs in enumerate(run_staggered(engine, prompts, params)):
+        assert_same_tokens(output_token_ids(outs), expected[i], f"{what}request {i}")
+        assert outs[-1].request_finished and outs[-1].finish_reason is FinishReason.LENGTH
+        assert sum(o.request_finished for o in outs) == 1
+
+
 @pytest.mark.parametrize("variant", ["plain", "chunked_prefill", "preemption", "no_prefix_cache"])
 def test_greedy_matches_hf_under_concurrency(setup, variant):
     folder, prompts, expected = setup
@@ -70,14 +80,7 @@ def test_greedy_matches_hf_under_concurrency(setup, variant):
         kw["enable_prefix_caching"] = False
     engine = LLMEngine(EngineConfig(**kw)).start()
     try:
-        # min_tokens masks EOS until the end, exactly as HF's min_new_tokens does for the reference
-        params = SamplingParams(max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, temperature=0.0)
-        results = run_staggered(engine, prompts, params)
-        for i, outs in enumerate(results):
-            got = output_token_ids(outs)
-            assert_same_tokens(got, expected[i], f"request {i}")
-            assert outs[-1].request_finished and outs[-1].finish_reason is FinishReason.LENGTH
-            assert sum(o.request_finished for o in outs) == 1
+        check_greedy_matches(engine, prompts, expected, NEW_TOKENS)
         stats = engine.stats()
         assert stats.kv_blocks_used == 0, "blocks leaked"
         if variant == "preemption":

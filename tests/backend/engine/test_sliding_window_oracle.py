@@ -11,12 +11,11 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from backend.config import EngineConfig
-from backend.core.outputs import FinishReason
-from backend.engine.llm_engine import LLMEngine, output_token_ids
+from backend.engine.llm_engine import LLMEngine
 from contracts.sampling_params import SamplingParams
-from tests.backend.engine.test_engine_oracle import run_staggered
+from tests.backend.engine.test_engine_oracle import check_greedy_matches
 from tests.helpers.checkpoints import make_random_checkpoint
-from tests.helpers.oracle import assert_same_tokens, hf_greedy, repeating_prompts
+from tests.helpers.oracle import hf_greedy, repeating_prompts
 
 WINDOW = 16
 NEW_TOKENS = 24
@@ -90,12 +89,7 @@ def test_sliding_window_greedy_matches_hf(setup, variant):
         kw["draft_model_path"] = str(folder)       # the target as its own draft: windowed draft attention too
     engine = LLMEngine(EngineConfig(**kw)).start()
     try:
-        params = SamplingParams(max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, temperature=0.0)
-        results = run_staggered(engine, prompts, params)
-        for i, outs in enumerate(results):
-            got = output_token_ids(outs)
-            assert_same_tokens(got, expected[i], f"{name}/{variant}: request {i}")
-            assert outs[-1].finish_reason is FinishReason.LENGTH
+        check_greedy_matches(engine, prompts, expected, NEW_TOKENS, f"{name}/{variant}: ")
         stats = engine.stats()
         assert stats.kv_blocks_used == 0, "blocks leaked"
         if variant in ("ngram", "draft"):

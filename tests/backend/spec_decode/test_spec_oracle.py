@@ -15,9 +15,9 @@ from backend.config import EngineConfig
 from backend.core.outputs import FinishReason
 from backend.engine.llm_engine import LLMEngine, output_token_ids
 from contracts.sampling_params import SamplingParams
-from tests.backend.engine.test_engine_oracle import run_staggered
+from tests.backend.engine.test_engine_oracle import check_greedy_matches
 from tests.helpers.checkpoints import DEMO_DRAFT
-from tests.helpers.oracle import assert_same_tokens, hf_greedy, repeating_prompts
+from tests.helpers.oracle import hf_greedy, repeating_prompts
 
 NEW_TOKENS = 24
 
@@ -68,12 +68,7 @@ def test_speculative_greedy_matches_hf(setup, method, k, adaptive, variant):
     folder, draft, prompts, expected = setup
     engine = LLMEngine(engine_config(folder, draft, method, k, adaptive, variant)).start()
     try:
-        params = SamplingParams(max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, temperature=0.0)
-        results = run_staggered(engine, prompts, params)
-        for i, outs in enumerate(results):
-            got = output_token_ids(outs)
-            assert_same_tokens(got, expected[i], f"request {i}")
-            assert outs[-1].finish_reason is FinishReason.LENGTH and sum(o.request_finished for o in outs) == 1
+        check_greedy_matches(engine, prompts, expected, NEW_TOKENS)
         spec = engine.scheduler.spec_counters
         assert spec.num_draft_tokens > 0 and spec.num_accepted_tokens > 0, "speculation never ran"
         assert max(spec.accepted_per_pos and [len(spec.accepted_per_pos)]) <= k
