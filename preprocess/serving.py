@@ -7,8 +7,10 @@ runs in tests without the server.
 Conventions at this boundary:
 - ``stop=true`` (TensorRT-LLM's cancel input) skips validation: the llm model aborts the request
   whose id this request carries, so only the flag travels on;
-- ``text_input`` is a required ensemble input (TensorRT-LLM compatibility), so a chat request sends
-  ``messages`` with an empty ``text_input``, which is then ignored.
+- ``text_input`` and ``max_tokens`` are optional in ``config.pbtxt`` so that a request lacking them gets
+  the parser's error naming the input (Triton's decoupled ensemble would close the stream silently); a
+  chat request sends ``messages`` alone, or with an empty ``text_input`` (TensorRT-LLM clients), which is
+  then ignored.
 """
 from __future__ import annotations
 

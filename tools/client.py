@@ -1,9 +1,13 @@
 """Stream a completion from the ensemble over gRPC (KServe v2 streaming) to the terminal.
 
-    python -m tools.client "def fibonacci(n):" --max-tokens 64
-    python -m tools.client --chat "Write a haiku about tests" --max-tokens 48 --temperature 0.7
-    llm-client "import os" --stop "\\n\\n" --url localhost:8001
-    python -m tools.client "def f():" --gateway          # the typed API (gateway, localhost:50051)
+    python -m tools.client "def fibonacci(n):"                 # the prompt, then 64 greedy tokens
+    python -m tools.client "def fibonacci(n):" --temperature 0.8 --top-p 0.95 --seed 1
+    python -m tools.client --chat "Write a haiku about tests" --max-tokens 48
+    llm-client "import os" --stop '\n\n' --url localhost:8001   # \n, \t and \\ in --stop are unescaped
+    python -m tools.client "def f():" --gateway                # the typed API (gateway, localhost:50051)
+
+Defaults give the demo model's best output, as the README's samples: greedy with
+``repetition_penalty`` 1.2. The gRPC port comes from ``GRPC_PORT`` as for ``make serve``.
 
 ``build_inputs`` turns Python values into the ensemble's typed inputs (TensorRT-LLM names); the
 end-to-end tests use it too.
@@ -12,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import queue
+import re
 import sys
 import uuid
 from dataclasses import dataclass
@@ -117,6 +123,7 @@ def stream(url: str, prompt: str, max_tokens: int, *, model: str = "ensemble", t
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    finished = False
     try:
         client.async_stream_infer(model, build_inputs(prompt, max_tokens, stream=True, **options),
                                   request_id=uuid.uuid4().hex, outputs=[grpcclient.InferRequestedOutput(o)
@@ -127,57 +134,121 @@ def stream(url: str, prompt: str, max_tokens: int, *, model: str = "ensemble", t
             if error is not None:
                 raise error
             chunk = parse_result(result)
+            finished = chunk.final
             yield chunk
             if chunk.final:
                 return
     finally:
-        client.stop_stream(cancel_requests=True)
+        # cancel only a request still running: cancelling a finished one races Triton 2.51's ensemble
+        # completion and can leave the ensemble unable to unload (docs/serving.md)
+        client.stop_stream(cancel_requests=not finished)
         client.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Stream a completion from the Triton ensemble.")
-    ap.add_argument("prompt")
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--url", help="gRPC endpoint (default localhost:8001, or localhost:50051 with --gateway)")
+# ---- sampling flags: every sampling input of the ensemble, with the demo's best defaults -----------
+# (name on the command line, ensemble input, type, default, help). None: the server's default.
+SAMPLING_FLAGS = (
+    ("--max-tokens", "max_tokens", int, 64, "tokens to generate"),
+    ("--temperature", "temperature", float, 0.0, "0 = greedy; e.g. 0.8 for sampled text"),
+    ("--repetition-penalty", "repetition_penalty", float, 1.2, "1.0 = off; 1.2 keeps the demo model from looping"),
+    ("--top-k", "top_k", int, None, "keep the k most likely tokens (server default 0: off)"),
+    ("--top-p", "top_p", float, None, "nucleus sampling (server default 1.0: off)"),
+    ("--min-p", "min_p", float, None, "drop tokens below min_p x the top probability (server default 0: off)"),
+    ("--presence-penalty", "presence_penalty", float, None, "in [-2, 2] (server default 0)"),
+    ("--frequency-penalty", "frequency_penalty", float, None, "in [-2, 2] (server default 0)"),
+    ("--seed", "seed", int, None, "seed of a sampled request (reproducible output)"),
+    ("--min-tokens", "min_tokens", int, None, "no EOS before this many tokens (server default 0)"),
+    ("--end-id", "end_id", int, None, "an extra stop token id"),
+    ("--n", "num_return_sequences", int, None, "sequences to sample (printed one after another)"),
+    ("--num-speculative-tokens", "num_speculative_tokens", int, None,
+     "this request's cap on drafts per step (0: no speculation; server default: the engine's)"),
+)
+LIST_FLAGS = (("--stop", "stop_words", "stop string (repeatable; \\n, \\t and \\\\ are unescaped)"),
+              ("--bad-words", "bad_words", "a word never to generate (repeatable)"))
+DEFAULT_URL = f"localhost:{os.environ.get('GRPC_PORT') or 8001}"
+
+
+def unescape(text: str) -> str:
+    """``\\n`` -> newline, ``\\t`` -> tab, ``\\\\`` -> backslash (shells pass ``'\\n\\n'`` literally)."""
+    return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
+
+
+def add_sampling_flags(ap: argparse.ArgumentParser) -> None:
+    for flag, _, typ, default, text in SAMPLING_FLAGS:
+        ap.add_argument(flag, type=typ, default=default, help=text)
+    for flag, _, text in LIST_FLAGS:
+        ap.add_argument(flag, action="append", type=unescape, help=text)
+
+
+def sampling_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ensemble inputs the sampling flags set (None where the server's default applies)."""
+    opts = {name: getattr(args, flag[2:].replace("-", "_")) for flag, name, *_ in SAMPLING_FLAGS}
+    opts.update({name: getattr(args, flag[2:].replace("-", "_")) for flag, name, _ in LIST_FLAGS})
+    return opts
+
+
+class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
+    """``(default: x)`` after each flag's help, except where the server's default applies (None)."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description="Stream a completion from the Triton ensemble. The defaults give the demo model's best "
+                    "output, as the README's samples: greedy with repetition_penalty 1.2.",
+        formatter_class=_Defaults)
+    ap.add_argument("prompt", help="the prompt (with --chat: the user's message)")
+    ap.add_argument("--url", default=DEFAULT_URL, help="gRPC endpoint (port from $GRPC_PORT, as make serve)")
+    ap.add_argument("--model", default="ensemble", help="the Triton model to call")
+    ap.add_argument("--chat", action="store_true", help="send the prompt as a user message (chat template)")
+    ap.add_argument("--echo", action=argparse.BooleanOptionalAction, default=True,
+                    help="print the prompt before the completion (not with --chat)")
     ap.add_argument("--gateway", action="store_true",
-                    help="use the typed API (triton_llm.v1.LLMService) through the gateway instead of the ensemble")
+                    help="use the typed API (triton_llm.v1.LLMService) through the gateway instead of the ensemble "
+                         "(--url then defaults to localhost:$GATEWAY_PORT, 50051)")
     ap.add_argument("--token", help="bearer token for the gateway (default: $GATEWAY_TOKEN)")
     ap.add_argument("--tls-ca", help="PEM CA certificate: connect to the gateway with TLS")
-    ap.add_argument("--model", default="ensemble")
-    ap.add_argument("--chat", action="store_true", help="send the prompt as a user message (chat template)")
-    ap.add_argument("--temperature", type=float)
-    ap.add_argument("--top-k", type=int)
-    ap.add_argument("--top-p", type=float)
-    ap.add_argument("--seed", type=int)
-    ap.add_argument("--stop", action="append", help="stop string (repeatable)")
-    ap.add_argument("--echo", action="store_true", help="print the prompt before the completion")
-    args = ap.parse_args(argv)
+    add_sampling_flags(ap)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.gateway:
         return gateway_main(args)
-    args.url = args.url or "localhost:8001"
-    options: dict[str, Any] = {"exclude_input_in_output": True, "temperature": args.temperature,
-                               "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
-                               "stop_words": args.stop, "return_num_output_tokens": True}
+    options: dict[str, Any] = {"exclude_input_in_output": True, "return_num_output_tokens": True,
+                               **sampling_options(args)}
+    max_tokens = options.pop("max_tokens")
     prompt = args.prompt
     if args.chat:
         options["messages"] = [{"role": "user", "content": args.prompt}]
         prompt = ""
     if args.echo and not args.chat:
         print(args.prompt, end="", flush=True)
-    reason, tokens = "", 0
+    n = options.get("num_return_sequences") or 1
+    texts: dict[int, list[str]] = {}
+    reasons: dict[int, str] = {}
+    tokens: dict[int, int] = {}
     try:
-        for chunk in stream(args.url, prompt, args.max_tokens, model=args.model, **options):
-            print(chunk.text, end="", flush=True)
-            reason = chunk.finish_reason or reason
-            tokens = chunk.num_output_tokens or tokens
+        for chunk in stream(args.url, prompt, max_tokens, model=args.model, **options):
+            if n == 1:
+                print(chunk.text, end="", flush=True)
+            texts.setdefault(chunk.sequence_index, []).append(chunk.text)
+            reasons[chunk.sequence_index] = chunk.finish_reason or reasons.get(chunk.sequence_index, "")
+            tokens[chunk.sequence_index] = chunk.num_output_tokens or tokens.get(chunk.sequence_index, 0)
     except KeyboardInterrupt:
         print("\n[cancelled]", file=sys.stderr)
         return 130
     except Exception as e:  # an error response from the server, or no server
         print(f"\nerror: {getattr(e, 'message', lambda: str(e))()}", file=sys.stderr)
         return 1
-    print(f"\n[finish_reason={reason or '?'} output_tokens={tokens}]", file=sys.stderr)
+    for i in range(n) if n > 1 else ():
+        print(f"\n--- sequence {i} ---\n" + "".join(texts.get(i, [])), end="", flush=True)
+    summary = " ".join(f"[{'' if n == 1 else f'sequence {i}: '}finish_reason={reasons.get(i) or '?'} "
+                       f"output_tokens={tokens.get(i, 0)}]" for i in range(n))
+    print(f"\n{summary}", file=sys.stderr)
     return 0
 
 
@@ -190,21 +261,26 @@ def gateway_main(args) -> int:
     from gateway.client import generate
     from triton_llm.v1 import llm_service_pb2 as pb
 
-    req = pb.GenerateRequest(max_tokens=args.max_tokens, stream=True, exclude_input_in_output=True,
-                             stop_words=args.stop or [])
+    options = sampling_options(args)
+    req = pb.GenerateRequest(max_tokens=options.pop("max_tokens"), stream=True, exclude_input_in_output=True)
     if args.chat:
         req.messages.messages.add(role="user", content=args.prompt)
     else:
         req.prompt = args.prompt
-    for name in ("temperature", "top_k", "top_p", "seed"):
-        if getattr(args, name) is not None:
-            setattr(req, name, getattr(args, name))
+    for name, value in options.items():     # the proto fields carry the ensemble's input names
+        if value is None:
+            continue
+        if isinstance(value, list):
+            getattr(req, name).extend(value)
+        else:
+            setattr(req, name, value)
     if args.echo and not args.chat:
         print(args.prompt, end="", flush=True)
     ca = open(args.tls_ca, "rb").read() if args.tls_ca else None
     last = None
     try:
-        for msg in generate(args.url or "localhost:50051", req, token=args.token or os.environ.get("GATEWAY_TOKEN"),
+        url = args.url if args.url != DEFAULT_URL else f"localhost:{os.environ.get('GATEWAY_PORT') or 50051}"
+        for msg in generate(url, req, token=args.token or os.environ.get("GATEWAY_TOKEN"),
                             root_certificates=ca):
             print(msg.text, end="", flush=True)
             last = msg

@@ -197,8 +197,12 @@ def main(argv: list[str] | None = None) -> int:
         repo = args.model_repository
         if overrides:
             CACHE.mkdir(parents=True, exist_ok=True)
-            repo = render_model_repository(Path(tempfile.mkdtemp(prefix="model_repository.", dir=CACHE)), overrides,
-                                           src=args.model_repository)
+            tmp = Path(tempfile.mkdtemp(prefix="model_repository.", dir=CACHE))
+            try:
+                repo = render_model_repository(tmp, overrides, src=args.model_repository)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)   # a bad --set leaves nothing behind
+                raise
         install = find_tritonserver()
         otel_trace_args(os.environ)   # a bad OTEL_* value stops here, naming the variable
     except LauncherError as e:
@@ -236,7 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if gateway is not None:  # first, so its in-flight streams can finish while Triton still serves them
             gateway.stop()
-        server.stop()
+        t0 = time.monotonic()
+        code = server.stop()
+        if code not in (0, None, -signal.SIGINT):
+            print(f"tritonserver exited with code {code} after {time.monotonic() - t0:.0f} s of shutdown"
+                  + (" (an ensemble request Triton rejected keeps the ensemble from unloading: docs/serving.md, "
+                     "'Known Triton 2.51 issues')" if time.monotonic() - t0 > 20 else ""), file=sys.stderr)
         if repo != args.model_repository:  # the rendered copy with --set overrides
             shutil.rmtree(repo, ignore_errors=True)
 

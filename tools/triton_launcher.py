@@ -90,6 +90,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def cuda_device_present() -> bool:
+    """An NVIDIA device node exists (checked without importing torch or CUDA)."""
+    return Path("/dev/nvidiactl").exists() or any(Path("/dev").glob("nvidia[0-9]*"))
+
+
 def _python_env(base: dict[str, str]) -> dict[str, str]:
     """PATH with this interpreter's bin first, PYTHONPATH with the repository root."""
     env: dict[str, str] = {}
@@ -201,9 +206,10 @@ def render_model_repository(dest: Path, overrides: dict[str, dict[str, str]] | N
     ``overrides = {"llm": {"model_path": "/tmp/ckpt", "kv_cache_bytes": "4000000"}}``.
     """
     overrides = overrides or {}
-    unknown = set(overrides) - {p.name for p in src.iterdir() if p.is_dir()}
+    models = sorted(p.name for p in src.iterdir() if p.is_dir())
+    unknown = set(overrides) - set(models)
     if unknown:
-        raise LauncherError(f"overrides name unknown models: {sorted(unknown)}")
+        raise LauncherError(f"--set names unknown models {sorted(unknown)}; the models are {models}")
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__"))
     for model, params in overrides.items():
@@ -254,6 +260,8 @@ class TritonServer:
             f"--log-verbose={self.log_verbose}",
             "--exit-on-error=true",
         ]
+        if not cuda_device_present():
+            cmd.append("--pinned-memory-pool-byte-size=0")   # no GPU: no pinned pool, and no W line about it
         if self.install.backend_dir is not None:
             cmd.append(f"--backend-directory={self.install.backend_dir}")
         return cmd + otel_trace_args(self.server_env()) + self.extra_args
@@ -285,9 +293,14 @@ class TritonServer:
 
     def log_tail(self, lines: int = 60) -> str:
         if self.log_path is None or not self.log_path.is_file():
-            return "(server output goes to the terminal)"
+            return ""
         text = self.log_path.read_text(errors="replace").splitlines()
         return "\n".join(text[-lines:])
+
+    def _tail_note(self) -> str:
+        """The log tail for an error message, or where to look when the output went to the terminal."""
+        tail = self.log_tail()
+        return f"\n--- server log tail ---\n{tail}" if tail else " (the server's log is above)"
 
     def is_ready(self) -> bool:
         try:
@@ -304,12 +317,12 @@ class TritonServer:
                 raise LauncherError("server not started")
             code = self.proc.poll()
             if code is not None:
-                raise LauncherError(f"tritonserver exited with code {code} before becoming ready.\n"
-                                    f"--- server log tail ---\n{self.log_tail()}")
+                raise LauncherError(f"tritonserver exited with code {code} before becoming ready"
+                                    f"{self._tail_note()}")
             if self.is_ready():
                 return
             time.sleep(0.5)
-        raise LauncherError(f"tritonserver not ready after {timeout:.0f}s.\n--- server log tail ---\n{self.log_tail()}")
+        raise LauncherError(f"tritonserver not ready after {timeout:.0f}s{self._tail_note()}")
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGINT (Triton's graceful shutdown), then SIGKILL of the process group after ``timeout``."""

@@ -102,6 +102,9 @@ def build_attention_metadata(
     table = np.zeros((n, max(width, 1)), dtype=np.int32)
     for i, blocks in enumerate(block_tables):
         table[i, :len(blocks)] = blocks
+    # NULL_BLOCK (-1): a block freed outside every layer's sliding window; block 0 stands in (never read:
+    # the windowed masks and kernels skip those positions), so gathers stay in range
+    np.maximum(table, 0, out=table)
 
     seq_index, positions = token_positions(computed, qlens)
     slots = slots_for_positions(table, seq_index, positions, block_size)

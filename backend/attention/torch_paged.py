@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from backend.attention.base import AttentionBackend
 from backend.attention.metadata import AttentionMetadata
+from backend.attention.window import causal_mask, decode_mask
 from backend.core.kv_cache import KVCache
 
 
@@ -53,6 +54,7 @@ def plan_group(
     slot_mapping: torch.Tensor,  # [num_tokens_in_step] int64
     token_index: torch.Tensor | None,  # [num_tokens] this group's tokens in the step (None: all, in order)
     block_size: int,
+    window: int | None = None,   # sliding window of the layers this plan serves (backend/attention/window.py)
 ) -> PagedPlan:
     b = seq_lens.shape[0]
     dev = seq_lens.device
@@ -60,17 +62,16 @@ def plan_group(
     qmax = int(query_lens.max())
     gather_blocks = block_tables[:, :-(-ctx_len // block_size)].long().reshape(-1)
     if qmax == 1:
-        mask = None if b == 1 else (torch.arange(ctx_len, device=dev)[None, :] < seq_lens[:, None])[:, None, None, :]
-        return PagedPlan(b, qmax, ctx_len, slot_mapping, gather_blocks, mask, token_index)
+        return PagedPlan(b, qmax, ctx_len, slot_mapping, gather_blocks, decode_mask(seq_lens, ctx_len, window),
+                         token_index)
     shapes = list(zip(query_lens.tolist(), seq_lens.tolist()))
-    masks = [None if ql == sl else torch.arange(sl, device=dev)[None, :] <= torch.arange(sl - ql, sl, device=dev)[:, None]
-             for ql, sl in shapes]
+    masks = [causal_mask(ql, sl, window, dev) for ql, sl in shapes]
     return PagedPlan(b, qmax, ctx_len, slot_mapping, gather_blocks, None, token_index, seq_shapes=shapes,
                      seq_masks=masks)
 
 
-def plan_paged_attention(md: AttentionMetadata, block_size: int) -> PagedPlan:
-    """Precompute gather indices, query placement and masks for one step."""
+def plan_paged_attention(md: AttentionMetadata, block_size: int, window: int | None = None) -> PagedPlan:
+    """Precompute gather indices, query placement and masks for one step (of layers with ``window``)."""
     seq_lens = md.seq_lens.long()
     qsl = md.query_start_loc.long()
     qlens = qsl[1:] - qsl[:-1]
@@ -78,13 +79,13 @@ def plan_paged_attention(md: AttentionMetadata, block_size: int) -> PagedPlan:
     is_decode = qlens == 1
     num_decodes = int(is_decode.sum())
     if md.max_query_len == 1 or num_decodes == 0:
-        return plan_group(seq_lens, qlens, md.block_tables, slots, None, block_size)
+        return plan_group(seq_lens, qlens, md.block_tables, slots, None, block_size, window)
     dec = is_decode.nonzero().flatten()
     pre = (~is_decode).nonzero().flatten()
     pre_tokens = torch.repeat_interleave(qsl[:-1][pre] - torch.cumsum(qlens[pre], 0) + qlens[pre], qlens[pre]) \
         + torch.arange(int(qlens[pre].sum()), device=qsl.device)
-    plan = plan_group(seq_lens[dec], qlens[dec], md.block_tables[dec], slots, qsl[:-1][dec], block_size)
-    plan.rest = plan_group(seq_lens[pre], qlens[pre], md.block_tables[pre], slots, pre_tokens, block_size)
+    plan = plan_group(seq_lens[dec], qlens[dec], md.block_tables[dec], slots, qsl[:-1][dec], block_size, window)
+    plan.rest = plan_group(seq_lens[pre], qlens[pre], md.block_tables[pre], slots, pre_tokens, block_size, window)
     return plan
 
 
@@ -181,10 +182,13 @@ class TorchPagedAttention(AttentionBackend):
     are made once in ``prepare``.
     """
 
-    def __init__(self, kv_cache: KVCache, scale: float | None = None):
+    def __init__(self, kv_cache: KVCache, scale: float | None = None, windows=None):
+        """``windows``: per layer, a sliding window or None (default: none anywhere)."""
         self.kv_cache = kv_cache
         self.scale = scale
+        self.windows = tuple(windows) if windows else (None,) * kv_cache.num_layers
         self.plan: PagedPlan | None = None
+        self._window_plans: dict[int, PagedPlan] = {}   # window -> the step's plan for layers with it
         c = kv_cache
         self._k_flat = [k.view(-1, c.num_kv_heads, c.head_dim) for k in c.k]  # [num_slots, KVH, D] per layer
         self._v_flat = [v.view(-1, c.num_kv_heads, c.head_dim) for v in c.v]
@@ -213,11 +217,14 @@ class TorchPagedAttention(AttentionBackend):
             raise ValueError(f"metadata block_size {metadata.block_size} != cache block_size "
                              f"{self.kv_cache.block_size}")
         self.plan = plan_paged_attention(metadata, self.kv_cache.block_size)
+        self._window_plans = {w: plan_paged_attention(metadata, self.kv_cache.block_size, w)
+                              for w in set(self.windows) if w is not None}   # same gathers, windowed masks
         self._bufs = self._step_buffers(self.plan)
 
     def forward(self, layer_idx, q, k, v):
         # q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
-        plan = self.plan
+        window = self.windows[layer_idx]
+        plan = self.plan if window is None else self._window_plans.get(window)
         if plan is None:
             raise RuntimeError("TorchPagedAttention.forward before prepare()")
         write_kv(self._k_flat[layer_idx], k, plan.slot_mapping)

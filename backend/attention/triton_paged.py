@@ -27,15 +27,18 @@ def use_split_k(num_seqs: int, num_kv_heads: int, parts: int, max_seq_len: int, 
 
 class TritonPagedAttention(AttentionBackend):
     def __init__(self, kv_cache: KVCache, scale: float | None = None, partition_tokens: int = 512,
-                 split_k: bool | None = None, prefill_block_m: int = 64, target_programs: int | None = None):
+                 split_k: bool | None = None, prefill_block_m: int = 64, target_programs: int | None = None,
+                 windows=None):
         """``split_k``: None decides per step (``use_split_k``), True/False forces it.
-        ``partition_tokens`` (a multiple of the block size) is the split-K partition length."""
+        ``partition_tokens`` (a multiple of the block size) is the split-K partition length.
+        ``windows``: per layer, a sliding window or None (default: none anywhere)."""
         check_cache_layout(kv_cache.k[0], kv_cache.v[0])  # power-of-two block_size >= 16
         bs = kv_cache.block_size
         if partition_tokens % bs:
             raise ValueError(f"partition_tokens ({partition_tokens}) must be a multiple of block_size ({bs})")
         self.kv_cache = kv_cache
         self.scale = scale
+        self.windows = tuple(windows) if windows else (None,) * kv_cache.num_layers
         self.blocks_per_partition = partition_tokens // bs
         self.split_k = split_k
         self.prefill_block_m = prefill_block_m
@@ -72,8 +75,9 @@ class TritonPagedAttention(AttentionBackend):
         qc = q.to(k_cache.dtype)
         if md.is_pure_decode:
             out = paged_decode_attention(qc, k_cache, v_cache, md.block_tables, md.seq_lens, md.max_seq_len,
-                                         self.scale, self._decode_bpp)
+                                         self.scale, self._decode_bpp, window=self.windows[layer_idx])
         else:
             out = paged_prefill_attention(qc, k_cache, v_cache, md.block_tables, md.seq_lens, md.query_start_loc,
-                                          md.max_query_len, self.scale, self.prefill_block_m)
+                                          md.max_query_len, self.scale, self.prefill_block_m,
+                                          window=self.windows[layer_idx])
         return out.to(q.dtype)

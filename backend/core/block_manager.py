@@ -14,6 +14,10 @@ Follows vLLM v1's ``BlockPool`` / ``KVCacheManager``:
   ``sha256(parent_hash, token_ids of block i, extra_key)``, where ``extra_key`` digests the
   model + tokenizer identity given at construction (a changed checkpoint or chat template
   never hits stale K/V). Only full blocks whose K/V are computed get a hash.
+- Sliding windows: when every layer attends within a window, blocks wholly before the window of
+  the next position a sequence computes are never read again. ``free_outside_window`` releases
+  them (cached ones stay hittable in the free queue) and leaves ``NULL_BLOCK`` in the table, so
+  table index ``i`` still means positions ``[i * block_size, (i + 1) * block_size)``.
 - Copy-on-write: a block is written only while it is private and uncached. Before a
   sequence writes a position in a block with ``ref_count > 1`` (shared after ``fork``) or
   with a hash (cached content is immutable: others may hit it in the same step), it gets a
@@ -34,6 +38,7 @@ from typing import Sequence as Seq
 from backend.core.sequence import Sequence
 
 BlockHash = bytes   # sha256 digest (32 bytes)
+NULL_BLOCK = -1     # block-table entry of a block freed because it fell out of every layer's window
 _HASH_VERSION = b"kv-block-hash-v1"
 
 
@@ -153,6 +158,8 @@ class BlockManager:
             return 0
         hashes, added = self.block_hashes(seq), 0
         for i in range(done, n_full):
+            if seq.block_table[i] == NULL_BLOCK:
+                continue
             block, h = self.blocks[seq.block_table[i]], hashes[i]
             if block.block_hash is None and h not in self._cached:   # a duplicate stays uncached
                 block.block_hash = h
@@ -235,7 +242,8 @@ class BlockManager:
         if child.block_table:
             raise ValueError(f"fork: child sequence {child.seq_id} already holds blocks")
         for bid in parent.block_table:
-            self.blocks[bid].ref_count += 1
+            if bid != NULL_BLOCK:
+                self.blocks[bid].ref_count += 1
         child.block_table = list(parent.block_table)
         n_full = child.num_tokens // self.block_size
         if parent.seq_id in self._seq_hashes:
@@ -245,7 +253,8 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Release every block of the sequence (tail first, so tails are evicted first). Idempotent."""
         for bid in reversed(seq.block_table):
-            self._release(self.blocks[bid])
+            if bid != NULL_BLOCK:
+                self._release(self.blocks[bid])
         seq.block_table = []
         self._seq_hashes.pop(seq.seq_id, None)
         self._num_committed.pop(seq.seq_id, None)
@@ -259,13 +268,32 @@ class BlockManager:
         keep = _cdiv(num_tokens, self.block_size)
         table = seq.block_table
         for bid in reversed(table[keep:]):
-            self._release(self.blocks[bid])
+            if bid != NULL_BLOCK:
+                self._release(self.blocks[bid])
         del table[keep:]
         n_full = num_tokens // self.block_size
         if seq.seq_id in self._seq_hashes:
             del self._seq_hashes[seq.seq_id][n_full:]
         if seq.seq_id in self._num_committed:
             self._num_committed[seq.seq_id] = min(self._num_committed[seq.seq_id], n_full)
+
+    def free_outside_window(self, seq: Sequence, window: int) -> int:
+        """Free the blocks no query of ``seq`` can read again when every layer sees only the last
+        ``window`` keys: those wholly before position ``num_computed_tokens - window + 1`` (the first
+        key the next position to compute sees; later queries, drafts and re-verified positions all
+        sit at or after ``num_computed_tokens``). Their table entries become ``NULL_BLOCK``. Call
+        after ``commit_full_blocks`` so that full blocks stay hittable. Returns how many were freed.
+        """
+        table = seq.block_table
+        n = min(max(0, seq.num_computed_tokens - window + 1) // self.block_size, len(table))
+        freed = 0
+        for i in range(n - 1, -1, -1):       # newest first, as ``free``: older blocks are evicted last
+            if table[i] == NULL_BLOCK:
+                break                        # everything before was freed by an earlier call
+            self._release(self.blocks[table[i]])
+            table[i] = NULL_BLOCK
+            freed += 1
+        return freed
 
     # ---- internals --------------------------------------------------------------------------
     def _pop_free(self) -> KVBlock:

@@ -16,6 +16,10 @@ recomputes only the last prompt token (1 token each) to get their own logits, an
 copy-on-write gives each a private copy of the shared partial block as it writes.
 Admission reserves ``max_num_seqs`` slots for the forks.
 
+Sliding windows (``sliding_window``: the window every layer attends within, or None): after each
+update a sequence's blocks wholly before its window go back to the pool
+(``BlockManager.free_outside_window``).
+
 Not thread-safe: the engine loop thread owns it.
 """
 from __future__ import annotations
@@ -78,7 +82,7 @@ class SpecDecodeCounters:
 
 class Scheduler:
     def __init__(self, config: EngineConfig, *, num_blocks: int, max_model_len: int, vocab_size: int,
-                 eos_token_ids: Iterable[int], cache_key: str = ""):
+                 eos_token_ids: Iterable[int], cache_key: str = "", sliding_window: int | None = None):
         if max_model_len < 2:
             raise ValueError(f"max_model_len: must be >= 2, got {max_model_len}")
         if num_blocks * config.block_size < max_model_len:
@@ -88,6 +92,7 @@ class Scheduler:
         if vocab_size < 1:
             raise ValueError(f"vocab_size: must be >= 1, got {vocab_size}")
         self.config = config
+        self.sliding_window = sliding_window
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -289,6 +294,8 @@ class Scheduler:
                     raise ValueError(f"runner sampled for sequence {seq.seq_id}, whose chunk had sample=False")
                 seq.num_computed_tokens += sched.num_new_tokens
                 bm.commit_full_blocks(seq)
+                if self.sliding_window is not None:
+                    bm.free_outside_window(seq, self.sliding_window)
                 continue
             if not 1 <= len(tokens) <= sched.num_draft_tokens + 1:
                 raise ValueError(f"runner returned {len(tokens)} tokens for sequence {seq.seq_id} "
@@ -327,6 +334,8 @@ class Scheduler:
                     break
             else:
                 bm.commit_full_blocks(seq)
+                if self.sliding_window is not None:
+                    bm.free_outside_window(seq, self.sliding_window)
             out = req.emit(seq, self.stream_interval)
             if out is not None:
                 outs.append(out)

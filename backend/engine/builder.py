@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from backend.attention.selector import make_attention_backend
+from backend.attention.window import serving_windows, uniform_window
 from backend.config import EngineConfig
 from backend.core.kv_cache import KVCache, num_blocks_for_budget
 from backend.core.scheduler import Scheduler
@@ -28,6 +29,7 @@ class EngineParts:
     runner: ModelRunner       # holds the model, the KV cache, the attention backend and the sampler
     speculator: Speculator | None = None
     cpu_threads: int = 1      # intra-op threads the engine may use per step on the CPU (1 on CUDA: not its concern)
+    summary: str = ""         # the one line logged at load (``load_summary``)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -101,13 +103,48 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     kv_cache = KVCache(mcfg.num_hidden_layers, blocks, config.block_size, mcfg.num_key_value_heads, mcfg.head_dim,
                        dtype=dtype, device=device)
     eos = set(mcfg.eos_token_ids) | generation_eos_ids(folder)
+    windows = serving_windows(mcfg.sliding_windows, mcfg.num_hidden_layers, max_model_len)
     scheduler = Scheduler(config, num_blocks=blocks, max_model_len=max_model_len, vocab_size=mcfg.vocab_size,
-                          eos_token_ids=eos, cache_key=checkpoint_identity(folder))
+                          eos_token_ids=eos, cache_key=checkpoint_identity(folder),
+                          sliding_window=uniform_window(windows))
     sampler = Sampler(vocab_size=mcfg.vocab_size, device=device, seed=config.seed, eos_token_ids=sorted(eos))
-    runner = ModelRunner(model, kv_cache, make_attention_backend(kv_cache), sampler, device)
+    attn = make_attention_backend(kv_cache, windows=windows)
+    runner = ModelRunner(model, kv_cache, attn, sampler, device)
+    speculator = build_speculator(config, folder, mcfg, blocks, device, dtype, max_model_len)
+    summary = load_summary(config, mcfg, model, kv_cache, device, dtype, max_model_len, windows,
+                           type(attn).__name__, speculator)
     threads = (config.cpu_threads or torch.get_num_threads()) if device.type == "cpu" else 1
-    return EngineParts(scheduler, runner, build_speculator(config, folder, mcfg, blocks, device, dtype, max_model_len),
-                       cpu_threads=threads)
+    return EngineParts(scheduler, runner, speculator, cpu_threads=threads, summary=summary)
+
+
+def load_summary(config: EngineConfig, mcfg: ModelConfig, model: LlamaForCausalLM, kv: KVCache,
+                 device: torch.device, dtype: torch.dtype, max_model_len: int, windows: tuple,
+                 attention: str, speculator: Speculator | None) -> str:
+    """One line with what a capacity plan starts from: checkpoint, device, dtype, KV pool, settings."""
+    params = sum(p.numel() for p in model.parameters())
+    pool_tokens = kv.num_blocks * kv.block_size
+    per_token = kv.nbytes // pool_tokens
+    window = uniform_window(windows)
+    held = min(max_model_len, window + config.max_num_batched_tokens) if window else max_model_len
+    held_blocks = -(-held // kv.block_size)
+    windows_text = "none" if not any(windows) else (
+        f"{window} on every layer (a sequence holds <= {held} tokens of KV)" if window else
+        f"{sum(w is not None for w in windows)} of {len(windows)} layers ({sorted({w for w in windows if w})})")
+    if speculator is None:
+        spec = "off"
+    else:
+        spec = (f"{config.speculative_method} k={config.num_speculative_tokens}"
+                f"{' adaptive' if config.speculative_adaptive else ''}"
+                + (f" draft={config.draft_model_path}" if config.speculative_method == "draft" else ""))
+    arch = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}.get(mcfg.family, mcfg.family)
+    return (f"llm engine loaded: checkpoint {config.model_path} ({arch}, {mcfg.num_hidden_layers} layers, "
+            f"{params / 1e6:.2f}M parameters) on {device} in {str(dtype).replace('torch.', '')}; "
+            f"KV pool {kv.num_blocks} blocks x {kv.block_size} = {pool_tokens} tokens "
+            f"({kv.nbytes / 2**20:.1f} MiB, {per_token} bytes per token); max_model_len {max_model_len}: "
+            f"{kv.num_blocks // held_blocks} sequences at full context; sliding window {windows_text}; "
+            f"max_num_seqs {config.max_num_seqs}, max_num_batched_tokens {config.max_num_batched_tokens}, "
+            f"prefix caching {'on' if config.enable_prefix_caching else 'off'}, stream_interval "
+            f"{config.stream_interval}, attention {attention}, speculation {spec}")
 
 
 def build_speculator(config: EngineConfig, target_folder: Path, target: ModelConfig, num_blocks: int,

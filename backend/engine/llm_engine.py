@@ -131,6 +131,11 @@ class LLMEngine:
         self._drain_inbox()
         self._finish_all(FinishReason.ABORT, "engine shut down")
 
+    def loop_alive(self) -> bool:
+        """The loop thread is running (False before ``start()``, after ``shutdown()``, or if it died)."""
+        t = self._thread
+        return t is not None and t.is_alive()
+
     def has_work(self) -> bool:
         return bool(self._inbox) or self.scheduler.has_unfinished()
 

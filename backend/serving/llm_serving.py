@@ -11,6 +11,9 @@
   naming the field, and drops its state for the request);
 - each finished request goes to ``telemetry`` (histograms, the JSON log line, spans when traced:
   backend/serving/telemetry.py), which runs on its own thread.
+- a watchdog (``backend/serving/health.py``) declares the engine unhealthy when its loop dies or stalls
+  with work waiting: every in-flight request then ends with an error, new ones are refused, and by
+  default tritonserver is asked to shut down so that its readiness tells the truth.
 
 ``pb_utils`` (Triton's ``triton_python_backend_utils``) is passed in, so this module runs in tests
 without the server.
@@ -38,7 +41,8 @@ from contracts.triton_config import model_parameters, positive_float_param, reso
 log = logging.getLogger(__name__)
 
 # config.pbtxt parameters read by this module (the others go to EngineConfig.from_parameters).
-SERVING_PARAMETERS = {"cancel_poll_interval_s": "0.2", "metrics_interval_s": "1.0", "request_log_level": "info"}
+SERVING_PARAMETERS = {"cancel_poll_interval_s": "0.2", "metrics_interval_s": "1.0", "request_log_level": "info",
+                      "engine_stall_timeout_s": "30", "engine_unhealthy_action": "shutdown"}
 
 
 def split_parameters(params: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -84,6 +88,8 @@ class LLMServing:
         self._lock = threading.Lock()
         self._inflight: dict[str, _InFlight] = {}
         self._closed = threading.Event()
+        self._unhealthy: str | None = None    # why the engine is gone (backend/serving/health.py), or None
+        self.watchdog = None
         self._poll_s = cancel_poll_interval_s
         self._watcher = threading.Thread(target=self._watch_cancellations, name="llm-cancel-watch", daemon=True)
         self._watcher.start()
@@ -106,11 +112,41 @@ class LLMServing:
                                 model=name, version=model_version, interval_s=interval).start()
         telemetry, tracer = build_telemetry(pb_utils, max_model_len=engine.scheduler.max_model_len, model=name,
                                             version=model_version, log_level=log_level)
-        return cls(engine, pb_utils, cancel_poll_interval_s=poll, metrics=metrics, telemetry=telemetry,
-                   tracing=tracer is not None, model_name=os.path.basename(os.path.normpath(engine.config.model_path)))
+        log_load_summary(pb_utils, getattr(engine.parts, "summary", ""))
+        llm = cls(engine, pb_utils, cancel_poll_interval_s=poll, metrics=metrics, telemetry=telemetry,
+                  tracing=tracer is not None, model_name=os.path.basename(os.path.normpath(engine.config.model_path)))
+        llm.watch(positive_float_param(serving, "engine_stall_timeout_s", 30.0), serving["engine_unhealthy_action"])
+        return llm
+
+    def watch(self, stall_timeout_s: float, action: str = "shutdown") -> None:
+        """Start the engine watchdog; ``action`` ``shutdown`` also stops tritonserver when the engine dies."""
+        from backend.serving.health import UNHEALTHY_ACTIONS, EngineWatchdog, shutdown_server
+        if action not in UNHEALTHY_ACTIONS:
+            raise ValueError(f"engine_unhealthy_action: expected one of {UNHEALTHY_ACTIONS}, got {action!r}")
+
+        def on_unhealthy(reason: str) -> None:
+            self.engine_unhealthy(reason)
+            if action == "shutdown":
+                shutdown_server(reason)
+        self.watchdog = EngineWatchdog(self.engine, on_unhealthy, stall_timeout_s=stall_timeout_s).start()
+
+    def engine_unhealthy(self, reason: str) -> None:
+        """The engine is gone: say why, end every in-flight request with an error, refuse new ones."""
+        self._unhealthy = reason
+        with self._lock:
+            left = list(self._inflight.values())
+            self._inflight.clear()
+        log.error("llm: engine unhealthy: %s; ending %d in-flight requests with an error", reason, len(left))
+        for f in left:
+            self._send_error(f.sender, f.engine_id, f"engine unavailable: {reason}")
 
     # ---- Triton side -----------------------------------------------------------------
     def execute(self, requests) -> None:
+        if self._unhealthy is not None:
+            for r in requests:
+                self._send_error(r.get_response_sender(), r.request_id() or "",
+                                 f"engine unavailable: {self._unhealthy}")
+            return None
         # Stops first: a stop and its target may arrive in one batch.
         for r in sorted(requests, key=lambda r: not self._is_stop(r)):
             try:
@@ -268,6 +304,8 @@ class LLMServing:
             return len(self._inflight)
 
     def shutdown(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
         if self.metrics is not None:
             self.metrics.stop()
         self._closed.set()
@@ -337,6 +375,17 @@ def build_telemetry(pb_utils, *, max_model_len: int, model: str, version: str, l
     # the metric families must live as long as the telemetry that observes them
     telemetry = RequestTelemetry(sinks, closers=closers, resources=(metrics, request_log, tracer)).start()
     return telemetry, tracer
+
+
+def log_load_summary(pb_utils, summary: str) -> None:
+    """The engine's one load line (backend/engine/builder.py), in Triton's log when it has a logger."""
+    if not summary:
+        return
+    logger = getattr(pb_utils, "Logger", None)
+    if logger is not None:
+        logger.log_info(summary)
+    else:
+        log.warning(summary)
 
 
 def engine_error_message(e: Exception) -> str:

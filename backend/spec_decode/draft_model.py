@@ -24,6 +24,7 @@ import torch
 
 from backend.attention.metadata import build_attention_metadata
 from backend.attention.selector import make_attention_backend
+from backend.attention.window import serving_windows
 from backend.config import EngineConfig
 from backend.core.block_manager import BlockManager
 from backend.core.kv_cache import KVCache
@@ -72,11 +73,12 @@ def check_draft_compatible(draft: ModelConfig, draft_folder: Path, target: Model
 class DraftModelProposer(Proposer):
     method = "draft"
 
-    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, block_manager: BlockManager, sampler: Sampler):
+    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, block_manager: BlockManager, sampler: Sampler,
+                 windows=None):
         self.model = model
         self.kv_cache = kv_cache
         self.bm = block_manager
-        self.attn = make_attention_backend(kv_cache)
+        self.attn = make_attention_backend(kv_cache, windows=windows)   # the draft's own sliding windows
         self.sampler = sampler
         self.device = kv_cache.device
         self._states: dict[int, _DraftState] = {}
@@ -96,7 +98,7 @@ class DraftModelProposer(Proposer):
         bm = BlockManager(num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching,
                           cache_key="draft:" + key)
         sampler = Sampler(dcfg.vocab_size, device=device, seed=config.seed ^ 0x5DEECE66D, seq_seed_salt=DRAFT_SEED_SALT)
-        return cls(model, kv, bm, sampler)
+        return cls(model, kv, bm, sampler, serving_windows(dcfg.sliding_windows, dcfg.num_hidden_layers, max_model_len))
 
     # ---- per-sequence state --------------------------------------------------------------------
     def _state(self, seq: Sequence) -> _DraftState:

@@ -1,6 +1,8 @@
 """Reference generation helpers shared by the oracle tests."""
 from __future__ import annotations
 
+import random
+
 import torch
 
 from backend.attention.dense import DenseCausalAttention
@@ -38,14 +40,23 @@ def hf_greedy(hf_model, prompt: list[int], max_new_tokens: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-def assert_streams_match(results: list, expected: list[list[int]]) -> None:
-    """Each request's streamed tokens equal the reference; it ended once, with LENGTH (max_tokens)."""
-    from backend.core.outputs import FinishReason
-    from backend.engine.llm_engine import output_token_ids
+def repeating_prompts(seed: int, n: int, *, stem_len: int, span_range: tuple[int, int], gap_range: tuple[int, int],
+                      gap_always: bool = False, vocab: int = 4000) -> list[list[int]]:
+    """Random-id prompts (BOS 0 first): odd ones start with a shared stem (prefix-cache hits), two in three
+    repeat a span after a gap (n-gram drafts find it); ``gap_always``: the others get a gap too."""
+    rng = random.Random(seed)
+    stem = [rng.randrange(7, vocab) for _ in range(stem_len)]
+    prompts = []
+    for i in range(n):
+        span = [rng.randrange(7, vocab) for _ in range(rng.randint(*span_range))]
+        repeat = i % 3 != 0
+        gap = [rng.randrange(7, vocab) for _ in range(rng.randint(*gap_range))] if repeat or gap_always else []
+        body = span + gap + (span if repeat else [])
+        prompts.append([0] + (stem + body if i % 2 else body))
+    return prompts
 
-    for i, outs in enumerate(results):
-        got = output_token_ids(outs)
-        first = next((j for j, (a, b) in enumerate(zip(got, expected[i])) if a != b), None)
-        assert got == expected[i], f"request {i} differs from HF at output position {first}"
-        assert outs[-1].request_finished and outs[-1].finish_reason is FinishReason.LENGTH
-        assert sum(o.request_finished for o in outs) == 1
+
+def assert_same_tokens(got: list[int], expected: list[int], what: str) -> None:
+    """Token-for-token equality, naming the first output position that differs."""
+    first = next((j for j, (a, b) in enumerate(zip(got, expected)) if a != b), None)
+    assert got == expected, f"{what} differs from HF at output position {first}"

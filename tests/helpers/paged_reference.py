@@ -29,8 +29,9 @@ def fill_context(k_cache, v_cache, tables, ctx_lens, full_k, full_v, block_size)
             v_cache[blk, off] = full_v[s][p]
 
 
-def naive_attention(q, k, v, ctx):
-    """Dense attention of the last ``len(q)`` tokens over all ``len(k)`` tokens, causal by position.
+def naive_attention(q, k, v, ctx, window=None):
+    """Dense attention of the last ``len(q)`` tokens over all ``len(k)`` tokens, causal by position
+    (and, with ``window``, only keys ``p - window < k <= p``, transformers' sliding window).
 
     q [Q, H, D], k/v [S, KVH, D] with S = ctx + Q; returns [Q, H, D] in fp64 maths.
     """
@@ -41,13 +42,16 @@ def naive_attention(q, k, v, ctx):
     scores = torch.einsum("qhd,khd->hqk", qd, kd) / math.sqrt(q.shape[-1])
     qpos = ctx + torch.arange(q.shape[0])
     allowed = torch.arange(k.shape[0])[None, :] <= qpos[:, None]
+    if window is not None:
+        allowed &= torch.arange(k.shape[0])[None, :] > qpos[:, None] - window
     scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), vd)
 
 
 def make_case(ctx_lens, query_lens, *, num_heads, num_kv_heads, head_dim, block_size, dtype=torch.float32,
-              seed=0, extra_blocks=3):
-    """Random q, new k/v, a cache holding the prefixes, metadata and the expected output."""
+              seed=0, extra_blocks=3, window=None):
+    """Random q, new k/v, a cache holding the prefixes, metadata and the expected output
+    (of a layer with sliding ``window``, when given)."""
     gen = torch.Generator().manual_seed(seed)
     num_blocks = sum(-(-(c + q) // block_size) for c, q in zip(ctx_lens, query_lens)) + extra_blocks
     tables = random_layout(ctx_lens, query_lens, block_size, num_blocks, gen)
@@ -61,7 +65,7 @@ def make_case(ctx_lens, query_lens, *, num_heads, num_kv_heads, head_dim, block_
     q = torch.cat(qs)
     k_new = torch.cat([fk[c:] for fk, c in zip(full_k, ctx_lens)])
     v_new = torch.cat([fv[c:] for fv, c in zip(full_v, ctx_lens)])
-    expected = torch.cat([naive_attention(qi, fk, fv, c)
+    expected = torch.cat([naive_attention(qi, fk, fv, c, window)
                           for qi, fk, fv, c in zip(qs, full_k, full_v, ctx_lens)]).float()
     cast = lambda t: t.to(dtype)  # noqa: E731
     return dict(q=cast(q), k=cast(k_new), v=cast(v_new), k_cache=cast(k_cache), v_cache=cast(v_cache), md=md,

@@ -52,6 +52,22 @@ def test_preprocess_stop_request_skips_validation(pre):
     assert resp.tensor(wire.INPUT_IDS).size == 0
 
 
+def test_preprocess_stop_request_alone(pre):
+    """With every input optional in config.pbtxt, a stop request needs nothing but `stop`."""
+    resp, = pre.execute([Request(triton_inputs(stop=True), request_id="x")])
+    assert not resp.has_error() and resp.tensor(wire.STOP).reshape(-1).tolist() == [True]
+
+
+def test_preprocess_messages_alone_and_missing_inputs(pre, tokenizer):
+    """text_input and max_tokens are optional in config.pbtxt: preprocess names what is missing."""
+    resp, = pre.execute([Request(triton_inputs(messages=[{"role": "user", "content": "hi"}], max_tokens=4))])
+    assert not resp.has_error(), resp.error() and resp.error().message()
+    resp, = pre.execute([Request(triton_inputs(max_tokens=4))])
+    assert resp.error().message() == "text_input: required input is missing (or send messages)"
+    resp, = pre.execute([Request(triton_inputs(text_input="x", temperature=0.5))])
+    assert resp.error().message() == "max_tokens: required input is missing"
+
+
 def test_preprocess_messages_with_empty_text_input_use_the_chat_template(pre, tokenizer):
     msgs = [{"role": "user", "content": "hi"}]
     resp, = pre.execute([Request(triton_inputs(text_input="", messages=msgs, max_tokens=4))])

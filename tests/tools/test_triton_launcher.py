@@ -38,8 +38,10 @@ def io_block(model: str, kind: str) -> dict[str, tuple[str, str, bool]]:
 def test_ensemble_speaks_tensorrt_llm_names_and_types():
     inputs = io_block("ensemble", "input")
     assert {k: TYPE_NAMES[v[0]] for k, v in inputs.items()} == INPUT_TYPES
+    # all optional: preprocess answers a missing text_input / max_tokens with an error naming it, where
+    # Triton 2.51's decoupled ensemble would end the stream silently (docs/serving.md)
     required = sorted(k for k, v in inputs.items() if not v[2])
-    assert required == ["max_tokens", "text_input"]
+    assert required == []
     assert inputs["seed"][0] == "TYPE_UINT64" and inputs["stop_words"][1] == "-1"
     assert list(io_block("ensemble", "output")) == list(OUTPUTS)
 
@@ -133,3 +135,30 @@ def test_serve_overrides():
         "llm": {"model_path": "/x", "block_size": "32"}, "preprocess": {"tokenizer_path": "/t"}}
     with pytest.raises(LauncherError, match="MODEL.PARAMETER=VALUE"):
         parse_overrides(["model_path=/x"])
+
+
+def test_bad_set_leaves_no_rendered_repository(tmp_path, monkeypatch, capsys):
+    import tools.serve as serve
+    monkeypatch.setattr(serve, "CACHE", tmp_path)
+    assert serve.main(["--set", "nosuch.model_path=/x"]) == 2
+    assert "--set names unknown models ['nosuch']; the models are ['ensemble', 'llm', 'postprocess', " \
+           "'preprocess']" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_errors_before_ready_say_where_the_log_is(tmp_path):
+    from tools.triton_launcher import TritonServer
+    to_terminal = TritonServer(MODEL_REPOSITORY)
+    assert to_terminal._tail_note() == " (the server's log is above)"
+    log = tmp_path / "server.log"
+    log.write_text("line 1\nE boom\n")
+    assert to_terminal.log_tail() == "" and "boom" in TritonServer(MODEL_REPOSITORY, log_path=log)._tail_note()
+
+
+def test_cpu_start_has_no_pinned_memory_pool(monkeypatch, tmp_path):
+    import tools.triton_launcher as tl
+    server = tl.TritonServer(MODEL_REPOSITORY, install=tl.TritonInstall(tmp_path / "tritonserver", None))
+    monkeypatch.setattr(tl, "cuda_device_present", lambda: False)
+    assert "--pinned-memory-pool-byte-size=0" in server.command()
+    monkeypatch.setattr(tl, "cuda_device_present", lambda: True)
+    assert not any(a.startswith("--pinned-memory-pool") for a in server.command())

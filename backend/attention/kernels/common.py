@@ -6,6 +6,7 @@ import math
 import torch
 
 LOG2E = 1.4426950408889634
+NO_WINDOW = 1 << 30   # the kernels' ``window`` argument for full causal attention (no position reaches it)
 
 
 def next_pow2(n: int) -> int:
@@ -36,3 +37,12 @@ def check_cache_layout(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     bs = k_cache.shape[1]
     if bs < 16 or bs & (bs - 1):
         raise ValueError(f"Triton attention needs a power-of-two block_size >= 16, got {bs}")
+
+
+def window_arg(window: int | None) -> int:
+    """The kernels' runtime ``window`` (keys ``p - window < k <= p``): ``NO_WINDOW`` when there is none."""
+    if window is None:
+        return NO_WINDOW
+    if not 0 < window < NO_WINDOW:
+        raise ValueError(f"sliding window must be in [1, {NO_WINDOW}), got {window}")
+    return int(window)

@@ -19,6 +19,7 @@ from backend.attention.kernels.common import (
     next_pow2,
     padded_dim,
     softmax_scale_log2,
+    window_arg,
 )
 from backend.attention.kernels.online_softmax import attend_kv_block
 
@@ -36,9 +37,10 @@ def _decode_kernel(
     stride_qs, stride_qh, stride_os, stride_oh,
     stride_cb, stride_ct, stride_ch, stride_bt,
     max_parts, blocks_per_part,  # runtime ints: a new context length never recompiles
+    window,                      # sliding window (keys seq_len - window .. seq_len - 1); NO_WINDOW: none
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    SPLIT: tl.constexpr, PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr, PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -48,6 +50,10 @@ def _decode_kernel(
     if first_blk * BLOCK_SIZE >= seq_len:
         return  # partition past this sequence's end: the reduce ignores it
     last_blk = tl.minimum(first_blk + blocks_per_part, tl.cdiv(seq_len, BLOCK_SIZE))
+    lo = tl.maximum(seq_len - window, 0)               # the first key inside the window (0: none)
+    if last_blk * BLOCK_SIZE <= lo:
+        return  # partition wholly before the window: the reduce ignores it
+    first_blk = tl.maximum(first_blk, lo // BLOCK_SIZE)  # blocks before the window may be freed: never read
 
     offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -64,6 +70,8 @@ def _decode_kernel(
     for blk in range(first_blk, last_blk):
         phys = tl.load(block_tables_ptr + seq * stride_bt + blk).to(tl.int64)
         t_mask = blk * BLOCK_SIZE + offs_t < seq_len
+        if HAS_WINDOW:
+            t_mask = t_mask & (blk * BLOCK_SIZE + offs_t >= lo)
         kv_off = phys * stride_cb + offs_t[:, None] * stride_ct + kvh * stride_ch + offs_d[None, :]
         kv_mask = t_mask[:, None] & d_mask[None, :]
         m_i, l_i, acc = attend_kv_block(q, k_cache_ptr, v_cache_ptr, kv_off, kv_mask, t_mask[None, :],
@@ -87,16 +95,18 @@ def _reduce_kernel(
     part_out_ptr,                # [num_seqs, num_heads, max_parts, head_dim] fp32
     part_max_ptr, part_sum_ptr,  # [num_seqs, num_heads, max_parts] fp32
     seq_lens_ptr,                # [num_seqs] int32
-    stride_os, stride_oh, max_parts, part_tokens,
+    stride_os, stride_oh, max_parts, part_tokens, window,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     PARTS_PAD: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
-    num_parts = tl.cdiv(tl.load(seq_lens_ptr + seq), part_tokens)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    num_parts = tl.cdiv(seq_len, part_tokens)
+    first_part = tl.maximum(seq_len - window, 0) // part_tokens   # earlier ones lie before the window
     offs_p = tl.arange(0, PARTS_PAD)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    p_mask = offs_p < num_parts
+    p_mask = (offs_p < num_parts) & (offs_p >= first_part)
     d_mask = offs_d < HEAD_DIM
     row = (seq * NUM_HEADS + head) * max_parts + offs_p                      # [PARTS_PAD]
     m = tl.load(part_max_ptr + row, mask=p_mask, other=float("-inf"))
@@ -123,6 +133,7 @@ def paged_decode_attention(
     scale: float | None = None,
     blocks_per_partition: int | None = None,  # None: no split (one partition covers any context)
     out: torch.Tensor | None = None,           # [num_seqs, num_heads, head_dim]
+    window: int | None = None,                 # sliding window of this layer (backend/attention/window.py)
 ) -> torch.Tensor:               # [num_seqs, num_heads, head_dim]
     check_cache_layout(k_cache, v_cache)
     num_seqs, num_heads, head_dim = q.shape
@@ -144,13 +155,14 @@ def paged_decode_attention(
         softmax_scale_log2(head_dim, scale),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        parts, bpp,
+        parts, bpp, window_arg(window),
         NUM_HEADS=num_heads, GROUP=group, GROUP_PAD=padded_dim(group), HEAD_DIM=head_dim, HEAD_DIM_PAD=hd_pad,
-        BLOCK_SIZE=block_size, SPLIT=split, PRECISION=dot_precision(q.dtype),
+        BLOCK_SIZE=block_size, SPLIT=split, PRECISION=dot_precision(q.dtype), HAS_WINDOW=window is not None,
     )
     if split:
         _reduce_kernel[(num_seqs, num_heads)](
             out, part_out, part_max, part_sum, seq_lens, out.stride(0), out.stride(1), parts, block_size * bpp,
+            window_arg(window),
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, HEAD_DIM_PAD=hd_pad, PARTS_PAD=next_pow2(parts),
         )
     return out

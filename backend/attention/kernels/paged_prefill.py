@@ -20,6 +20,7 @@ from backend.attention.kernels.common import (
     next_pow2,
     padded_dim,
     softmax_scale_log2,
+    window_arg,
 )
 from backend.attention.kernels.online_softmax import attend_kv_block
 
@@ -35,9 +36,10 @@ def _prefill_kernel(
     scale_log2,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_ct, stride_ch, stride_bt,
+    window,                      # sliding window: keys q_pos - window < k <= q_pos; NO_WINDOW: none
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
     seq = tl.program_id(0)
     q_blk = tl.program_id(1)
@@ -67,16 +69,20 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
     kv_end = tl.minimum(seq_len, ctx_len + (q_blk + 1) * BLOCK_Q)  # last key any row here may see, +1
-    for blk in range(0, tl.cdiv(kv_end, BLOCK_SIZE)):
+    kv_start = tl.maximum(ctx_len + q_blk * BLOCK_Q - window + 1, 0)  # first key the first row here may see
+    for blk in range(kv_start // BLOCK_SIZE, tl.cdiv(kv_end, BLOCK_SIZE)):
         phys = tl.load(block_tables_ptr + seq * stride_bt + blk).to(tl.int64)
         k_pos = blk * BLOCK_SIZE + offs_t                            # [BLOCK_SIZE]
         t_mask = k_pos < kv_end
         kv_off = phys * stride_cb + offs_t[:, None] * stride_ct + kvh * stride_ch + offs_d[None, :]
         kv_mask = t_mask[:, None] & d_mask[None, :]
         visible = (k_pos[None, :] <= q_pos[:, None]) & t_mask[None, :]
-        # every row (padding rows too) sees key 0, so the running max is finite from the first block on
+        if HAS_WINDOW:
+            visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
+        # without a window every row (padding rows too) sees key 0, so the running max is finite from the
+        # first block on; with one, a later row's window may start after this block (ROWS_MAY_BE_EMPTY)
         m_i, l_i, acc = attend_kv_block(q, k_cache_ptr, v_cache_ptr, kv_off, kv_mask, visible,
-                                        m_i, l_i, acc, scale_log2, PRECISION)
+                                        m_i, l_i, acc, scale_log2, PRECISION, HAS_WINDOW)
 
     out = acc / l_i[:, None]
     tl.store(out_ptr + tok[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
@@ -101,6 +107,7 @@ def paged_prefill_attention(
     scale: float | None = None,
     block_m: int = 64,              # rows (query tokens x padded group) per program
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]
+    window: int | None = None,      # sliding window of this layer (backend/attention/window.py)
 ) -> torch.Tensor:                  # [num_tokens, num_heads, head_dim]
     check_cache_layout(k_cache, v_cache)
     num_tokens, num_heads, head_dim = q.shape
@@ -115,8 +122,8 @@ def paged_prefill_attention(
         out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
         softmax_scale_log2(head_dim, scale),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), window_arg(window),
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, HEAD_DIM=head_dim, HEAD_DIM_PAD=padded_dim(head_dim),
-        BLOCK_SIZE=block_size, PRECISION=dot_precision(q.dtype),
+        BLOCK_SIZE=block_size, PRECISION=dot_precision(q.dtype), HAS_WINDOW=window is not None,
     )
     return out

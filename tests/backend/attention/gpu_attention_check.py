@@ -17,11 +17,11 @@ def main() -> int:
     failures = 0
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         for heads, kvh, d, bs in ((32, 8, 128, 16), (8, 1, 64, 32), (12, 4, 80, 16), (4, 4, 128, 16)):
-            for split in (False, True):
+            for split, window in ((False, None), (True, None), (False, 100), (True, 100)):   # window: sliding
                 num_blocks = 400
                 caches = [KVCache(1, num_blocks, bs, kvh, d, dtype=dtype, device="cuda") for _ in range(2)]
-                ref, tri = TorchPagedAttention(caches[0]), TritonPagedAttention(caches[1], split_k=split,
-                                                                                partition_tokens=4 * bs)
+                ref = TorchPagedAttention(caches[0], windows=(window,))
+                tri = TritonPagedAttention(caches[1], split_k=split, partition_tokens=4 * bs, windows=(window,))
                 perm = torch.randperm(num_blocks).tolist()
                 lens = [(700, 1), (0, 300), (513, 17), (33, 4), (1000, 1)]
                 tables, at = [], 0
@@ -44,7 +44,7 @@ def main() -> int:
                     ok = err < tol
                     failures += not ok
                     print(f"{'ok ' if ok else 'BAD'} {dtype} h={heads} kvh={kvh} d={d} bs={bs} split={split} "
-                          f"decode={md.is_pure_decode} max_err={err:.2e}")
+                          f"window={window} decode={md.is_pure_decode} max_err={err:.2e}")
     return 1 if failures else 0
 
 

@@ -34,12 +34,12 @@ def test_kernels_are_interpreted():
     assert type(paged_decode._decode_kernel).__name__ == "InterpretedFunction"
 
 
-def torch_reference(case, num_kv_heads, head_dim, block_size):
+def torch_reference(case, num_kv_heads, head_dim, block_size, window=None):
     """The torch backend on the same (dtype-rounded) inputs, computed in fp32."""
     cache = KVCache(1, case["num_blocks"], block_size, num_kv_heads, head_dim)
     cache.k[0].copy_(case["k_cache"].float())
     cache.v[0].copy_(case["v_cache"].float())
-    attn = TorchPagedAttention(cache)
+    attn = TorchPagedAttention(cache, windows=(window,))
     attn.prepare(case["md"])
     return attn.forward(0, case["q"].float(), case["k"].float(), case["v"].float())
 
@@ -87,6 +87,69 @@ def test_prefill_matches_torch(group, dtype, block_size):
     out = paged_prefill_attention(case["q"], case["k_cache"], case["v_cache"], md.block_tables, md.seq_lens,
                                   md.query_start_loc, md.max_query_len, block_m=16)
     torch.testing.assert_close(out.float(), torch_reference(case, kvh, head_dim, block_size), **TOL[dtype])
+
+
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("bpp,window", [(1, 20), (None, 20), (2, 40), (1, 1)])
+def test_decode_window_matches_torch(group, dtype, bpp, window):
+    """Sliding window in the decode kernel: partitions wholly before the window skipped (and ignored by
+    the reduce); the partition holding the window's first key starts there."""
+    heads, kvh = GQA[group]
+    case = make_case([0, 20, 70, 45], [1] * 4, num_heads=heads, num_kv_heads=kvh, head_dim=32, block_size=16,
+                     dtype=dtype, seed=30 + group, window=window)
+    md = case["md"]
+    reshape_and_cache(case["k"], case["v"], case["k_cache"], case["v_cache"], md.slot_mapping)
+    out = paged_decode_attention(case["q"], case["k_cache"], case["v_cache"], md.block_tables, md.seq_lens,
+                                 md.max_seq_len, blocks_per_partition=bpp, window=window)
+    torch.testing.assert_close(out.float(), torch_reference(case, kvh, 32, 16, window), **TOL[dtype])
+    torch.testing.assert_close(out.float(), case["expected"], **TOL[dtype])
+
+
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("window,block_m", [(7, 16), (20, 32), (1, 16)])
+def test_prefill_window_matches_torch(group, dtype, window, block_m):
+    """Sliding window in the multi-query kernel: rows of one program whose windows start in different
+    blocks (a row that has seen no key yet contributes nothing, never NaN)."""
+    heads, kvh = GQA[group]
+    case = make_case([9, 0, 35, 18], [1, 40, 5, 4], num_heads=heads, num_kv_heads=kvh, head_dim=32,
+                     block_size=16, dtype=dtype, seed=40 + group, window=window)
+    md = case["md"]
+    reshape_and_cache(case["k"], case["v"], case["k_cache"], case["v_cache"], md.slot_mapping)
+    out = paged_prefill_attention(case["q"], case["k_cache"], case["v_cache"], md.block_tables, md.seq_lens,
+                                  md.query_start_loc, md.max_query_len, block_m=block_m, window=window)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.float(), torch_reference(case, kvh, 32, 16, window), **TOL[dtype])
+    torch.testing.assert_close(out.float(), case["expected"], **TOL[dtype])
+
+
+def test_backend_window_steps_with_freed_blocks():
+    """Per-layer windows through both backends: a prefill, then decodes whose early blocks were freed
+    (NULL_BLOCK in the table, junk in the old block): same outputs as the torch backend."""
+    from backend.core.block_manager import NULL_BLOCK
+    torch.manual_seed(1)
+    heads, kvh, d, bs, window = 4, 2, 16, 16, 18
+    caches = [KVCache(2, 10, bs, kvh, d) for _ in range(2)]
+    ref = TorchPagedAttention(caches[0], windows=(window, None))
+    tri = TritonPagedAttention(caches[1], partition_tokens=16, split_k=True, prefill_block_m=16,
+                               windows=(window, None))
+    tables = [[3, 0, 5, 7], [6, 1]]
+    steps = [([0, 0], [40, 2]), ([40, 2], [1, 1]), ([41, 3], [3, 1])]  # prefill, decode (split-K), verify + decode
+    for n, (computed, new) in enumerate(steps):
+        if n == 1:   # the windowed layers no longer read block 3 (positions 0-15) of sequence 0
+            for c in caches:
+                c.k[0][3] = 1e4
+                c.v[0][3] = -1e4
+            tables[0][0] = NULL_BLOCK
+        md = build_attention_metadata(computed, new, tables, bs)
+        t = sum(new)
+        q, k, v = torch.randn(t, heads, d), torch.randn(t, kvh, d), torch.randn(t, kvh, d)
+        for attn in (ref, tri):
+            attn.prepare(md)
+        torch.testing.assert_close(tri.forward(0, q, k, v), ref.forward(0, q, k, v), atol=1e-5, rtol=1e-4)
+        if n == 0:   # the unwindowed layer still reads everything (no block of it is freed)
+            torch.testing.assert_close(tri.forward(1, q, k, v), ref.forward(1, q, k, v), atol=1e-5, rtol=1e-4)
 
 
 def two_backends(num_blocks, block_size, kvh, d, **triton_kw):

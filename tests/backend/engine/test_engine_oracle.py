@@ -12,9 +12,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from backend.config import EngineConfig
-from backend.engine.llm_engine import LLMEngine
+from backend.core.outputs import FinishReason
+from backend.engine.llm_engine import LLMEngine, output_token_ids
 from contracts.sampling_params import SamplingParams
-from tests.helpers.oracle import assert_streams_match, hf_greedy
+from tests.helpers.oracle import assert_same_tokens, hf_greedy
 
 NUM_REQUESTS = 16
 NEW_TOKENS = 24
@@ -57,6 +58,16 @@ def run_staggered(engine: LLMEngine, prompts, params) -> list[list]:
     return results
 
 
+def check_greedy_matches(engine: LLMEngine, prompts, expected, new_tokens: int, what: str = "") -> None:
+    """Run every prompt greedy (EOS masked, as HF's min_new_tokens) with staggered arrivals; each output
+    equals ``expected`` token for token and ends once, with ``length``."""
+    params = SamplingParams(max_tokens=new_tokens, min_tokens=new_tokens, temperature=0.0)
+    for i, outs in enumerate(run_staggered(engine, prompts, params)):
+        assert_same_tokens(output_token_ids(outs), expected[i], f"{what}request {i}")
+        assert outs[-1].request_finished and outs[-1].finish_reason is FinishReason.LENGTH
+        assert sum(o.request_finished for o in outs) == 1
+
+
 @pytest.mark.parametrize("variant", ["plain", "chunked_prefill", "preemption", "no_prefix_cache"])
 def test_greedy_matches_hf_under_concurrency(setup, variant):
     folder, prompts, expected = setup
@@ -69,10 +80,7 @@ def test_greedy_matches_hf_under_concurrency(setup, variant):
         kw["enable_prefix_caching"] = False
     engine = LLMEngine(EngineConfig(**kw)).start()
     try:
-        # min_tokens masks EOS until the end, exactly as HF's min_new_tokens does for the reference
-        params = SamplingParams(max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, temperature=0.0)
-        results = run_staggered(engine, prompts, params)
-        assert_streams_match(results, expected)
+        check_greedy_matches(engine, prompts, expected, NEW_TOKENS)
         stats = engine.stats()
         assert stats.kv_blocks_used == 0, "blocks leaked"
         if variant == "preemption":

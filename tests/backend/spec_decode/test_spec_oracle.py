@@ -4,7 +4,6 @@ staggered arrivals, chunked prefill, prefix-cache hits and preemption; afterward
 the target and of the draft is free again. Abort in the middle of speculation frees everything."""
 from __future__ import annotations
 
-import random
 import threading
 import time
 
@@ -16,23 +15,16 @@ from backend.config import EngineConfig
 from backend.core.outputs import FinishReason
 from backend.engine.llm_engine import LLMEngine, output_token_ids
 from contracts.sampling_params import SamplingParams
-from tests.backend.engine.test_engine_oracle import run_staggered
+from tests.backend.engine.test_engine_oracle import check_greedy_matches
 from tests.helpers.checkpoints import DEMO_DRAFT
-from tests.helpers.oracle import assert_streams_match, hf_greedy
+from tests.helpers.oracle import hf_greedy, repeating_prompts
 
 NEW_TOKENS = 24
 
 
-def make_prompts(seed: int, n: int = 12, vocab: int = 4000) -> list[list[int]]:
+def make_prompts(seed: int, n: int = 12) -> list[list[int]]:
     """Prompts of 8..60 tokens; half share a stem (prefix hits), most repeat a span (n-gram matches)."""
-    rng = random.Random(seed)
-    stem = [rng.randrange(7, vocab) for _ in range(24)]
-    prompts = []
-    for i in range(n):
-        span = [rng.randrange(7, vocab) for _ in range(rng.randint(4, 12))]
-        body = span + [rng.randrange(7, vocab) for _ in range(rng.randint(0, 6))] + span if i % 3 else span
-        prompts.append([0] + (stem + body if i % 2 else body))
-    return prompts
+    return repeating_prompts(seed, n, stem_len=24, span_range=(4, 12), gap_range=(0, 6))
 
 
 @pytest.fixture(scope="module", params=["tiny", "demo"])
@@ -76,9 +68,7 @@ def test_speculative_greedy_matches_hf(setup, method, k, adaptive, variant):
     folder, draft, prompts, expected = setup
     engine = LLMEngine(engine_config(folder, draft, method, k, adaptive, variant)).start()
     try:
-        params = SamplingParams(max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, temperature=0.0)
-        results = run_staggered(engine, prompts, params)
-        assert_streams_match(results, expected)
+        check_greedy_matches(engine, prompts, expected, NEW_TOKENS)
         spec = engine.scheduler.spec_counters
         assert spec.num_draft_tokens > 0 and spec.num_accepted_tokens > 0, "speculation never ran"
         assert max(spec.accepted_per_pos and [len(spec.accepted_per_pos)]) <= k
