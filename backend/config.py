@@ -42,6 +42,8 @@ class EngineConfig:
     speculative_method: str | None = None      # None | "ngram" | "draft"
     seed: int = 0
     cpu_threads: int = 0                       # torch intra-op threads on CPU (0: torch's default, one per core)
+    guided_compile_timeout_s: float = 10.0     # a guided request fails when its grammar takes longer to compile
+    guided_compile_workers: int = 2            # grammar compile threads (a timed-out compile keeps its thread)
 
     def __post_init__(self) -> None:
         _check_str("model_path", self.model_path)
@@ -79,6 +81,10 @@ class EngineConfig:
             raise ValueError("draft_model_path: required when speculative_method is 'draft'")
         _check_int("seed", self.seed, lo=0, hi=2**63 - 1)
         _check_int("cpu_threads", self.cpu_threads, lo=0, hi=1024)
+        t = self.guided_compile_timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < math.inf:
+            raise ValueError(f"guided_compile_timeout_s: must be a number > 0, got {t!r}")
+        _check_int("guided_compile_workers", self.guided_compile_workers, lo=1, hi=64)
 
     @property
     def speculative(self) -> bool:
@@ -178,7 +184,7 @@ _PARSERS = {
     "max_model_len": _optional(_parse_int), "enable_prefix_caching": _parse_bool, "watermark": _parse_float,
     "stream_interval": _parse_int, "device": _parse_str, "dtype": _parse_str,
     "num_speculative_tokens": _parse_int, "speculative_method": _optional(_parse_str), "seed": _parse_int,
-    "cpu_threads": _parse_int,
+    "cpu_threads": _parse_int, "guided_compile_timeout_s": _parse_float, "guided_compile_workers": _parse_int,
 }
 
 

@@ -25,7 +25,7 @@ import numbers
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from backend.config import EngineConfig
 from backend.core.block_manager import BlockManager
@@ -78,6 +78,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_scheduled_last_step = 0
         self.num_batched_tokens_last_step = 0
+        self.can_admit: Callable[[Sequence], bool] | None = None  # e.g. a guided request waits for its grammar
 
     # ---- requests ---------------------------------------------------------------------------
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -195,7 +196,9 @@ class Scheduler:
         if not preempted:   # admitting while preempting would thrash
             reserved = sum(len(self._requests[s.request_id].pending_forks) for s in self.running if s.seq_index == 0)
             while self.waiting and budget > 0:
-                seq = self.waiting[0]
+                seq = self._next_admissible()
+                if seq is None:
+                    break
                 forks = len(self._requests[seq.request_id].pending_forks) if seq.seq_index == 0 else 0
                 if len(self.running) + reserved + 1 + forks > cfg.max_num_seqs:
                     break
@@ -204,7 +207,7 @@ class Scheduler:
                 reserve = self.watermark_blocks if self.running else 0
                 if bm.allocate_slots(seq, num_new, computed=computed, reserve=reserve) is None:
                     break                               # FCFS: nobody overtakes the head of the queue
-                self.waiting.popleft()
+                self.waiting.remove(seq)
                 seq.status = SequenceStatus.RUNNING
                 seq.num_computed_tokens = seq.num_cached_tokens = computed.num_cached_tokens
                 self.running.append(seq)
@@ -217,6 +220,12 @@ class Scheduler:
         self.num_scheduled_last_step, self.num_batched_tokens_last_step = len(scheduled), num_tokens
         finished, self._finished_seq_ids = self._finished_seq_ids, []
         return SchedulerOutput(scheduled, num_tokens, bm.take_blocks_to_copy(), preempted, finished)
+
+    def _next_admissible(self) -> Sequence | None:
+        """The first waiting sequence that ``can_admit`` (all of them wait their turn otherwise)."""
+        if self.can_admit is None:
+            return self.waiting[0]
+        return next((s for s in self.waiting if self.can_admit(s)), None)
 
     def _num_running_tokens(self, seq: Sequence, budget: int) -> tuple[int, int]:
         """(tokens to compute, of which drafts) for a running sequence; trims its drafts to what can pay."""

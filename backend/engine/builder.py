@@ -17,12 +17,14 @@ from backend.model.config import ModelConfig
 from backend.model.llama import LlamaForCausalLM
 from backend.model.loader import load_model
 from backend.sampling.sampler import Sampler
+from backend.structured_output.manager import StructuredOutputManager
 
 
 @dataclass
 class EngineParts:
     scheduler: Scheduler
     runner: ModelRunner       # holds the model, the KV cache, the attention backend and the sampler
+    structured_output: StructuredOutputManager | None = None   # grammar state of guided requests
 
 
 def resolve_device(name: str) -> torch.device:
@@ -99,4 +101,15 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
                           eos_token_ids=eos, cache_key=checkpoint_identity(folder))
     sampler = Sampler(vocab_size=mcfg.vocab_size, device=device, seed=config.seed, eos_token_ids=sorted(eos))
     runner = ModelRunner(model, kv_cache, make_attention_backend(kv_cache), sampler, device)
-    return EngineParts(scheduler, runner)
+    structured = StructuredOutputManager(
+        lambda: xgrammar_backend(folder, mcfg.vocab_size, eos), vocab_size=mcfg.vocab_size,
+        compile_timeout_s=config.guided_compile_timeout_s, max_workers=config.guided_compile_workers, device=device)
+    scheduler.can_admit = structured.is_ready
+    return EngineParts(scheduler, runner, structured)
+
+
+def xgrammar_backend(folder: Path, vocab_size: int, eos_token_ids: set[int]):
+    """The grammar layer for this checkpoint; built on the first guided request (on a compile thread)."""
+    from postprocess.grammar import XGrammarBackend
+
+    return XGrammarBackend.from_folder(folder, vocab_size, sorted(eos_token_ids))

@@ -48,12 +48,16 @@ class LLMEngine:
         self.parts = parts or build_engine_parts(config)
         self.scheduler = self.parts.scheduler
         self.runner = self.parts.runner
+        self.structured = self.parts.structured_output      # None: guided requests are refused
         self._callbacks: dict[str, OutputCallback] = {}
         self._inbox: deque[InboxMessage] = deque()
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._steps = 0
+        self._idle = False                                  # the last step had nothing to schedule
+        if self.structured is not None:
+            self.structured.set_event_callback(self._wake)
 
     # ---- submission (any thread) -------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
@@ -61,8 +65,8 @@ class LLMEngine:
         """Queue a request; raises ``ValueError`` naming the field when it cannot be served."""
         if not isinstance(request_id, str) or not request_id:
             raise ValueError("request_id: must be a non-empty string")
-        if params.guide is not None:  # grammar masks land with the constrained-decoding issue
-            raise ValueError("guided_decoding_guide_type: guided decoding is not supported yet by this engine")
+        if params.guide is not None and self.structured is None:
+            raise ValueError("guided_decoding_guide_type: guided decoding is not available in this engine")
         self.scheduler.check_request(prompt_token_ids, params)   # the one validation; the loop trusts it
         prompt = [int(t) for t in prompt_token_ids]
         with self._cv:
@@ -71,6 +75,8 @@ class LLMEngine:
             if request_id in self._callbacks:
                 raise ValueError(f"request_id: {request_id!r} is already in flight")
             self._callbacks[request_id] = on_output
+            if params.guide is not None:
+                self.structured.submit(request_id, params.guide)   # compiles off the loop; admitted when ready
             self._inbox.append(AddRequest(request_id, prompt, params))
             self._cv.notify()
 
@@ -110,6 +116,8 @@ class LLMEngine:
             self._thread = None
         self._drain_inbox()
         self._finish_all(FinishReason.ABORT, "engine shut down")
+        if self.structured is not None:
+            self.structured.shutdown()
 
     def has_work(self) -> bool:
         return bool(self._inbox) or self.scheduler.has_unfinished()
@@ -117,14 +125,39 @@ class LLMEngine:
     def step(self) -> None:
         """One iteration: take new requests and aborts, schedule, run the forward, sample, apply, stream."""
         self._drain_inbox()
+        so = self.structured
+        if so is not None and so.num_requests:
+            self._fail(so.poll())                                       # compile errors and timeouts
         if not self.scheduler.has_unfinished():
             return
         plan = self.scheduler.schedule()
+        self._idle = not plan.scheduled
         if plan.scheduled:
             forward = self.runner.execute(plan)
-            output = self.runner.sample(plan, forward, grammar_bitmask=None)  # bitmasks: constrained decoding
+            bitmask = so.fill_bitmask(plan, forward.rows) if so is not None else None  # while the forward runs
+            output = self.runner.sample(plan, forward, grammar_bitmask=bitmask)
+            if so is not None:
+                self._fail(so.accept(plan, output))                     # advance the matchers
             self._dispatch(self.scheduler.update_from_output(plan, output))
             self._steps += 1
+
+    def _fail(self, failures: list[tuple[str, str]]) -> None:
+        for request_id, error in failures:
+            self._dispatch(self.scheduler.abort(request_id, reason=FinishReason.ERROR, error=error))
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._cv.notify()
+
+    def _wait_while_idle(self) -> None:
+        """Nothing was schedulable because every request waits for its grammar: sleep until a compile
+        ends, a request or abort arrives, or the earliest compile deadline (never spin, never stall)."""
+        if not self._idle or self.structured is None:
+            return
+        with self._cv:
+            wait = self.structured.idle_wait_s()
+            if wait is not None and not self._inbox and not self._stopping:
+                self._cv.wait(timeout=min(wait + 1e-3, 1.0))
 
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
@@ -139,6 +172,7 @@ class LLMEngine:
             except Exception as e:  # a failed step fails its requests, never the loop
                 log.exception("engine step failed")
                 self._finish_all(FinishReason.ERROR, f"engine error: {type(e).__name__}: {e}")
+            self._wait_while_idle()
 
     def _drain_inbox(self) -> None:
         with self._cv:
@@ -167,6 +201,8 @@ class LLMEngine:
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
+            if out.request_finished and self.structured is not None:
+                self.structured.drop(out.request_id)
             with self._cv:
                 cb = self._callbacks.pop(out.request_id, None) if out.request_finished \
                     else self._callbacks.get(out.request_id)
@@ -198,6 +234,7 @@ class LLMEngine:
         if self._thread is None:
             while self.has_work():
                 self.step()
+                self._wait_while_idle()
         for _ in prompts:
             if not done.acquire(timeout=timeout):
                 raise TimeoutError("generate timed out")

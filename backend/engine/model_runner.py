@@ -81,6 +81,8 @@ class ModelRunner:
         if forward.logits is None:
             return ModelRunnerOutput([[] for _ in sched], [None] * len(sched))
         seqs = [sched[i].seq for i in forward.rows]
+        if grammar_bitmask is not None:
+            grammar_bitmask = grammar_bitmask.to(self.device, non_blocking=True)
         result = self.sampler.sample(forward.logits, self.sampler.build_batch(seqs, grammar_bitmask=grammar_bitmask))
         token_ids = result.token_ids.tolist()
         sampled: list[list[int]] = [[] for _ in sched]
