@@ -83,6 +83,8 @@ class LLMServing:
         poll = positive_float_param(serving, "cancel_poll_interval_s", 0.2)
         interval = positive_float_param(serving, "metrics_interval_s", 1.0)
         engine = LLMEngine(EngineConfig.from_parameters(engine_params))
+        if engine.structured is not None:
+            engine.structured.warm_up()    # the grammar layer at load time, not on the first guided request
         engine.start()
         metrics = EngineMetrics(pb_utils, engine.stats, max_num_seqs=engine.config.max_num_seqs,
                                 model=model_config.get("name", "llm"), version=model_version,

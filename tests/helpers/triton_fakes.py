@@ -89,6 +89,9 @@ class Metric:
     def set(self, value):
         self.value = value
 
+    def increment(self, value):
+        self.value = (self.value or 0) + value
+
 
 class MetricFamily:
     GAUGE = "gauge"
