@@ -23,6 +23,7 @@ from tools.triton_launcher import (
 DEMO_TARGET = REPO / "models" / "demo-target"
 KV_CACHE_BYTES = "8MiB"       # a few hundred blocks: enough for 32 short streams, small enough to stay fast
 MAX_NUM_SEQS = "48"
+GUIDED_COMPILE_TIMEOUT_S = "1.0"   # the shared guides compile in milliseconds; test_guided's slow one in seconds
 
 
 @dataclass
@@ -60,7 +61,8 @@ def server(model_path, tmp_path_factory) -> E2EServer:
     root = tmp_path_factory.mktemp("triton")
     repo = render_model_repository(root / "model_repository", {
         "llm": {"model_path": str(model_path), "kv_cache_bytes": KV_CACHE_BYTES, "max_num_seqs": MAX_NUM_SEQS,
-                "metrics_interval_s": "0.1", "cancel_poll_interval_s": "0.02", "device": "cpu"},
+                "metrics_interval_s": "0.1", "cancel_poll_interval_s": "0.02", "device": "cpu",
+                "guided_compile_timeout_s": GUIDED_COMPILE_TIMEOUT_S},
         "preprocess": {"tokenizer_path": str(model_path)},
         "postprocess": {"tokenizer_path": str(model_path)},
     })
