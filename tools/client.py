@@ -1,6 +1,8 @@
 """Stream a completion from the ensemble over gRPC (KServe v2 streaming) to the terminal.
 
     python -m tools.client "def fibonacci(n):" --max-tokens 64
+    python -m tools.client "record = " --json-schema person.schema.json --max-tokens 96
+    python -m tools.client "date: " --regex "[0-9]{4}-[0-9]{2}-[0-9]{2}"
     python -m tools.client --chat "Write a haiku about tests" --max-tokens 48 --temperature 0.7
     llm-client "import os" --stop "\\n\\n" --url localhost:8001
 
@@ -127,6 +129,23 @@ def stream(url: str, prompt: str, max_tokens: int, *, model: str = "ensemble", t
         client.close()
 
 
+def guide_options(args: argparse.Namespace) -> dict[str, str]:
+    """The guided-decoding inputs for ``--json``, ``--json-schema FILE``, ``--regex`` or ``--grammar FILE``."""
+    from pathlib import Path
+
+    if args.json:
+        return {"guided_decoding_guide_type": "json"}
+    if args.json_schema:
+        return {"guided_decoding_guide_type": "json_schema",
+                "guided_decoding_guide": Path(args.json_schema).read_text(encoding="utf-8")}
+    if args.regex:
+        return {"guided_decoding_guide_type": "regex", "guided_decoding_guide": args.regex}
+    if args.grammar:
+        return {"guided_decoding_guide_type": "ebnf_grammar",
+                "guided_decoding_guide": Path(args.grammar).read_text(encoding="utf-8")}
+    return {}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Stream a completion from the Triton ensemble.")
     ap.add_argument("prompt")
@@ -140,10 +159,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int)
     ap.add_argument("--stop", action="append", help="stop string (repeatable)")
     ap.add_argument("--echo", action="store_true", help="print the prompt before the completion")
+    guided = ap.add_mutually_exclusive_group()  # constrained decoding (docs/api.md, "Guided decoding")
+    guided.add_argument("--json", action="store_true", help="constrain the output to any JSON value")
+    guided.add_argument("--json-schema", metavar="FILE", help="constrain the output to this JSON schema")
+    guided.add_argument("--regex", metavar="PATTERN", help="constrain the output to match this pattern in full")
+    guided.add_argument("--grammar", metavar="FILE", help="constrain the output to this EBNF grammar (root rule)")
     args = ap.parse_args(argv)
     options: dict[str, Any] = {"exclude_input_in_output": True, "temperature": args.temperature,
                                "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
                                "stop_words": args.stop, "return_num_output_tokens": True}
+    options.update(guide_options(args))
     prompt = args.prompt
     if args.chat:
         options["messages"] = [{"role": "user", "content": args.prompt}]

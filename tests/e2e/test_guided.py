@@ -107,3 +107,17 @@ def test_bad_guides_are_errors_naming_the_field(server, case):
                **guide_opts("regex", REGEXES["date"]))
     assert good.error is None and good.finish_reason == "stop" and check_output("regex", REGEXES["date"], good.text) is None
     wait_until(lambda: kv_used(server.metrics_url) == 0, 10, "no KV blocks held by failed requests")
+
+
+def test_client_cli_flags(server, tmp_path, capsys):
+    from tools.client import main
+
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(SCHEMAS["enums"]))
+    assert main(["# a record as JSON\nrecord = ", "--json-schema", str(schema), "--url", server.grpc_url,
+                 "--temperature", "0", "--max-tokens", "48"]) == 0
+    out = capsys.readouterr()
+    assert check_output("json_schema", json.dumps(SCHEMAS["enums"]), out.out.rstrip("\n")) is None, out.out
+    assert "finish_reason=stop" in out.err
+    assert main(["x = ", "--regex", "[0-9", "--url", server.grpc_url]) == 1
+    assert "guided_decoding_guide:" in capsys.readouterr().err
