@@ -44,6 +44,7 @@ class EngineConfig:
     cpu_threads: int = 0                       # torch intra-op threads on CPU (0: torch's default, one per core)
     guided_compile_timeout_s: float = 10.0     # a guided request fails when its grammar takes longer to compile
     guided_compile_workers: int = 2            # grammar compile threads (a timed-out compile keeps its thread)
+    guided_jump_forward: bool = False          # append the tokens a grammar forces without a forward pass each
 
     def __post_init__(self) -> None:
         _check_str("model_path", self.model_path)
@@ -85,6 +86,8 @@ class EngineConfig:
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < math.inf:
             raise ValueError(f"guided_compile_timeout_s: must be a number > 0, got {t!r}")
         _check_int("guided_compile_workers", self.guided_compile_workers, lo=1, hi=64)
+        if not isinstance(self.guided_jump_forward, bool):
+            raise ValueError(f"guided_jump_forward: expected a boolean, got {self.guided_jump_forward!r}")
 
     @property
     def speculative(self) -> bool:
@@ -185,6 +188,7 @@ _PARSERS = {
     "stream_interval": _parse_int, "device": _parse_str, "dtype": _parse_str,
     "num_speculative_tokens": _parse_int, "speculative_method": _optional(_parse_str), "seed": _parse_int,
     "cpu_threads": _parse_int, "guided_compile_timeout_s": _parse_float, "guided_compile_workers": _parse_int,
+    "guided_jump_forward": _parse_bool,
 }
 
 

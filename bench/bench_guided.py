@@ -63,6 +63,7 @@ def run_round(engine: LLMEngine, prompts: list[list[int]], params: list[Sampling
 
     tag = f"b{time.monotonic_ns()}"
     for i, (p, sp) in enumerate(zip(prompts, params)):
+        records[i]["rid"] = f"{tag}-{i}"
         engine.add_request(f"{tag}-{i}", p, sp, cb(i))
     for _ in range(n):
         done.acquire()
@@ -91,8 +92,17 @@ def bench_concurrency(engine, tokenizer, c: int, max_tokens: int, rounds: int, s
     acc: dict[str, float] = {}
     for name in ("fill_bitmask", "accept"):
         timed(so, name, acc)
+    passes: dict[str, int] = {}                 # request id -> forward passes it took part in
+    schedule = engine.scheduler.schedule
+
+    def counting_schedule():
+        plan = schedule()
+        for sc in plan.scheduled:
+            passes[sc.seq.request_id] = passes.get(sc.seq.request_id, 0) + 1
+        return plan
+    engine.scheduler.schedule = counting_schedule
     steps = {"guided": 0, "plain": 0}
-    g_tpot, u_tpot, g_ttft, lengths, stops, ratios = [], [], [], [], 0, []
+    g_tpot, u_tpot, g_ttft, lengths, stops, ratios, g_passes, u_passes = [], [], [], [], 0, [], [], []
     for r in range(rounds):
         gparams = [SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed + 1000 * r + i,
                                   guide=GuideSpec("json_schema", SCHEMA)) for i in range(c)]
@@ -109,6 +119,8 @@ def bench_concurrency(engine, tokenizer, c: int, max_tokens: int, rounds: int, s
         guided, plain = timed_runs["guided"], timed_runs["plain"]
         assert all(g.get("error") is None for g in guided), [g.get("error") for g in guided]
         assert [g["tokens"] for g in guided] == lens == [u["tokens"] for u in plain]
+        g_passes += [passes[g["rid"]] for g in guided]
+        u_passes += [passes[u["rid"]] for u in plain]
         g_round = [g["tpot"] for g in guided if g["tpot"]]
         u_round = [u["tpot"] for u in plain if u["tpot"]]
         ratios.append(statistics.mean(g_round) / statistics.mean(u_round))
@@ -117,6 +129,7 @@ def bench_concurrency(engine, tokenizer, c: int, max_tokens: int, rounds: int, s
         g_ttft += [g["ttft"] for g in guided]
         lengths += lens
         stops += sum(g["reason"] == "stop" for g in guided)
+    engine.scheduler.schedule = schedule
     gt, ut = statistics.mean(g_tpot), statistics.mean(u_tpot)
     return {"concurrency": c, "rounds": rounds, "requests": c * rounds, "finished_stop": stops,
             "mean_output_tokens": statistics.mean(lengths), "tpot_guided_ms": 1e3 * gt, "tpot_unguided_ms": 1e3 * ut,
@@ -124,7 +137,9 @@ def bench_concurrency(engine, tokenizer, c: int, max_tokens: int, rounds: int, s
             "steps_guided": steps["guided"], "steps_unguided": steps["plain"],
             "fill_bitmask_ms_per_step": 1e3 * acc.get("fill_bitmask", 0) / max(1, steps["guided"]),
             "accept_ms_per_step": 1e3 * acc.get("accept", 0) / max(1, steps["guided"]),
-            "mean_ttft_guided_ms": 1e3 * statistics.mean(g_ttft)}
+            "mean_ttft_guided_ms": 1e3 * statistics.mean(g_ttft),
+            "forward_passes_per_request_guided": statistics.mean(g_passes),
+            "forward_passes_per_request_unguided": statistics.mean(u_passes)}
 
 
 def bench_compile(model_path: Path) -> list[dict]:
@@ -153,14 +168,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--cpu-threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-jump-forward", action="store_true", help="skip the guided_jump_forward=true run")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
     from preprocess.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.model)
-    engine = LLMEngine(EngineConfig(model_path=args.model, device=args.device, cpu_threads=args.cpu_threads,
-                                    kv_cache_bytes=64 << 20, max_num_seqs=max(64, max(args.concurrency))))
+    def make_engine(jump_forward: bool) -> LLMEngine:
+        return LLMEngine(EngineConfig(model_path=args.model, device=args.device, cpu_threads=args.cpu_threads,
+                                      kv_cache_bytes=64 << 20, max_num_seqs=max(64, max(args.concurrency)),
+                                      guided_jump_forward=jump_forward))
+
+    engine = make_engine(False)
     t = time.perf_counter()
     engine.structured.warm_up()
     warm = time.perf_counter() - t
@@ -175,6 +195,15 @@ def main(argv: list[str] | None = None) -> int:
                    "compile": bench_compile(Path(args.model))}
     finally:
         engine.shutdown()
+    if not args.no_jump_forward:
+        engine = make_engine(True)
+        engine.structured.warm_up()
+        engine.start()
+        try:
+            results["jump_forward"] = [bench_concurrency(engine, tokenizer, c, args.max_tokens, args.rounds, args.seed)
+                                       for c in args.concurrency]
+        finally:
+            engine.shutdown()
     print(f"grammar layer start-up (xgrammar import, tokenizer view): {warm:.2f} s")
     print(f"{'conc':>4} {'reqs':>5} {'stop':>5} {'tokens':>6} {'TPOT guided':>12} {'TPOT plain':>11} {'ratio':>6} "
           f"{'median':>6} {'fill/step':>10} {'accept/step':>11}")
@@ -183,6 +212,15 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['tpot_guided_ms']:>10.2f}ms {r['tpot_unguided_ms']:>9.2f}ms {r['tpot_ratio']:>6.3f} "
               f"{r['tpot_ratio_median']:>6.3f} "
               f"{r['fill_bitmask_ms_per_step']:>8.3f}ms {r['accept_ms_per_step']:>9.3f}ms")
+    print("forward passes per request (guided / its unguided twin of the same length):")
+    for r in results["tpot"]:
+        print(f"  c={r['concurrency']}: {r['forward_passes_per_request_guided']:.1f} / "
+              f"{r['forward_passes_per_request_unguided']:.1f}")
+    for r in results.get("jump_forward", []):
+        print(f"  c={r['concurrency']} with guided_jump_forward: {r['forward_passes_per_request_guided']:.1f} / "
+              f"{r['forward_passes_per_request_unguided']:.1f} ({r['mean_output_tokens']:.1f} tokens), "
+              f"TPOT {r['tpot_guided_ms']:.2f} ms vs {r['tpot_unguided_ms']:.2f} ms: ratio {r['tpot_ratio']:.3f} "
+              f"(median {r['tpot_ratio_median']:.3f})")
     print(f"{'guide':<30} {'cold':>9} {'cached':>9}")
     for r in results["compile"]:
         print(f"{r['guide']:<30} {r['cold_ms']:>7.2f}ms {r['cached_ms']:>7.3f}ms")

@@ -304,6 +304,28 @@ class Scheduler:
             self.running = [s for s in self.running if s.status is SequenceStatus.RUNNING]
         return outs
 
+    def append_forced_tokens(self, seq: Sequence, tokens: list[int]) -> tuple[int, RequestOutput | None]:
+        """Append tokens decided without the model (a grammar's jump-forward) to a running sequence.
+        They are not computed: the next plan computes them with the last sampled token in one chunk and
+        samples after them. Stops as sampled tokens do (max_tokens, context). Returns (tokens appended,
+        the output to stream now or None)."""
+        if seq.status is not SequenceStatus.RUNNING or not tokens:
+            return 0, None
+        req = self._requests[seq.request_id]
+        n = 0
+        for token in tokens:
+            seq.output_token_ids.append(token)
+            n += 1
+            reason = stop_reason(seq, token, self.eos_token_ids, self.max_model_len)
+            if reason is not None:
+                self.block_manager.free(seq)
+                self._finish(req, seq, reason)
+                if req.finished:
+                    del self._requests[req.request_id]
+                self.running = [s for s in self.running if s.status is SequenceStatus.RUNNING]
+                break
+        return n, req.emit(seq, self.config.stream_interval)
+
     def _finish(self, req: RequestState, seq: Sequence, reason: FinishReason) -> None:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

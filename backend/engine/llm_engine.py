@@ -139,7 +139,24 @@ class LLMEngine:
             if so is not None:
                 self._fail(so.accept(plan, output))                     # advance the matchers
             self._dispatch(self.scheduler.update_from_output(plan, output))
+            if so is not None and self.config.guided_jump_forward:
+                self._jump_forward(plan)
             self._steps += 1
+
+    def _jump_forward(self, plan) -> None:
+        """Append what each guided sequence's grammar forces next (no logprobs for such tokens, so
+        requests that asked for logprobs decode token by token)."""
+        for s in plan.scheduled:
+            seq = s.seq
+            if seq.params.guide is None or seq.params.logprobs is not None or not s.sample:
+                continue
+            room = min(seq.params.max_tokens - seq.num_output_tokens, self.scheduler.max_model_len - seq.num_tokens)
+            forced = self.structured.jump_forward(seq, room)
+            if forced:
+                n, out = self.scheduler.append_forced_tokens(seq, forced)
+                self.structured.rollback_forced(seq, len(forced) - n)
+                if out is not None:
+                    self._dispatch([out])
 
     def _fail(self, failures: list[tuple[str, str]]) -> None:
         for request_id, error in failures:

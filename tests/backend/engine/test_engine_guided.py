@@ -333,3 +333,58 @@ def test_random_mix_leaves_no_state_behind(engine, tokenizer):
     while (engine.structured.num_requests or engine.stats().kv_blocks_used) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert engine.structured.num_requests == 0 and engine.stats().kv_blocks_used == 0
+
+
+@pytest.fixture(scope="module")
+def jf_engine(demo_target):
+    eng = LLMEngine(EngineConfig(model_path=str(demo_target), kv_cache_bytes=32 << 20, device="cpu",
+                                 guided_jump_forward=True)).start()
+    yield eng
+    eng.shutdown()
+
+
+def test_jump_forward_keeps_outputs_valid_and_saves_forward_passes(jf_engine, tokenizer):
+    """Forced keys and punctuation are appended without a forward pass each: sampled outputs stay
+    valid, and a schema request takes part in fewer forward passes than it has output tokens."""
+    plans: list = []
+    schedule = jf_engine.scheduler.schedule
+    jf_engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
+    try:
+        jobs = [(name, kind, text) for name, kind, text in all_guides()] * 2
+        results = jf_engine.generate([encode(tokenizer, i) for i in range(len(jobs))],
+                                     [SamplingParams(max_tokens=96, temperature=1.0, seed=77 + i, guide=GuideSpec(k, t))
+                                      for i, (_, k, t) in enumerate(jobs)])
+    finally:
+        jf_engine.scheduler.schedule = schedule
+    saved = 0
+    for (name, kind, text), outs in zip(jobs, results):
+        ids = output_token_ids(outs)
+        assert outs[-1].error is None
+        if outs[-1].finish_reason is FinishReason.STOP:
+            out = tokenizer.decode(ids, skip_special_tokens=True)
+            assert check_output(kind, text, out) is None, (name, out)
+        if kind == "json_schema":
+            rid = outs[-1].request_id
+            passes = sum(1 for p in plans for s in p.scheduled if s.seq.request_id == rid and s.sample)
+            saved += len(ids) - passes
+    assert jf_engine.structured.num_forced_tokens > 0 and saved > 0
+    assert jf_engine.stats().kv_blocks_used == 0
+
+
+def test_jump_forward_under_preemption_and_with_logprobs(demo_target, tokenizer):
+    eng = LLMEngine(EngineConfig(model_path=str(demo_target), num_kv_blocks=16, block_size=16, watermark=0.0,
+                                 max_model_len=256, device="cpu", guided_jump_forward=True)).start()
+    try:
+        kind, text = "json_schema", json.dumps(SCHEMAS["nested_object"])
+        outs = eng.generate([encode(tokenizer, i) for i in range(12)], greedy_params(kind, text, 64))
+        for o in outs:
+            if o[-1].finish_reason is FinishReason.STOP:
+                assert check_output(kind, text, tokenizer.decode(output_token_ids(o), skip_special_tokens=True)) is None
+        assert eng.stats().num_preemptions > 0 and eng.stats().kv_blocks_used == 0
+        forced = eng.structured.num_forced_tokens
+        lp = eng.generate([encode(tokenizer, 0)], SamplingParams(max_tokens=64, temperature=0.0, logprobs=0,
+                                                                  guide=GuideSpec(kind, text)))[0]
+        assert eng.structured.num_forced_tokens == forced            # logprob requests decode token by token
+        assert sum(len(o.logprobs or []) for o in lp) == len(output_token_ids(lp))
+    finally:
+        eng.shutdown()
