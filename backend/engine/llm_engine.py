@@ -118,6 +118,7 @@ class LLMEngine:
         self._finish_all(FinishReason.ABORT, "engine shut down")
         if self.structured is not None:
             self.structured.shutdown()
+            self.structured.set_event_callback(None)   # no engine <-> manager cycle left behind
 
     def has_work(self) -> bool:
         return bool(self._inbox) or self.scheduler.has_unfinished()
