@@ -7,8 +7,8 @@ grammar compile time cold and cached, and where the guided step's extra time goe
 Fairness: guided requests are sampled with seeds (a JSON schema); each unguided twin gets exactly
 its guided twin's output length (``max_tokens`` = that length, ``ignore_eos``), so both runs have
 the same batch composition step by step and differ only by the grammar work. Each round runs the
-two back to back, guided first in even rounds and second in odd ones; ratios are within one run. Standalone: imports only the engine
-and the grammar layer.
+two back to back, guided first in even rounds and second in odd ones; ratios are within one run.
+Standalone: imports only the engine and the grammar layer.
 """
 from __future__ import annotations
 

@@ -75,26 +75,6 @@ class _CompilePool:
             except BaseException as e:  # noqa: BLE001 (handed to the waiting request)
                 fut.set_exception(e)
 
-    def jump_forward(self, seq: Sequence, limit: int) -> list[int]:
-        """The tokens the sequence's grammar forces next (at most ``limit``), already accepted by its
-        matcher; [] for unguided or finished sequences. The caller appends them (``rollback_forced``
-        takes back any it could not append)."""
-        if seq.params.guide is None or seq.status is not SequenceStatus.RUNNING or limit <= 0:
-            return []
-        m = self._matcher(seq)
-        if m is None or m.is_terminated():
-            return []
-        tokens = m.jump_forward_tokens()[:limit]
-        if tokens and not m.accept_tokens(tokens):
-            return []
-        self.num_forced_tokens += len(tokens)
-        return tokens
-
-    def rollback_forced(self, seq: Sequence, num_tokens: int) -> None:
-        m = self._matcher(seq)
-        if m is not None and num_tokens:
-            m.rollback(num_tokens)
-
     def shutdown(self) -> None:
         for _ in self._threads:
             self._q.put(None)

@@ -49,7 +49,7 @@ def tokenizer_info_from_folder(folder: str | Path, vocab_size: int,
         h.update(text.encode())
         info = _info_from_tokenizer_json(text, vocab_size, stops)
     else:
-        from transformers import AutoTokenizer   # xgrammar imports transformers anyway
+        from transformers import AutoTokenizer  # xgrammar imports transformers anyway
 
         tok = AutoTokenizer.from_pretrained(str(folder))
         h.update(json.dumps(sorted(tok.get_vocab().items())).encode())

@@ -100,7 +100,8 @@ def _prepare_schema(text: str) -> str:
     except json.JSONDecodeError as e:
         raise GuideError(GUIDE, f"not a valid JSON schema: not JSON ({e})") from None
     check_schema(schema)
-    from jsonschema import exceptions, validators   # lazily: only the checks need it, never the engine
+    # lazily: only the checks need jsonschema, never the engine
+    from jsonschema import exceptions, validators
 
     try:
         validators.validator_for(schema).check_schema(schema)

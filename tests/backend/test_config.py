@@ -86,8 +86,8 @@ def test_guided_decoding_parameters():
     assert (c.guided_compile_timeout_s, c.guided_compile_workers) == (2.5, 4)
     assert EngineConfig.from_parameters({"model_path": "/m", "guided_jump_forward": "true"}).guided_jump_forward
     assert EngineConfig(model_path="/m").guided_jump_forward is False
-    assert (EngineConfig(model_path="/m").guided_compile_timeout_s, EngineConfig(model_path="/m").guided_compile_workers) \
-        == (10.0, 2)
+    default = EngineConfig(model_path="/m")
+    assert (default.guided_compile_timeout_s, default.guided_compile_workers) == (10.0, 2)
     for kwargs, field in ((dict(guided_compile_timeout_s=0), "guided_compile_timeout_s"),
                           (dict(guided_compile_timeout_s=float("inf")), "guided_compile_timeout_s"),
                           (dict(guided_compile_workers=0), "guided_compile_workers"),

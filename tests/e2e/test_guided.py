@@ -105,7 +105,8 @@ def test_bad_guides_are_errors_naming_the_field(server, case):
     assert words in res.error, res.error
     good = run(server.grpc_url, "x = ", 24, temperature=0.0, exclude_input_in_output=True,
                **guide_opts("regex", REGEXES["date"]))
-    assert good.error is None and good.finish_reason == "stop" and check_output("regex", REGEXES["date"], good.text) is None
+    assert good.error is None and good.finish_reason == "stop"
+    assert check_output("regex", REGEXES["date"], good.text) is None
     wait_until(lambda: kv_used(server.metrics_url) == 0, 10, "no KV blocks held by failed requests")
 
 

@@ -15,6 +15,7 @@ from backend.core.outputs import FinishReason
 from backend.engine.llm_engine import LLMEngine, output_token_ids
 from contracts.sampling_params import GuideSpec, SamplingParams
 from postprocess.grammar import check_output
+from tests.backend.engine.test_engine_api import collect
 from tests.helpers.guides import GRAMMARS, REGEXES, SCHEMAS, all_guides
 
 PROMPTS = ["# a record as JSON\nrecord = ", "def parse(text):\n    return ", "x = ", "import json\n\ndata = "]
@@ -40,13 +41,7 @@ def encode(tokenizer, i: int) -> list[int]:
 
 
 def run_one(engine, rid, prompt, params, timeout=120.0):
-    outs, done = [], threading.Event()
-
-    def cb(o):
-        outs.append(o)
-        if o.request_finished:
-            done.set()
-    engine.add_request(rid, prompt, params, cb)
+    outs, done = collect(engine, rid, prompt, params)
     assert done.wait(timeout), f"{rid} never finished"
     return outs
 
@@ -202,13 +197,15 @@ def test_a_sampled_token_the_grammar_rejects_fails_the_request(engine, tokenizer
     a = tokenizer.encode("a", add_special_tokens=False)
     assert len(a) == 1
     outs = run_one(engine, "banned", encode(tokenizer, 0),
-                   SamplingParams(max_tokens=4, temperature=0.0, bad_words_ids=(tuple(a),), guide=GuideSpec("regex", "a")))
+                   SamplingParams(max_tokens=4, temperature=0.0, bad_words_ids=(tuple(a),),
+                                  guide=GuideSpec("regex", "a")))
     assert outs[-1].finish_reason is FinishReason.ERROR and "rejected" in outs[-1].error
     assert engine.stats().kv_blocks_used == 0
 
 
 @pytest.mark.parametrize("kwargs, field", [
-    (dict(min_tokens=2), "min_tokens"), (dict(stop_token_ids=(5,)), "stop_token_ids"), (dict(ignore_eos=True), "ignore_eos"),
+    (dict(min_tokens=2), "min_tokens"), (dict(stop_token_ids=(5,)), "stop_token_ids"),
+    (dict(ignore_eos=True), "ignore_eos"),
 ])
 def test_options_that_would_cut_or_extend_a_guided_output_are_refused(kwargs, field):
     with pytest.raises(ValueError, match=f"^{field}: not supported with guided decoding"):

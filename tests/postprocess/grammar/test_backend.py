@@ -10,7 +10,12 @@ import zlib
 import pytest
 import torch
 
-from postprocess.grammar import GuideError, XGrammarBackend, check_output, tokenizer_info_from_folder
+from postprocess.grammar import (
+    GuideError,
+    XGrammarBackend,
+    check_output,
+    tokenizer_info_from_folder,
+)
 from tests.helpers.checkpoints import DEMO_TARGET, REPO
 from tests.helpers.grammar_walk import allowed_token_ids, decode, random_walk
 from tests.helpers.guides import all_guides
@@ -19,8 +24,8 @@ EOS = 1
 
 
 def test_tokenizer_view_equals_hf_except_the_blanked_special_tokens():
-    from transformers import AutoTokenizer
     import xgrammar as xgr
+    from transformers import AutoTokenizer
 
     ours, _ = tokenizer_info_from_folder(DEMO_TARGET, 4096, [EOS])
     hf = xgr.TokenizerInfo.from_huggingface(AutoTokenizer.from_pretrained(str(DEMO_TARGET)), vocab_size=4096,
@@ -35,7 +40,8 @@ def test_tokenizer_view_equals_hf_except_the_blanked_special_tokens():
 def test_tokenizer_identity_changes_with_vocab_size_and_stops():
     ids = {tokenizer_info_from_folder(DEMO_TARGET, v, s)[1] for v, s in ((4096, [1]), (4096, [1, 6]), (4128, [1]))}
     assert len(ids) == 3
-    assert tokenizer_info_from_folder(DEMO_TARGET, 4096, [1])[1] == tokenizer_info_from_folder(DEMO_TARGET, 4096, [1])[1]
+    again = tokenizer_info_from_folder(DEMO_TARGET, 4096, [1])[1]
+    assert again == tokenizer_info_from_folder(DEMO_TARGET, 4096, [1])[1]
 
 
 def test_cache_is_keyed_by_type_text_and_tokenizer(xgr_backend):
