@@ -22,7 +22,7 @@ def guide_opts(kind: str, text: str) -> dict:
 
 
 def test_sampled_guided_outputs_are_valid_through_the_pipeline(server):
-    """54 sampled requests (temperature 1, top-p 1) over every shared guide, streamed concurrently:
+    """51 sampled requests (temperature 1, top-p 1) over every shared guide, streamed concurrently:
     each output that finishes stop satisfies its guide as the client receives it; the rest say length."""
     jobs = [(name, kind, text, seed) for seed in range(3) for name, kind, text in all_guides()]
     assert len(jobs) >= 50

@@ -81,18 +81,23 @@ ORACLE_GUIDES = [("json_schema", json.dumps(SCHEMAS[n])) for n in ("nested_objec
 
 @pytest.fixture(scope="module")
 def hf_oracle(demo_target, tokenizer):
-    """Greedy constrained outputs of HF transformers' generate with xgrammar's HF logits processor."""
+    """Greedy constrained outputs of HF transformers' generate with xgrammar's HF logits processor,
+    compiled by xgrammar alone (its HF tokenizer view, its own JSON-schema compile): independent of
+    our grammar layer's tokenizer view, EBNF route and string repairs."""
     import xgrammar as xgr
-    from transformers import AutoModelForCausalLM
-
-    from postprocess.grammar import XGrammarBackend
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     hf = AutoModelForCausalLM.from_pretrained(str(demo_target), dtype=torch.float32).eval()
-    backend = XGrammarBackend.from_folder(demo_target, 4096, [1])
+    info = xgr.TokenizerInfo.from_huggingface(AutoTokenizer.from_pretrained(str(demo_target)), vocab_size=4096,
+                                              stop_token_ids=[1])
+    compiler = xgr.GrammarCompiler(info)
+    compile_stock = {"json": lambda _: compiler.compile_json_schema("{}", any_whitespace=False),
+                     "json_schema": lambda t: compiler.compile_json_schema(t, any_whitespace=False),
+                     "regex": compiler.compile_regex, "ebnf_grammar": compiler.compile_grammar}
     expected = []
     for i, (kind, text) in enumerate(ORACLE_GUIDES):
         prompt = encode(tokenizer, i)
-        processor = xgr.contrib.hf.LogitsProcessor(backend.compile(kind, text).grammar)
+        processor = xgr.contrib.hf.LogitsProcessor(compile_stock[kind](text))
         with torch.no_grad():
             out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                               do_sample=False, max_new_tokens=48, logits_processor=[processor], pad_token_id=2,
