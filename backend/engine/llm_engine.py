@@ -135,7 +135,8 @@ class LLMEngine:
         self._idle = not plan.scheduled
         if plan.scheduled:
             forward = self.runner.execute(plan)
-            bitmask = so.fill_bitmask(plan, forward.rows) if so is not None else None  # while the forward runs
+            # between the forward and the sampler (on CUDA the forward is still running meanwhile)
+            bitmask = so.fill_bitmask(plan, forward.rows) if so is not None else None
             output = self.runner.sample(plan, forward, grammar_bitmask=bitmask)
             if so is not None:
                 self._fail(so.accept(plan, output))                     # advance the matchers

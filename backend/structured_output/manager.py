@@ -57,8 +57,12 @@ class _CompilePool:
         for t in self._threads:
             t.start()
 
-    def submit(self, fn, *args) -> Future:
+    def submit(self, fn, *args, on_done=None) -> Future:
+        """Queue ``fn(*args)``. ``on_done(future)`` is attached before the work is queued, so it always
+        runs on the worker thread, never in the caller's (which may hold locks the callback takes)."""
         fut: Future = Future()
+        if on_done is not None:
+            fut.add_done_callback(on_done)
         self._q.put((fut, fn, args))
         return fut
 
@@ -121,10 +125,9 @@ class StructuredOutputManager:
                 return
             fut = self._inflight.get(key)
             if fut is None:
-                fut = self._pool.submit(self._compile, *key)
+                fut = self._pool.submit(self._compile, *key, on_done=lambda f, key=key: self._compiled(key))
                 self._inflight[key] = fut
                 self.num_compiles += 1
-                fut.add_done_callback(lambda f, key=key: self._compiled(key))
             entry.future = fut
 
     def drop(self, request_id: str) -> None:

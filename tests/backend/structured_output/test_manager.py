@@ -152,3 +152,29 @@ def test_compile_failures_and_deadlines_come_out_of_poll(backend):
                                 "guided_compile_timeout_s (10 s)")
     gate.set()
     so.shutdown()
+
+
+def test_a_compile_that_ends_at_once_calls_back_on_the_worker_thread(backend):
+    """A guide that fails in microseconds must not run the manager's callback on the submitting
+    thread (which holds the manager's lock inside submit: that would deadlock)."""
+    class Instant:
+        vocab_size = V
+
+        def cached(self, kind, guide):
+            return None
+
+        def compile(self, kind, guide):
+            raise ValueError("guided_decoding_guide: bad")
+
+    so = StructuredOutputManager(Instant, vocab_size=V)
+    called_on = []
+    so.set_event_callback(lambda: called_on.append(threading.current_thread().name))
+    for i in range(50):
+        so.submit(f"r{i}", GuideSpec("regex", f"g{i}"))
+    for _ in range(500):
+        if len(called_on) == 50:
+            break
+        threading.Event().wait(0.01)
+    assert len(called_on) == 50 and all(n.startswith("grammar-compile") for n in called_on)
+    assert len(dict(so.poll())) == 50
+    so.shutdown()
