@@ -50,6 +50,9 @@ class EngineConfig:
     quantization_group_size: int = 128         # int4: input columns per scale
     seed: int = 0
     cpu_threads: int = 0                       # torch intra-op threads on CPU (0: torch's default, one per core)
+    guided_compile_timeout_s: float = 10.0     # a guided request fails when its grammar takes longer to compile
+    guided_compile_workers: int = 2            # grammar compile threads (a timed-out compile keeps its thread)
+    guided_jump_forward: bool = False          # append the tokens a grammar forces without a forward pass each
 
     def __post_init__(self) -> None:
         _check_str("model_path", self.model_path)
@@ -94,6 +97,12 @@ class EngineConfig:
         _check_int("quantization_group_size", self.quantization_group_size, lo=2, hi=1 << 16)
         _check_int("seed", self.seed, lo=0, hi=2**63 - 1)
         _check_int("cpu_threads", self.cpu_threads, lo=0, hi=1024)
+        t = self.guided_compile_timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < math.inf:
+            raise ValueError(f"guided_compile_timeout_s: must be a number > 0, got {t!r}")
+        _check_int("guided_compile_workers", self.guided_compile_workers, lo=1, hi=64)
+        if not isinstance(self.guided_jump_forward, bool):
+            raise ValueError(f"guided_jump_forward: expected a boolean, got {self.guided_jump_forward!r}")
 
     @property
     def speculative(self) -> bool:
@@ -195,6 +204,7 @@ _PARSERS = {
     "num_speculative_tokens": _parse_int, "speculative_method": _parse_str, "ngram_min": _parse_int,
     "ngram_max": _parse_int, "speculative_adaptive": _parse_bool, "seed": _parse_int, "cpu_threads": _parse_int,
     "quantization": _parse_str, "quantization_group_size": _parse_int,
+    "guided_compile_timeout_s": _parse_float, "guided_compile_workers": _parse_int, "guided_jump_forward": _parse_bool,
 }
 
 

@@ -34,6 +34,7 @@ class OutputOptions:
     num_input_tokens: int = 0
     prompt_token_ids: tuple[int, ...] = ()
     guide_type: str | None = None
+    guide: str = ""          # the schema, pattern or grammar: postprocess checks finished outputs against it
 
     def __post_init__(self) -> None:
         if not all(isinstance(s, str) and s for s in self.stop):
@@ -51,6 +52,8 @@ class OutputOptions:
             raise ValueError("prompt_token_ids: expected non-negative integers")
         if self.guide_type is not None and not isinstance(self.guide_type, str):
             raise ValueError(f"guide_type: expected a string or null, got {self.guide_type!r}")
+        if not isinstance(self.guide, str):
+            raise ValueError(f"guide: expected a string, got {self.guide!r}")
 
     def to_json(self) -> str:
         """Compact JSON: ``{"v": 1, "stop": [...], ...}`` (every field, lists for tuples)."""

@@ -74,8 +74,18 @@ class SamplingParams:
             _check_int("logprobs", self.logprobs, lo=0, hi=20)
         if self.num_speculative_tokens is not None:
             _check_int("num_speculative_tokens", self.num_speculative_tokens, lo=0, hi=64)
-        if self.guide is not None and self.guide.kind not in GUIDE_TYPES:
-            raise ValueError(
-                f"guided_decoding_guide_type: unknown type {self.guide.kind!r} "
-                "(expected json, json_schema, regex or ebnf_grammar)"
-            )
+        if self.guide is not None:
+            if self.guide.kind not in GUIDE_TYPES:
+                raise ValueError(
+                    f"guided_decoding_guide_type: unknown type {self.guide.kind!r} "
+                    "(expected json, json_schema, regex or ebnf_grammar)"
+                )
+            # the grammar decides where a guided output ends: nothing else may end it or hold off its end
+            if self.stop_token_ids:
+                raise ValueError("stop_token_ids: not supported with guided decoding (a stop token could cut "
+                                 "the output in the middle of a value)")
+            if self.min_tokens:
+                raise ValueError("min_tokens: not supported with guided decoding (the grammar decides where "
+                                 "the output may end)")
+            if self.ignore_eos:
+                raise ValueError("ignore_eos: not supported with guided decoding (the grammar ends with EOS)")

@@ -1,11 +1,24 @@
-"""Postprocess: incremental detokenization, text-level stop strings, finish reasons (pure Python)."""
-from postprocess.detokenizer import IncrementalDetokenizer, TextDecoder
-from postprocess.processor import FINISH_REASONS, Postprocessor, ProcessedOutput, normalize_finish_reason
-from postprocess.state import RequestState, RequestStateTable, SequenceState, TableStats
-from postprocess.stop_matcher import StopMatcher, StopResult, stop_text_reference
+"""Postprocess: incremental detokenization, text-level stop strings, finish reasons (pure Python).
 
-__all__ = [
-    "IncrementalDetokenizer", "TextDecoder", "FINISH_REASONS", "Postprocessor", "ProcessedOutput",
-    "normalize_finish_reason", "RequestState", "RequestStateTable", "SequenceState", "TableStats",
-    "StopMatcher", "StopResult", "stop_text_reference",
-]
+Nothing is imported eagerly: ``import postprocess.grammar`` (the xgrammar layer the engine loads)
+must not pull in the detokenizer or the Triton glue. The names below load on first use.
+"""
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "IncrementalDetokenizer": "detokenizer", "TextDecoder": "detokenizer",
+    "FINISH_REASONS": "processor", "Postprocessor": "processor", "ProcessedOutput": "processor",
+    "normalize_finish_reason": "processor",
+    "RequestState": "state", "RequestStateTable": "state", "SequenceState": "state", "TableStats": "state",
+    "StopMatcher": "stop_matcher", "StopResult": "stop_matcher", "stop_text_reference": "stop_matcher",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'postprocess' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"postprocess.{module}"), name)

@@ -13,6 +13,10 @@ Semantics:
 - Otherwise the finish reason is the engine's (``stop``, ``length``, ``abort``, ``cancelled``,
   ``error``), reported on the sequence's final response. A guided request cut by ``max_tokens``
   therefore says ``"length"``.
+- A guided sequence that finishes ``stop`` is checked against its guide (``postprocess.grammar.
+  check_output`` on the text decoded without special tokens). A failure is a bug upstream: the
+  result carries ``error`` and ``Postprocessor.num_invalid_guided`` counts it. One cut by
+  ``max_tokens`` says ``length`` and is not checked (it is partial by definition).
 - ``exclude_input_in_output`` false (TensorRT-LLM's default): the first delta is prefixed by the
   prompt's text (decoded from ``options.prompt_token_ids``), which stop strings do not see.
 - On the final response, text held back (an incomplete character, a possible stop prefix) is
@@ -44,6 +48,7 @@ class ProcessedOutput:
     num_output_tokens: int       # output tokens of this sequence so far (up to the token completing a stop)
     num_input_tokens: int        # prompt tokens (from the options)
     options: OutputOptions = field(repr=False)  # the request's options (return_* flags, stream, ...)
+    error: str | None = None     # a guided output that finished "stop" but fails its guide
 
 
 def normalize_finish_reason(reason) -> str | None:
@@ -67,6 +72,7 @@ class Postprocessor:
         self.table = RequestStateTable(max_requests)
         self.context_tokens = context_tokens
         self.requests_without_options = 0
+        self.num_invalid_guided = 0      # finished guided outputs that failed their guide (bugs)
 
     def stats(self) -> TableStats:
         return self.table.stats()
@@ -93,11 +99,14 @@ class Postprocessor:
             seq = state.sequences[seq_index] = self._new_sequence(state.options)
         ids = [int(t) for t in new_token_ids]
 
+        error = None
         if seq.finished:
             out = self._result(state, seq, "", accepted=0, stop_engine=False)
         else:
             text, accepted, stopped = self._advance(seq, ids, is_final)
             seq.num_output_tokens += accepted
+            if seq.guided_ids is not None:
+                seq.guided_ids.extend(ids[:accepted])
             stop_engine = False
             if stopped:
                 seq.finished, seq.stopped_by_string, seq.finish_reason = True, True, "stop"
@@ -107,7 +116,9 @@ class Postprocessor:
             elif is_final:
                 seq.finished, seq.finish_reason = True, normalize_finish_reason(finish_reason)
                 state.num_finished += 1
-            out = self._result(state, seq, text, accepted=accepted, stop_engine=stop_engine)
+                if seq.guided_ids is not None and seq.finish_reason == "stop":
+                    error = self._check_guided(state.options, seq.guided_ids)
+            out = self._result(state, seq, text, accepted=accepted, stop_engine=stop_engine, error=error)
 
         if is_final:
             seq.engine_final = True
@@ -126,7 +137,18 @@ class Postprocessor:
                                                context_tokens=self.context_tokens),
             stop_matcher=StopMatcher(options.stop, include_stop=options.include_stop_str_in_output),
             prompt_pending=prompt_text,
+            guided_ids=[] if options.guide_type else None,
         )
+
+    def _check_guided(self, options: OutputOptions, ids: list[int]) -> str | None:
+        from postprocess.grammar import check_output  # xgrammar/jsonschema: only guided requests need them
+
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        why = check_output(options.guide_type, options.guide, text)
+        if why is None:
+            return None
+        self.num_invalid_guided += 1
+        return f"guided_decoding_guide: internal error: the finished output {why}; output: {text[:200]!r}"
 
     @staticmethod
     def _advance(seq: SequenceState, ids: list[int], is_final: bool) -> tuple[str, int, bool]:
@@ -156,10 +178,10 @@ class Postprocessor:
 
     @staticmethod
     def _result(state: RequestState, seq: SequenceState, text: str, *, accepted: int,
-                stop_engine: bool) -> ProcessedOutput:
+                stop_engine: bool, error: str | None = None) -> ProcessedOutput:
         return ProcessedOutput(
             text=text, finish_reason=seq.finish_reason if seq.finished else None, finished=seq.finished,
             stop_engine=stop_engine, num_accepted_tokens=accepted, num_output_tokens=seq.num_output_tokens,
-            num_input_tokens=state.options.num_input_tokens, options=state.options,
+            num_input_tokens=state.options.num_input_tokens, options=state.options, error=error,
         )
 

@@ -28,6 +28,7 @@ from postprocess.processor import Postprocessor
 
 log = logging.getLogger(__name__)
 LLM_MODEL = "llm"
+GUIDED_INVALID_METRIC = "triton_llm_guided_output_invalid_total"   # finished guided outputs failing their guide
 
 
 class PostprocessServing:
@@ -48,9 +49,14 @@ class PostprocessServing:
         self._cancel_checked: OrderedDict[str, float] = OrderedDict()  # engine id -> last is_cancelled() call
         self._cancel_interval = cancel_check_interval_s
         self._clock = clock
+        family = getattr(pb_utils, "MetricFamily", None)   # kept alive with the metric (Triton's rule)
+        self._invalid_family = family and family(name=GUIDED_INVALID_METRIC, kind=family.COUNTER, description=(
+            "Guided outputs that finished but failed their guide's check (a bug: each one is an error)"))
+        self._invalid_guided = self._invalid_family.Metric(labels={"model": "postprocess"}) if family else None
 
     @classmethod
     def from_model_config(cls, model_config: dict, pb_utils) -> "PostprocessServing":
+        import postprocess.grammar  # noqa: F401 (xgrammar, for the guided-output check: loaded at start-up)
         from preprocess.tokenizer import load_tokenizer
 
         params = model_parameters(model_config)
@@ -100,6 +106,14 @@ class PostprocessServing:
                                          seq_index=meta.seq_index)
             if out.stop_engine:
                 self.stop_engine(rid, "stop_string")
+            if out.error:  # a guided output that finished but fails its guide: a bug, never passed on
+                log.error("postprocess: request %s: %s", rid, out.error)
+                if self._invalid_guided is not None:
+                    self._invalid_guided.increment(1)
+                if meta.request_finished:
+                    return pb.InferenceResponse(error=pb.TritonError(out.error))
+                self._failed[rid] = out.error
+                return self._response("", "", meta, [], 0, 0)
             lps: list[float] = []
             if out.options.return_log_probs:
                 t = pb.get_input_tensor_by_name(request, wire.OUTPUT_LOG_PROBS)

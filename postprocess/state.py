@@ -27,6 +27,7 @@ class SequenceState:
     stopped_by_string: bool = False
     engine_final: bool = False           # the engine sent this sequence's final response
     num_output_tokens: int = 0           # tokens that count as output (up to the one completing a stop)
+    guided_ids: list[int] | None = None  # a guided sequence's output tokens, for the check of its finished text
 
 
 @dataclass

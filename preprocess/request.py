@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from contracts.field_names import ensemble_input_name
 from contracts.output_options import OutputOptions
-from contracts.sampling_params import GUIDE_TYPES, GuideSpec, SamplingParams
+from contracts.sampling_params import GUIDE_TYPES, GuideSpec, SamplingParams  # noqa: F401 (re-exported)
 from preprocess.chat_template import ChatTemplate, ChatTemplateError
 from preprocess.errors import RequestError
 from preprocess.inputs import UINT64, get_bool, get_float, get_int, get_str, get_str_list
@@ -112,6 +112,9 @@ class RequestParser:
             raise RequestError("max_tokens", f"must be >= 1, got {max_tokens}")
         guide = self._guide(inputs)
         stop = tuple(self._stop_words(inputs))
+        if guide is not None and stop:
+            raise RequestError("stop_words", "not supported with guided decoding: a stop string could cut the "
+                                             "output in the middle of a value (the grammar decides where it ends)")
         flags = {name: get_bool(inputs, name, default) for name, default in _FLAG_DEFAULTS.items()}
         params = self._sampling_params(inputs, max_tokens, guide, flags["return_log_probs"])
         # The prompt last: tokenizing is the expensive step, so every cheap check runs first.
@@ -121,7 +124,7 @@ class RequestParser:
         options = OutputOptions(
             stop=stop, n=params.n, num_input_tokens=len(prompt_ids),
             prompt_token_ids=tuple(prompt_ids[-tail:] if tail else ()) if exclude_input else tuple(prompt_ids),
-            guide_type=guide.kind if guide else None, **flags,
+            guide_type=guide.kind if guide else None, guide=guide.guide if guide else "", **flags,
         )
         return PreprocessedRequest(tuple(prompt_ids), prompt_text, params, options)
 
@@ -213,26 +216,19 @@ class RequestParser:
 
     # -- sampling -----------------------------------------------------------------------------
     def _guide(self, inputs: Mapping[str, Any]) -> GuideSpec | None:
+        """The guide, checked cheaply here (JSON, the schema allow-list, regex and grammar syntax) so a
+        bad one never reaches the engine. Rules: postprocess/grammar/guides.py, docs/api.md."""
         kind = get_str(inputs, "guided_decoding_guide_type")
         guide = get_str(inputs, "guided_decoding_guide")
-        if kind is None:
-            if guide:
-                raise RequestError("guided_decoding_guide_type", "guided_decoding_guide was given without a type")
+        if not kind and not guide:
             return None
-        if kind not in GUIDE_TYPES:
-            raise RequestError("guided_decoding_guide_type",
-                               f"unknown type {kind!r} (expected json, json_schema, regex or ebnf_grammar)")
-        guide = guide or ""
-        if kind != "json" and not guide:
-            raise RequestError("guided_decoding_guide", f"required when guided_decoding_guide_type is {kind!r}")
-        if kind == "json_schema":
-            try:
-                schema = json.loads(guide)
-            except json.JSONDecodeError as e:
-                raise RequestError("guided_decoding_guide", f"not a valid JSON schema ({e})") from None
-            if not isinstance(schema, (dict, bool)):
-                raise RequestError("guided_decoding_guide", "a JSON schema must be an object (or true/false)")
-        return GuideSpec(kind=kind, guide=guide)
+        from postprocess.grammar import GuideError, check_guide  # xgrammar: loaded at model start-up
+
+        try:
+            check_guide(kind, guide)
+        except GuideError as e:
+            raise RequestError(e.field, e.message) from None
+        return GuideSpec(kind=kind, guide="" if kind == "json" else guide)
 
     def _sampling_params(self, inputs: Mapping[str, Any], max_tokens: int, guide: GuideSpec | None,
                          logprobs: bool) -> SamplingParams:

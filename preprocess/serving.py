@@ -42,6 +42,8 @@ class PreprocessServing:
 
     @classmethod
     def from_model_config(cls, model_config: dict, pb_utils) -> "PreprocessServing":
+        import postprocess.grammar  # noqa: F401 (xgrammar, for the guide checks: loaded at start-up)
+
         params = model_parameters(model_config)
         path = resolve_path(str_param(params, "tokenizer_path", DEFAULT_TOKENIZER))
         limits = {k: v for k in ("max_model_len", "max_prompt_bytes") if (v := int_param(params, k, None))}

@@ -4,6 +4,8 @@
     python -m tools.client "def fibonacci(n):" --temperature 0.8 --top-p 0.95 --seed 1
     python -m tools.client --chat "Write a haiku about tests" --max-tokens 48
     llm-client "import os" --stop '\n\n' --url localhost:8001   # \n, \t and \\ in --stop are unescaped
+    python -m tools.client "record = " --json-schema person.schema.json --max-tokens 96
+    python -m tools.client "date: " --regex "[0-9]{4}-[0-9]{2}-[0-9]{2}"
     python -m tools.client "def f():" --gateway                # the typed API (gateway, localhost:50051)
 
 Defaults give the demo model's best output, as the README's samples: greedy with
@@ -194,6 +196,23 @@ class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
         return action.help if action.default is None else super()._get_help_string(action)
 
 
+def guide_options(args: argparse.Namespace) -> dict[str, str]:
+    """The guided-decoding inputs for ``--json``, ``--json-schema FILE``, ``--regex`` or ``--grammar FILE``."""
+    from pathlib import Path
+
+    if args.json:
+        return {"guided_decoding_guide_type": "json"}
+    if args.json_schema:
+        return {"guided_decoding_guide_type": "json_schema",
+                "guided_decoding_guide": Path(args.json_schema).read_text(encoding="utf-8")}
+    if args.regex:
+        return {"guided_decoding_guide_type": "regex", "guided_decoding_guide": args.regex}
+    if args.grammar:
+        return {"guided_decoding_guide_type": "ebnf_grammar",
+                "guided_decoding_guide": Path(args.grammar).read_text(encoding="utf-8")}
+    return {}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description="Stream a completion from the Triton ensemble. The defaults give the demo model's best "
@@ -210,6 +229,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "(--url then defaults to localhost:$GATEWAY_PORT, 50051)")
     ap.add_argument("--token", help="bearer token for the gateway (default: $GATEWAY_TOKEN)")
     ap.add_argument("--tls-ca", help="PEM CA certificate: connect to the gateway with TLS")
+    guided = ap.add_mutually_exclusive_group()  # constrained decoding (docs/api.md, "Guided decoding")
+    guided.add_argument("--json", action="store_true", help="constrain the output to any JSON value")
+    guided.add_argument("--json-schema", metavar="FILE", help="constrain the output to this JSON schema")
+    guided.add_argument("--regex", metavar="PATTERN", help="constrain the output to match this pattern in full")
+    guided.add_argument("--grammar", metavar="FILE", help="constrain the output to this EBNF grammar (root rule)")
     add_sampling_flags(ap)
     return ap.parse_args(argv)
 
@@ -219,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.gateway:
         return gateway_main(args)
     options: dict[str, Any] = {"exclude_input_in_output": True, "return_num_output_tokens": True,
-                               **sampling_options(args)}
+                               **sampling_options(args), **guide_options(args)}
     max_tokens = options.pop("max_tokens")
     prompt = args.prompt
     if args.chat:

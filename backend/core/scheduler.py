@@ -29,7 +29,7 @@ import numbers
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 from backend.config import EngineConfig
 from backend.core.block_manager import BlockManager
@@ -109,6 +109,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_scheduled_last_step = 0
         self.num_batched_tokens_last_step = 0
+        self.can_admit: Callable[[Sequence], bool] | None = None  # e.g. a guided request waits for its grammar
 
     # ---- requests ---------------------------------------------------------------------------
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -231,7 +232,9 @@ class Scheduler:
         if not preempted:   # admitting while preempting would thrash
             reserved = sum(len(self._requests[s.request_id].pending_forks) for s in self.running if s.seq_index == 0)
             while self.waiting and budget > 0:
-                seq = self.waiting[0]
+                seq = self._next_admissible()
+                if seq is None:
+                    break
                 forks = len(self._requests[seq.request_id].pending_forks) if seq.seq_index == 0 else 0
                 if len(self.running) + reserved + 1 + forks > cfg.max_num_seqs:
                     break
@@ -240,7 +243,7 @@ class Scheduler:
                 reserve = self.watermark_blocks if self.running else 0
                 if bm.allocate_slots(seq, num_new, computed=computed, reserve=reserve) is None:
                     break                               # FCFS: nobody overtakes the head of the queue
-                self.waiting.popleft()
+                self.waiting.remove(seq)
                 seq.status = SequenceStatus.RUNNING
                 seq.num_computed_tokens = seq.num_cached_tokens = computed.num_cached_tokens
                 self.running.append(seq)
@@ -253,6 +256,12 @@ class Scheduler:
         self.num_scheduled_last_step, self.num_batched_tokens_last_step = len(scheduled), num_tokens
         finished, self._finished_seq_ids = self._finished_seq_ids, []
         return SchedulerOutput(scheduled, num_tokens, bm.take_blocks_to_copy(), preempted, finished)
+
+    def _next_admissible(self) -> Sequence | None:
+        """The first waiting sequence that ``can_admit`` (all of them wait their turn otherwise)."""
+        if self.can_admit is None:
+            return self.waiting[0]
+        return next((s for s in self.waiting if self.can_admit(s)), None)
 
     def _num_running_tokens(self, seq: Sequence, budget: int) -> tuple[int, int]:
         """(tokens to compute, of which drafts) for a running sequence; trims its drafts to what can pay."""
@@ -342,6 +351,28 @@ class Scheduler:
         if any_finished:
             self.running = [s for s in self.running if s.status is SequenceStatus.RUNNING]
         return outs
+
+    def append_forced_tokens(self, seq: Sequence, tokens: list[int]) -> tuple[int, RequestOutput | None]:
+        """Append tokens decided without the model (a grammar's jump-forward) to a running sequence.
+        They are not computed: the next plan computes them with the last sampled token in one chunk and
+        samples after them. Stops as sampled tokens do (max_tokens, context). Returns (tokens appended,
+        the output to stream now or None)."""
+        if seq.status is not SequenceStatus.RUNNING or not tokens:
+            return 0, None
+        req = self._requests[seq.request_id]
+        n = 0
+        for token in tokens:
+            seq.output_token_ids.append(token)
+            n += 1
+            reason = stop_reason(seq, token, self.eos_token_ids, self.max_model_len)
+            if reason is not None:
+                self.block_manager.free(seq)
+                self._finish(req, seq, reason)
+                if req.finished:
+                    del self._requests[req.request_id]
+                self.running = [s for s in self.running if s.status is SequenceStatus.RUNNING]
+                break
+        return n, req.emit(seq, self.config.stream_interval)
 
     def _finish(self, req: RequestState, seq: Sequence, reason: FinishReason) -> None:
         seq.status = SequenceStatus.FINISHED

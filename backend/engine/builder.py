@@ -21,6 +21,7 @@ from backend.model.quant import quantize_model
 from backend.sampling.sampler import Sampler
 from backend.spec_decode.ngram import NgramProposer
 from backend.spec_decode.speculator import Speculator
+from backend.structured_output.manager import StructuredOutputManager
 
 
 @dataclass
@@ -30,6 +31,7 @@ class EngineParts:
     speculator: Speculator | None = None
     cpu_threads: int = 1      # intra-op threads the engine may use per step on the CPU (1 on CUDA: not its concern)
     summary: str = ""         # the one line logged at load (``load_summary``)
+    structured_output: StructuredOutputManager | None = None   # grammar state of guided requests
 
 
 def resolve_device(name: str) -> torch.device:
@@ -114,7 +116,12 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     summary = load_summary(config, mcfg, model, kv_cache, device, dtype, max_model_len, windows,
                            type(attn).__name__, speculator)
     threads = (config.cpu_threads or torch.get_num_threads()) if device.type == "cpu" else 1
-    return EngineParts(scheduler, runner, speculator, cpu_threads=threads, summary=summary)
+    structured = StructuredOutputManager(
+        lambda: xgrammar_backend(folder, mcfg.vocab_size, eos), vocab_size=mcfg.vocab_size,
+        compile_timeout_s=config.guided_compile_timeout_s, max_workers=config.guided_compile_workers, device=device)
+    scheduler.can_admit = structured.is_ready
+    return EngineParts(scheduler, runner, speculator, cpu_threads=threads, summary=summary,
+                       structured_output=structured)
 
 
 def load_summary(config: EngineConfig, mcfg: ModelConfig, model: LlamaForCausalLM, kv: KVCache,
@@ -160,3 +167,10 @@ def build_speculator(config: EngineConfig, target_folder: Path, target: ModelCon
                                            num_blocks=num_blocks, device=device, dtype=dtype,
                                            max_model_len=max_model_len)
     return Speculator(proposer, config.num_speculative_tokens, config.speculative_adaptive)
+
+
+def xgrammar_backend(folder: Path, vocab_size: int, eos_token_ids: set[int]):
+    """The grammar layer for this checkpoint; built on the first guided request (on a compile thread)."""
+    from postprocess.grammar import XGrammarBackend
+
+    return XGrammarBackend.from_folder(folder, vocab_size, sorted(eos_token_ids))

@@ -60,6 +60,7 @@ class LLMEngine:
         self.speculator = self.parts.speculator   # None unless speculative_method is ngram or draft
         self.pacer = StreamPacer(config.stream_interval, config.stream_responses_per_s)
         self.threads = ThreadPolicy(self.parts.cpu_threads)   # per-step threads on the CPU (1 = fixed)
+        self.structured = self.parts.structured_output      # None: guided requests are refused
         self._callbacks: dict[str, OutputCallback] = {}
         self._inbox: deque[InboxMessage] = deque()
         self._cv = threading.Condition()
@@ -67,6 +68,9 @@ class LLMEngine:
         self._stopping = False
         self._steps = 0
         self._seeds = random.Random(config.seed)   # seeds for unseeded sampled requests (under _cv)
+        self._idle = False                                  # the last step had nothing to schedule
+        if self.structured is not None:
+            self.structured.set_event_callback(self._wake)
 
     # ---- submission (any thread) -------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
@@ -79,8 +83,8 @@ class LLMEngine:
         arrival = time.monotonic()
         if not isinstance(request_id, str) or not request_id:
             raise ValueError("request_id: must be a non-empty string")
-        if params.guide is not None:  # grammar masks land with the constrained-decoding issue
-            raise ValueError("guided_decoding_guide_type: guided decoding is not supported yet by this engine")
+        if params.guide is not None and self.structured is None:
+            raise ValueError("guided_decoding_guide_type: guided decoding is not available in this engine")
         self.scheduler.check_request(prompt_token_ids, params)   # the one validation; the loop trusts it
         prompt = [int(t) for t in prompt_token_ids]
         with self._cv:
@@ -91,6 +95,8 @@ class LLMEngine:
             if params.seed is None and params.temperature >= GREEDY_EPS:
                 params = dataclasses.replace(params, seed=self._seeds.getrandbits(63))
             self._callbacks[request_id] = on_output
+            if params.guide is not None:
+                self.structured.submit(request_id, params.guide)   # compiles off the loop; admitted when ready
             self._inbox.append(AddRequest(request_id, prompt, params, arrival))
             self._cv.notify()
 
@@ -130,6 +136,9 @@ class LLMEngine:
             self._thread = None
         self._drain_inbox()
         self._finish_all(FinishReason.ABORT, "engine shut down")
+        if self.structured is not None:
+            self.structured.shutdown()
+            self.structured.set_event_callback(None)   # no engine <-> manager cycle left behind
 
     def loop_alive(self) -> bool:
         """The loop thread is running (False before ``start()``, after ``shutdown()``, or if it died)."""
@@ -144,10 +153,14 @@ class LLMEngine:
         self._drain_inbox()
         if self.speculator is not None:
             self.speculator.release_gone(self.scheduler)
+        so = self.structured
+        if so is not None and so.num_requests:
+            self._fail(so.poll())                                       # compile errors and timeouts
         if not self.scheduler.has_unfinished():
             self.pacer.idle()
             return
         plan = self.scheduler.schedule()
+        self._idle = not plan.scheduled
         if plan.scheduled:
             threads = self.threads.choose(plan.num_batched_tokens)
             t0 = time.perf_counter()
@@ -155,17 +168,56 @@ class LLMEngine:
             marks = mark_scheduled(plan, started)
             spec = self.speculator
             forward = self.runner.execute(plan)
-            output = self.runner.sample(plan, forward, grammar_bitmask=None,  # bitmasks: constrained decoding
+            # between the forward and the sampler (on CUDA the forward is still running meanwhile)
+            bitmask = so.fill_bitmask(plan, forward.rows) if so is not None else None
+            output = self.runner.sample(plan, forward, grammar_bitmask=bitmask,
                                         draft_probs=spec.draft_probs if spec else None)
+            if so is not None:
+                self._fail(so.accept(plan, output))                     # advance the matchers
             now = time.perf_counter()
             seconds = now - t0
             mark_step_done(plan, marks, output.sampled_token_ids, started, time.monotonic())
             self.threads.observe(plan.num_batched_tokens, threads, seconds)
             self.scheduler.stream_interval = self.pacer.observe(now, sum(map(len, output.sampled_token_ids)))
             self._dispatch(self.scheduler.update_from_output(plan, output))
+            if so is not None and self.config.guided_jump_forward:
+                self._jump_forward(plan)
             self._steps += 1
             if spec is not None:
                 spec.after_step(self.scheduler, plan, output, seconds)   # drafts for the next step
+
+    def _jump_forward(self, plan) -> None:
+        """Append what each guided sequence's grammar forces next (no logprobs for such tokens, so
+        requests that asked for logprobs decode token by token)."""
+        for s in plan.scheduled:
+            seq = s.seq
+            if seq.params.guide is None or seq.params.logprobs is not None or not s.sample:
+                continue
+            room = min(seq.params.max_tokens - seq.num_output_tokens, self.scheduler.max_model_len - seq.num_tokens)
+            forced = self.structured.jump_forward(seq, room)
+            if forced:
+                n, out = self.scheduler.append_forced_tokens(seq, forced)
+                self.structured.rollback_forced(seq, len(forced) - n)
+                if out is not None:
+                    self._dispatch([out])
+
+    def _fail(self, failures: list[tuple[str, str]]) -> None:
+        for request_id, error in failures:
+            self._dispatch(self.scheduler.abort(request_id, reason=FinishReason.ERROR, error=error))
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._cv.notify()
+
+    def _wait_while_idle(self) -> None:
+        """Nothing was schedulable because every request waits for its grammar: sleep until a compile
+        ends, a request or abort arrives, or the earliest compile deadline (never spin, never stall)."""
+        if not self._idle or self.structured is None:
+            return
+        with self._cv:
+            wait = self.structured.idle_wait_s()
+            if wait is not None and not self._inbox and not self._stopping:
+                self._cv.wait(timeout=min(wait + 1e-3, 1.0))
 
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
@@ -180,6 +232,7 @@ class LLMEngine:
             except Exception as e:  # a failed step fails its requests, never the loop
                 log.exception("engine step failed")
                 self._finish_all(FinishReason.ERROR, f"engine error: {type(e).__name__}: {e}")
+            self._wait_while_idle()
 
     def _drain_inbox(self) -> None:
         with self._cv:
@@ -211,6 +264,8 @@ class LLMEngine:
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
+            if out.request_finished and self.structured is not None:
+                self.structured.drop(out.request_id)
             with self._cv:
                 cb = self._callbacks.pop(out.request_id, None) if out.request_finished \
                     else self._callbacks.get(out.request_id)
@@ -242,6 +297,7 @@ class LLMEngine:
         if self._thread is None:
             while self.has_work():
                 self.step()
+                self._wait_while_idle()
         for _ in prompts:
             if not done.acquire(timeout=timeout):
                 raise TimeoutError("generate timed out")

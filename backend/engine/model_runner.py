@@ -83,6 +83,8 @@ class ModelRunner:
                ) -> ModelRunnerOutput:
         """Sample the forward's rows (after the grammar mask, when one is given); verify drafts."""
         sched = plan.scheduled
+        if grammar_bitmask is not None:
+            grammar_bitmask = grammar_bitmask.to(self.device, non_blocking=True)
         sampled: list[list[int]] = [[] for _ in sched]
         logprobs: list = [None] * len(sched)
         if forward.logits is None:

@@ -106,6 +106,8 @@ class LLMServing:
         interval = positive_float_param(serving, "metrics_interval_s", 1.0)
         log_level = serving["request_log_level"]
         engine = LLMEngine(EngineConfig.from_parameters(engine_params))
+        if engine.structured is not None:
+            engine.structured.warm_up()    # the grammar layer at load time, not on the first guided request
         engine.start()
         name = model_config.get("name", "llm")
         metrics = EngineMetrics(pb_utils, engine.stats, max_num_seqs=engine.config.max_num_seqs,

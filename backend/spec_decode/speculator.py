@@ -42,6 +42,8 @@ class Speculator:
     def seq_max_k(self, seq: Sequence, max_model_len: int) -> int:
         """The most drafts worth proposing for this sequence: its request's own cap, what max_tokens and
         the context leave after the token each step adds anyway."""
+        if seq.params.guide is not None:   # grammar-checked drafts are not wired yet: guided requests decode plainly
+            return 0
         k = self.max_k if seq.params.num_speculative_tokens is None else seq.params.num_speculative_tokens
         return max(0, min(k, seq.params.max_tokens - seq.num_output_tokens - 1,
                           max_model_len - seq.num_tokens - 1))

@@ -84,3 +84,19 @@ def test_from_parameters_parses_strings_and_triton_dicts():
 def test_from_parameters_errors_name_the_parameter(params, field):
     with pytest.raises(ValueError, match=f"^{field}"):
         EngineConfig.from_parameters(params)
+
+
+def test_guided_decoding_parameters():
+    c = EngineConfig.from_parameters({"model_path": "/m", "guided_compile_timeout_s": "2.5",
+                                      "guided_compile_workers": "4"})
+    assert (c.guided_compile_timeout_s, c.guided_compile_workers) == (2.5, 4)
+    assert EngineConfig.from_parameters({"model_path": "/m", "guided_jump_forward": "true"}).guided_jump_forward
+    assert EngineConfig(model_path="/m").guided_jump_forward is False
+    default = EngineConfig(model_path="/m")
+    assert (default.guided_compile_timeout_s, default.guided_compile_workers) == (10.0, 2)
+    for kwargs, field in ((dict(guided_compile_timeout_s=0), "guided_compile_timeout_s"),
+                          (dict(guided_compile_timeout_s=float("inf")), "guided_compile_timeout_s"),
+                          (dict(guided_compile_workers=0), "guided_compile_workers"),
+                          (dict(guided_jump_forward="yes"), "guided_jump_forward")):
+        with pytest.raises(ValueError, match=f"^{field}"):
+            EngineConfig(model_path="/m", **kwargs)

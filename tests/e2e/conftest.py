@@ -22,6 +22,7 @@ MAX_NUM_SEQS = "48"
 # Adaptive k is off so that a seeded sampled request replays exactly (with it on, k follows measured
 # timings and only greedy output is reproducible: docs/engine.md).
 SPECULATIVE = {"speculative_method": "ngram", "num_speculative_tokens": "4", "speculative_adaptive": "false"}
+GUIDED_COMPILE_TIMEOUT_S = "1.0"   # the shared guides compile in milliseconds; test_guided's slow one in seconds
 
 
 @dataclass
@@ -59,7 +60,8 @@ def start_e2e_server(root: Path, model_path: Path, env: dict[str, str] | None = 
     ``env`` is added to the server's environment (e.g. OTEL_* for tracing). Fails the test if it does not start."""
     repo = render_model_repository(root / "model_repository", {
         "llm": {"model_path": str(model_path), "kv_cache_bytes": KV_CACHE_BYTES, "max_num_seqs": MAX_NUM_SEQS,
-                "metrics_interval_s": "0.1", "cancel_poll_interval_s": "0.02", "device": "cpu", **SPECULATIVE},
+                "metrics_interval_s": "0.1", "cancel_poll_interval_s": "0.02", "device": "cpu",
+                "guided_compile_timeout_s": GUIDED_COMPILE_TIMEOUT_S, **SPECULATIVE},
         "preprocess": {"tokenizer_path": str(model_path)},
         "postprocess": {"tokenizer_path": str(model_path)},
     })

@@ -106,7 +106,8 @@ def test_every_engine_parameter_renders(tmp_path):
               "ngram_max": 5, "speculative_adaptive": False, "seed": 11, "stream_responses_per_s": 60,
               "quantization": "int8", "quantization_group_size": 64,
               "cpu_threads": 4, "cancel_poll_interval_s": 0.5, "metrics_interval_s": 2, "request_log_level": "warning",
-              "engine_stall_timeout_s": 60, "engine_unhealthy_action": "fail_requests"}
+              "engine_stall_timeout_s": 60, "engine_unhealthy_action": "fail_requests",
+              "guided_compile_timeout_s": 5, "guided_compile_workers": 3, "guided_jump_forward": True}
     assert set(sample) == set(SCHEMA["properties"]["engine"]["properties"])
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({"engine": sample}))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import json
 
 import numpy as np
 import pytest
@@ -88,6 +89,30 @@ def test_finish_reason_enum_and_guided_length():
     assert normalize_finish_reason(Reason.LENGTH) == "length"
     outs = feed(Postprocessor(TOK), "r", [enc('{"a": 1')], opts(guide_type="json"), final_reason=Reason.LENGTH)
     assert outs[-1].finish_reason == "length" and outs[-1].options.guide_type == "json"
+
+
+SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+
+
+@pytest.mark.parametrize("kind, guide, text, reason, error", [
+    ("json_schema", SCHEMA, '{"a": 1}', "stop", None),
+    ("json_schema", SCHEMA, '{"a": "x"}', "stop", "does not match the schema at /a"),
+    ("json", "", '{"a": 1', "stop", "not valid JSON"),
+    ("json", "", '{"a": 1', "length", None),                      # cut by max_tokens: partial, says length
+    ("regex", "[0-9]+", "12a", "stop", "does not match the regular expression"),
+    ("ebnf_grammar", 'root ::= "x"+', "xx", "stop", None),
+])
+def test_finished_guided_outputs_are_checked(kind, guide, text, reason, error):
+    pp = Postprocessor(TOK)
+    ids = enc(text)
+    outs = feed(pp, "g", [ids[:2], ids[2:] + [1]], opts(guide_type=kind, guide=guide), final_reason=reason)
+    assert outs[-1].finish_reason == reason and "".join(o.text for o in outs) == text
+    assert outs[0].error is None
+    if error is None:
+        assert outs[-1].error is None and pp.num_invalid_guided == 0
+    else:
+        assert outs[-1].error.startswith("guided_decoding_guide: internal error: the finished output " + error)
+        assert pp.num_invalid_guided == 1
 
 
 def test_prompt_text_prefixes_first_delta_when_input_is_included():

@@ -172,3 +172,21 @@ def test_postprocess_internal_failure_midstream_is_reported_on_the_final_respons
     assert [k["request_id"] for k, _ in pb.bls_calls] == ["e6"]
     final = serving.process(llm_response("e6", [], finished=True, request_finished=True, finish_reason="abort"))
     assert final.has_error() and "detokenizer exploded" in final.error().message()
+
+
+def test_a_guided_output_failing_its_guide_is_an_error_and_counted(post, tokenizer):
+    serving, pb = post
+    ids = tokenizer.encode('{"a": 1', add_special_tokens=False) + [1]
+    good = tokenizer.encode('{"a": 1}', add_special_tokens=False) + [1]
+    opts = options(guide_type="json")
+    ok = serving.process(llm_response("g1", good, options=opts, finished=True, request_finished=True,
+                                      finish_reason="stop"))
+    assert not ok.has_error() and text_of(ok) == '{"a": 1}'
+    bad = serving.process(llm_response("g2", ids, options=opts, finished=True, request_finished=True,
+                                       finish_reason="stop"))
+    assert bad.has_error() and bad.error().message().startswith("guided_decoding_guide: internal error")
+    counter = next(f for f in pb.families if f.name == "triton_llm_guided_output_invalid_total")
+    assert counter.kind == "counter" and counter.metrics[0].value == 1
+    cut = serving.process(llm_response("g3", ids[:-1], options=opts, finished=True, request_finished=True,
+                                       finish_reason="length"))
+    assert not cut.has_error() and reason_of(cut) == "length" and counter.metrics[0].value == 1

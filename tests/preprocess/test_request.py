@@ -146,6 +146,9 @@ def test_options_json_round_trip_and_prompt_ids(parser):
 def test_guided_decoding(parser):
     r = parser.parse(inputs(guided_decoding_guide_type="json"))
     assert r.sampling_params.guide.kind == "json" and r.options.guide_type == "json"
+    r = parser.parse(inputs(guided_decoding_guide_type="regex", guided_decoding_guide="[a-z]+"))
+    assert r.options.guide == "[a-z]+"                  # postprocess checks the finished output against it
+    assert OutputOptions.from_json(r.options_json()).guide == "[a-z]+"
     schema = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}})
     r = parser.parse(inputs(guided_decoding_guide_type="json_schema", guided_decoding_guide=schema))
     assert r.sampling_params.guide.guide == schema
@@ -248,6 +251,22 @@ BAD = [
      "guided_decoding_guide"),
     ("json_schema not object", dict(guided_decoding_guide_type="json_schema", guided_decoding_guide="[1]"),
      "guided_decoding_guide"),
+    ("json_schema keyword xgrammar ignores", dict(guided_decoding_guide_type="json_schema",
+                                                  guided_decoding_guide='{"type": "array", "uniqueItems": true}'),
+     "guided_decoding_guide"),
+    ("json_schema pattern beside maxLength", dict(guided_decoding_guide_type="json_schema", guided_decoding_guide=(
+        '{"type": "string", "pattern": "^a+$", "maxLength": 3}')), "guided_decoding_guide"),
+    ("invalid regex", dict(guided_decoding_guide_type="regex", guided_decoding_guide="(ab"), "guided_decoding_guide"),
+    ("regex xgrammar cannot compile", dict(guided_decoding_guide_type="regex", guided_decoding_guide="(?=a)b"),
+     "guided_decoding_guide"),
+    ("EBNF syntax error", dict(guided_decoding_guide_type="ebnf_grammar", guided_decoding_guide='root ::= "a" |'),
+     "guided_decoding_guide"),
+    ("EBNF without root", dict(guided_decoding_guide_type="ebnf_grammar", guided_decoding_guide='expr ::= "a"'),
+     "guided_decoding_guide"),
+    ("guided with stop_words", dict(guided_decoding_guide_type="json", stop_words=["}"]), "stop_words"),
+    ("guided with end_id", dict(guided_decoding_guide_type="json", end_id=5), "end_id"),
+    ("guided with min_tokens", dict(guided_decoding_guide_type="json", min_tokens=2), "min_tokens"),
+    ("guided with min_length", dict(guided_decoding_guide_type="json", min_length=2), "min_length"),
     ("messages not JSON", dict(text_input=None, messages="[{"), "messages"),
     ("messages not a list", dict(text_input=None, messages='{"role": "user"}'), "messages"),
     ("messages empty list", dict(text_input=None, messages="[]"), "messages"),

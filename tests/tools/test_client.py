@@ -1,6 +1,8 @@
-"""tools/client.py's command line: the demo's best defaults, every sampling option, GRPC_PORT, escapes."""
+"""tools/client.py's command line: the demo's best defaults, every sampling option, GRPC_PORT, escapes,
+the guided-decoding flags."""
 from __future__ import annotations
 
+import argparse
 import importlib
 import subprocess
 import sys
@@ -68,3 +70,27 @@ def test_bad_flags_exit_2(argv):
     with pytest.raises(SystemExit) as e:
         client.parse_args(argv)
     assert e.value.code == 2
+
+
+def ns(**kw):
+    base = dict(json=False, json_schema=None, regex=None, grammar=None)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_guide_flags(tmp_path):
+    schema = tmp_path / "s.json"
+    schema.write_text('{"type": "integer"}')
+    grammar = tmp_path / "g.ebnf"
+    grammar.write_text('root ::= "a"')
+    assert client.guide_options(ns()) == {}
+    assert client.guide_options(ns(json=True)) == {"guided_decoding_guide_type": "json"}
+    assert client.guide_options(ns(json_schema=str(schema))) == {"guided_decoding_guide_type": "json_schema",
+                                                          "guided_decoding_guide": '{"type": "integer"}'}
+    assert client.guide_options(ns(regex="[0-9]+")) == {"guided_decoding_guide_type": "regex",
+                                                 "guided_decoding_guide": "[0-9]+"}
+    assert client.guide_options(ns(grammar=str(grammar)))["guided_decoding_guide"] == 'root ::= "a"'
+
+
+def test_one_guide_at_a_time():
+    with pytest.raises(SystemExit):
+        client.main(["x", "--json", "--regex", "a"])

@@ -19,3 +19,4 @@ class TritonPythonModel:
 
     def finalize(self):
         self.serving.shutdown()
+        self.serving = None   # its metric families must go while the stub's shared memory still exists

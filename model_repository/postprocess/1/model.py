@@ -14,3 +14,6 @@ class TritonPythonModel:
 
     def execute(self, requests):
         return self.serving.execute(requests)
+
+    def finalize(self):
+        self.serving = None   # its metric family must go while the stub's shared memory still exists

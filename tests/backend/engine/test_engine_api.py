@@ -58,12 +58,6 @@ def test_bad_sampling_values(kwargs, field):
         SamplingParams(**kwargs)
 
 
-def test_guided_decoding_is_refused_until_it_exists(engine):
-    from contracts.sampling_params import GuideSpec
-    with pytest.raises(ValueError, match="^guided_decoding_guide_type: guided decoding is not supported yet"):
-        engine.add_request("g", [0, 5], SamplingParams(max_tokens=2, guide=GuideSpec("regex", "a+")), lambda o: None)
-
-
 def test_engine_keeps_serving_after_bad_input(engine):
     with pytest.raises(ValueError):
         engine.add_request("x", [], SamplingParams(max_tokens=2), lambda o: None)

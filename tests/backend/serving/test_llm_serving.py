@@ -233,9 +233,11 @@ def test_callbacks_from_another_thread_keep_order(setup):
 
 def test_wire_roundtrip_of_sampling_params():
     sp = SamplingParams(max_tokens=7, temperature=0.5, top_k=3, seed=2**64 - 1, stop_token_ids=(1, 2),
-                        bad_words_ids=((4, 5), (6,)), logprobs=0, guide=GuideSpec("regex", "a+"))
+                        bad_words_ids=((4, 5), (6,)), logprobs=0)
     req = wire.LLMRequest.from_json(wire.LLMRequest(sp, stream=False, options='{"a":1}', request_id="x").to_json())
     assert req.sampling == sp and req.stream is False and req.options == '{"a":1}' and req.request_id == "x"
+    guided = SamplingParams(max_tokens=7, bad_words_ids=((4, 5),), guide=GuideSpec("regex", "a+"))
+    assert wire.LLMRequest.from_json(wire.LLMRequest(guided).to_json()).sampling == guided
     with pytest.raises(ValueError, match="top_p"):
         wire.LLMRequest.from_json(json.dumps({"sampling": {"top_p": 2.0}}))
     with pytest.raises(ValueError, match="unknown fields"):

@@ -1,0 +1,317 @@
+"""The engine's per-request grammar state: compiles off the step loop, a matcher per sequence,
+the step's bitmask rows, and the tokens sampled under them.
+
+Compiles run on a bounded pool of daemon threads (``max_workers``), never on the step loop. A
+request waits in the scheduler's queue until its grammar is ready (``is_ready`` is the scheduler's
+admission check); identical guides in flight share one compile, and the backend's cache serves
+repeats at once. A compile cannot be cancelled: one that outlives ``compile_timeout_s`` fails its
+request with an error naming ``guided_decoding_guide`` and keeps its worker busy until it ends
+(its result is still cached). The time limit counts from submission, so it includes time spent
+queued behind other compiles.
+
+One step, on the loop thread (``LLMEngine.step``):
+1. ``poll()``: compiles that finished, failed or timed out (failures are ended by the engine);
+2. ``fill_bitmask(plan, rows)`` between the forward and the sampler: one row per sampled position;
+   a sequence verifying drafts has ``drafts + 1`` consecutive rows, filled by advancing its matcher
+   through the drafts and rolling it back (so the state stays at the last accepted token);
+3. ``accept(plan, output)``: each matcher advances through the tokens its sequence gained.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from backend.core.plan import ModelRunnerOutput, SchedulerOutput
+from backend.core.sequence import Sequence, SequenceStatus
+from backend.structured_output.interface import GrammarMatcher, StructuredOutputBackend
+from contracts.sampling_params import GuideSpec
+
+log = logging.getLogger(__name__)
+GUIDE = "guided_decoding_guide"
+GUIDE_TYPE = "guided_decoding_guide_type"
+
+
+@dataclass
+class _GuidedRequest:
+    guide: GuideSpec
+    deadline: float
+    future: Future | None = None
+    compiled: object | None = None
+    matchers: dict[int, GrammarMatcher] = field(default_factory=dict)   # seq_index -> matcher
+
+
+class _CompilePool:
+    """``workers`` daemon threads (a stuck compile must not hold up interpreter exit)."""
+
+    def __init__(self, workers: int):
+        self._q: queue.Queue = queue.Queue()
+        self._threads = [threading.Thread(target=self._run, name=f"grammar-compile-{i}", daemon=True)
+                         for i in range(workers)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, fn, *args, on_done=None) -> Future:
+        """Queue ``fn(*args)``. ``on_done(future)`` is attached before the work is queued, so it always
+        runs on the worker thread, never in the caller's (which may hold locks the callback takes)."""
+        fut: Future = Future()
+        if on_done is not None:
+            fut.add_done_callback(on_done)
+        self._q.put((fut, fn, args))
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            fut, fn, args = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001 (handed to the waiting request)
+                fut.set_exception(e)
+
+    def shutdown(self) -> None:
+        for _ in self._threads:
+            self._q.put(None)
+
+
+class StructuredOutputManager:
+    def __init__(self, backend_factory: Callable[[], StructuredOutputBackend], *, vocab_size: int,
+                 compile_timeout_s: float = 10.0, max_workers: int = 2, device: torch.device | str = "cpu",
+                 clock: Callable[[], float] = time.monotonic):
+        self._factory = backend_factory
+        self._backend: StructuredOutputBackend | None = None
+        self._backend_error: str | None = None
+        self._backend_lock = threading.Lock()
+        self.vocab_size = vocab_size
+        self.compile_timeout_s = compile_timeout_s
+        self._clock = clock
+        self._pool = _CompilePool(max_workers)
+        self._lock = threading.Lock()
+        self._requests: dict[str, _GuidedRequest] = {}
+        self._inflight: dict[tuple[str, str], Future] = {}
+        self._news = False                      # a compile ended since the last poll
+        self._on_event: Callable[[], None] | None = None
+        self._pin = torch.device(device).type == "cuda"
+        self._bitmask = self._alloc(64)
+        self.num_compiles = 0                   # compiles started (cache misses, not shared)
+        self.num_rejected_tokens = 0
+        self.num_forced_tokens = 0              # appended by jump-forward (each saves a forward pass)
+
+    # ---- submission (any thread) --------------------------------------------------------------
+    def set_event_callback(self, fn: Callable[[], None]) -> None:
+        """Called (on a compile thread) when a compile ends, so an idle loop wakes up."""
+        self._on_event = fn
+
+    def submit(self, request_id: str, guide: GuideSpec) -> None:
+        """Start compiling a request's guide (or take it from the cache)."""
+        key = (guide.kind, guide.guide if guide.kind != "json" else "")
+        with self._lock:
+            entry = _GuidedRequest(guide, deadline=self._clock() + self.compile_timeout_s)
+            self._requests[request_id] = entry
+            backend = self._backend
+            hit = backend.cached(*key) if backend is not None else None
+            if hit is not None:
+                entry.compiled = hit
+                return
+            fut = self._inflight.get(key)
+            if fut is None:
+                fut = self._pool.submit(self._compile, *key, on_done=lambda f, key=key: self._compiled(key))
+                self._inflight[key] = fut
+                self.num_compiles += 1
+            entry.future = fut
+
+    def drop(self, request_id: str) -> None:
+        """Forget a request that ended (any reason); an unfinished compile of it runs on."""
+        with self._lock:
+            self._requests.pop(request_id, None)
+
+    def is_guided(self, request_id: str) -> bool:
+        with self._lock:
+            return request_id in self._requests
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._requests)
+
+    # ---- compile threads ------------------------------------------------------------------------
+    def _get_backend(self) -> StructuredOutputBackend:
+        with self._backend_lock:
+            if self._backend is None and self._backend_error is None:
+                try:
+                    self._backend = self._factory()
+                except Exception as e:
+                    log.exception("guided decoding backend could not be built")
+                    self._backend_error = f"{type(e).__name__}: {e}"
+            if self._backend is None:
+                raise ValueError(f"{GUIDE_TYPE}: guided decoding is unavailable for this model "
+                                 f"({self._backend_error})")
+            return self._backend
+
+    def warm_up(self) -> bool:
+        """Build the backend now (model load), so the first guided request does not pay for it.
+        False when guided decoding is unavailable (requests then fail with the reason)."""
+        try:
+            self._get_backend()
+            return True
+        except ValueError:
+            return False
+
+    def _compile(self, kind: str, guide: str):
+        return self._get_backend().compile(kind, guide)
+
+    def _compiled(self, key) -> None:
+        with self._lock:
+            self._inflight.pop(key, None)
+            self._news = True
+        if self._on_event is not None:
+            self._on_event()
+
+    # ---- the loop thread ------------------------------------------------------------------------
+    def poll(self) -> list[tuple[str, str]]:
+        """Take finished compiles; return ``(request_id, error)`` of requests whose compile failed
+        or outlived ``compile_timeout_s`` (the caller ends them; they are forgotten here)."""
+        now = self._clock()
+        failures = []
+        with self._lock:
+            self._news = False
+            for rid, e in self._requests.items():
+                if e.compiled is not None or e.future is None:
+                    continue
+                if e.future.done():
+                    exc = e.future.exception()
+                    if exc is None:
+                        e.compiled = e.future.result()
+                        continue
+                    msg = str(exc) if isinstance(exc, ValueError) else \
+                        f"{GUIDE}: compiling the grammar failed ({type(exc).__name__}: {exc})"
+                    failures.append((rid, msg))
+                elif now >= e.deadline:
+                    failures.append((rid, f"{GUIDE}: compiling the grammar took longer than "
+                                          f"guided_compile_timeout_s ({self.compile_timeout_s:g} s)"))
+            for rid, _ in failures:
+                del self._requests[rid]
+        return failures
+
+    def is_ready(self, seq: Sequence) -> bool:
+        """The scheduler's admission check: unguided requests, and guided ones whose grammar is compiled."""
+        e = self._requests.get(seq.request_id)
+        return e is None or e.compiled is not None
+
+    def idle_wait_s(self) -> float | None:
+        """How long an idle loop (nothing schedulable) may sleep: until the earliest compile deadline;
+        None when no compile is pending or one ended since the last ``poll``."""
+        with self._lock:
+            if self._news:
+                return None
+            pending = [e.deadline for e in self._requests.values()
+                       if e.compiled is None and e.future is not None]
+        if not pending:
+            return None
+        return max(0.0, min(pending) - self._clock())
+
+    def _matcher(self, seq: Sequence) -> GrammarMatcher | None:
+        e = self._requests.get(seq.request_id)
+        if e is None or e.compiled is None:
+            return None
+        m = e.matchers.get(seq.seq_index)
+        if m is None:       # a new sequence (or a fork of seq 0, which starts with no output either)
+            m = e.matchers[seq.seq_index] = self._backend.matcher(e.compiled)
+        return m
+
+    def _alloc(self, rows: int) -> torch.Tensor:
+        t = torch.full((rows, (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
+        return t.pin_memory() if self._pin else t
+
+    def fill_bitmask(self, plan: SchedulerOutput, rows: list[int]) -> torch.Tensor | None:
+        """The step's grammar bitmask, one row per sampled row (``rows[j]``: the plan index of row j),
+        or None when no sampled row is guided. Consecutive rows of one plan index are its verified
+        positions: row ``k`` of them is filled after advancing through the first ``k`` drafts."""
+        if not self._requests or not rows:
+            return None
+        if len(rows) > self._bitmask.shape[0]:
+            self._bitmask = self._alloc(max(len(rows), 2 * self._bitmask.shape[0]))
+        bitmask = self._bitmask[:len(rows)]
+        bitmask.fill_(-1)
+        any_guided = False
+        j = 0
+        while j < len(rows):
+            i = rows[j]
+            n = 1
+            while j + n < len(rows) and rows[j + n] == i:
+                n += 1
+            seq = plan.scheduled[i].seq
+            m = self._matcher(seq) if seq.params.guide is not None else None
+            if m is not None and not m.is_terminated():
+                any_guided = True
+                self._fill_positions(m, seq.draft_token_ids[:n - 1], bitmask, j)
+            j += n
+        return bitmask if any_guided else None
+
+    @staticmethod
+    def _fill_positions(m: GrammarMatcher, drafts: list[int], bitmask: torch.Tensor, row: int) -> None:
+        m.fill_bitmask(bitmask, row)
+        taken = 0
+        for k, t in enumerate(drafts):
+            if not m.accept_tokens([t]):
+                break        # an invalid draft: later rows stay unconstrained; verification rejects it anyway
+            taken += 1
+            if m.is_terminated():
+                break
+            m.fill_bitmask(bitmask, row + k + 1)
+        m.rollback(taken)
+
+    def valid_draft_prefix(self, seq: Sequence, drafts: list[int]) -> int:
+        """How many leading draft tokens the sequence's grammar admits (cut a proposal there)."""
+        m = self._matcher(seq) if seq.params.guide is not None else None
+        return len(drafts) if m is None else m.validate_tokens(drafts)
+
+    def accept(self, plan: SchedulerOutput, output: ModelRunnerOutput) -> list[tuple[str, str]]:
+        """Advance each guided sequence's matcher through its new tokens. Returns ``(request_id, error)``
+        for sequences whose grammar rejected a sampled token (the caller ends those requests)."""
+        if not self._requests:
+            return []
+        failures = []
+        for s, tokens in zip(plan.scheduled, output.sampled_token_ids):
+            seq = s.seq
+            if not tokens or seq.params.guide is None or seq.status is not SequenceStatus.RUNNING:
+                continue
+            m = self._matcher(seq)
+            if m is None or m.accept_tokens(tokens):
+                continue
+            self.num_rejected_tokens += 1
+            failures.append((seq.request_id, f"{GUIDE}: the grammar rejected sampled token(s) {tokens} "
+                                             "(bad_words may ban every token it admits)"))
+        return failures
+
+    def jump_forward(self, seq: Sequence, limit: int) -> list[int]:
+        """The tokens the sequence's grammar forces next (at most ``limit``), already accepted by its
+        matcher; [] for unguided or finished sequences. The caller appends them (``rollback_forced``
+        takes back any it could not append)."""
+        if seq.params.guide is None or seq.status is not SequenceStatus.RUNNING or limit <= 0:
+            return []
+        m = self._matcher(seq)
+        if m is None or m.is_terminated():
+            return []
+        tokens = m.jump_forward_tokens()[:limit]
+        if tokens and not m.accept_tokens(tokens):
+            return []
+        self.num_forced_tokens += len(tokens)
+        return tokens
+
+    def rollback_forced(self, seq: Sequence, num_tokens: int) -> None:
+        m = self._matcher(seq)
+        if m is not None and num_tokens:
+            m.rollback(num_tokens)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown()
