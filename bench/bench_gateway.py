@@ -3,7 +3,8 @@
     .venv/bin/python bench/bench_gateway.py            # starts tritonserver and the gateway itself
     .venv/bin/python bench/bench_gateway.py --quick    # fewer requests (smoke run)
 
-Both sides talk to the same tritonserver (the shipped model repository, free ports): "direct" is the
+Both sides talk to the same tritonserver (the shipped model repository with prefix caching off, since
+both sides send the same prompts back to back; free ports): "direct" is the
 closed-loop gRPC client of bench/closed_loop.py (``tritonclient.grpc.aio``, one ``stream_infer``
 per request to ``ensemble``); "gateway" sends the same requests as ``triton_llm.v1.GenerateRequest``
 to ``python -m gateway`` (its own process, as deployed), over grpcio's asyncio client. Requests are
@@ -187,7 +188,7 @@ async def bench(args, triton_url: str, gateway_target: str, model: Path) -> dict
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests-1", type=int, default=48, help="requests at concurrency 1 (default 48)")
-    ap.add_argument("--requests-32", type=int, default=256, help="requests at 32 streams (default 256)")
+    ap.add_argument("--requests-32", type=int, default=512, help="requests at 32 streams (default 512: 16 waves)")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default 64)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="smoke run: 4 and 32 requests of 16 tokens")
@@ -205,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
 
     CACHE.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench_gateway.", dir=CACHE))
-    repo = render_model_repository(tmp / "model_repository", {}, src=MODEL_REPOSITORY)
+    # Both sides send the same prompts back to back: without this the second would hit the prefix cache.
+    repo = render_model_repository(tmp / "model_repository", {"llm": {"enable_prefix_caching": "false"}},
+                                   src=MODEL_REPOSITORY)
     server = TritonServer(repo, Ports.free(), log_path=tmp / "server.log", extra_args=[
         "--exit-timeout-secs=10", "--http-address=127.0.0.1", "--grpc-address=127.0.0.1",
         "--metrics-address=127.0.0.1"])

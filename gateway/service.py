@@ -69,69 +69,66 @@ class LLMService(pb_grpc.LLMServiceServicer):
 
     # ---- Generate ---------------------------------------------------------------------------------
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
+        # One generator (no nested one): each streamed message costs one yield, not two.
         md = await self._authorize(context)
         if self.inflight >= self.max_inflight:
             await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
                         f"too many Generate calls in flight (limit {self.max_inflight}); retry later")
         self.inflight += 1
         try:
-            async for response in self._generate(request, context, md):
-                yield response
+            try:
+                if request.request_id:
+                    mapping.validate_request_id(request.request_id)
+                rid = request.request_id or uuid.uuid4().hex
+                infer_request = mapping.build_infer_request(request, rid, self.upstream.model)
+            except mapping.FieldError as e:
+                await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e), e.field)
+                return
+            if not self.upstream.ready:
+                await abort(context, grpc.StatusCode.UNAVAILABLE,
+                            f"Triton's {self.upstream.model!r} model at {self.upstream.url} is not ready; retry")
+            upstream_md = tuple((k, md[k]) for k in TRACE_HEADERS if k in md)
+            remaining = context.time_remaining()
+            call = self.upstream.stub.ModelStreamInfer(metadata=upstream_md or None, timeout=remaining)
+            assembler = mapping.ResponseAssembler(rid)
+            error: mapping.UpstreamError | None = None
+            ended = False  # Triton has ended the request (final response or error response)
+            try:
+                await call.write(infer_request)
+                while not assembler.finished:
+                    resp = await call.read()
+                    if resp is grpc.aio.EOF:
+                        error = mapping.UpstreamError(grpc.StatusCode.UNAVAILABLE,
+                                                      f"Triton closed the stream early; retry (request id {rid})")
+                        break
+                    if resp.error_message:
+                        ended = True
+                        error = mapping.map_triton_error(resp.error_message, request, rid)
+                        if error.code == grpc.StatusCode.INTERNAL:
+                            log.error("request %s: ensemble error: %s", rid, resp.error_message)
+                        break
+                    out = assembler.on_response(resp.infer_response)
+                    ended = assembler.finished
+                    if out is not None:
+                        yield out
+            except mapping.UpstreamError as e:
+                log.error("request %s: %s", rid, e.message)
+                error = e
+            except grpc.aio.AioRpcError as e:
+                error = mapping.map_rpc_error(e.code(), e.details() or "", rid, self.upstream.url)
+                if error.code == grpc.StatusCode.INTERNAL:
+                    log.error("request %s: upstream gRPC error %s: %s", rid, e.code().name, e.details())
+            finally:
+                if ended:
+                    self._release(call)
+                elif not call.done():
+                    # Deadline, client cancellation or a broken stream: cancelling the upstream stream makes
+                    # Triton cancel the request, and the engine frees its KV blocks.
+                    call.cancel()
+            if error is not None:
+                await abort(context, error.code, error.message, error.field)
         finally:
             self.inflight -= 1
-
-    async def _generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext, md: dict[str, str]):
-        try:
-            if request.request_id:
-                mapping.validate_request_id(request.request_id)
-            rid = request.request_id or uuid.uuid4().hex
-            infer_request = mapping.build_infer_request(request, rid, self.upstream.model)
-        except mapping.FieldError as e:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e), e.field)
-            return
-        if not self.upstream.ready:
-            await abort(context, grpc.StatusCode.UNAVAILABLE,
-                        f"Triton's {self.upstream.model!r} model at {self.upstream.url} is not ready; retry")
-        upstream_md = tuple((k, md[k]) for k in TRACE_HEADERS if k in md)
-        remaining = context.time_remaining()
-        call = self.upstream.stub.ModelStreamInfer(metadata=upstream_md or None, timeout=remaining)
-        assembler = mapping.ResponseAssembler(rid)
-        error: mapping.UpstreamError | None = None
-        ended = False  # Triton has ended the request (final response or error response)
-        try:
-            await call.write(infer_request)
-            while not assembler.finished:
-                resp = await call.read()
-                if resp is grpc.aio.EOF:
-                    error = mapping.UpstreamError(grpc.StatusCode.UNAVAILABLE,
-                                                  f"Triton closed the stream early; retry (request id {rid})")
-                    break
-                if resp.error_message:
-                    ended = True
-                    error = mapping.map_triton_error(resp.error_message, request, rid)
-                    if error.code == grpc.StatusCode.INTERNAL:
-                        log.error("request %s: ensemble error: %s", rid, resp.error_message)
-                    break
-                out = assembler.on_response(resp.infer_response)
-                ended = assembler.finished
-                if out is not None:
-                    yield out
-        except mapping.UpstreamError as e:
-            log.error("request %s: %s", rid, e.message)
-            error = e
-        except grpc.aio.AioRpcError as e:
-            error = mapping.map_rpc_error(e.code(), e.details() or "", rid, self.upstream.url)
-            if error.code == grpc.StatusCode.INTERNAL:
-                log.error("request %s: upstream gRPC error %s: %s", rid, e.code().name, e.details())
-        finally:
-            if ended:
-                self._release(call)
-            elif not call.done():
-                # Deadline, client cancellation or a broken stream: cancelling the upstream stream makes
-                # Triton cancel the request, and the engine frees its KV blocks.
-                call.cancel()
-        if error is not None:
-            await abort(context, error.code, error.message, error.field)
 
     def _release(self, call) -> None:
         """Close a finished request's upstream stream in the background, without delaying the caller."""
