@@ -77,12 +77,26 @@ def start_e2e_server(root: Path, model_path: Path, env: dict[str, str] | None = 
 
 
 def stop_e2e_server(srv: TritonServer) -> None:
-    """Stop the server; a clean exit means no ensemble request was left in flight (Triton waits for them)."""
+    """Stop the server after checking that nothing was lost: the engine holds no request and no KV block.
+
+    A non-zero exit alone is not a failure: Triton 2.51 keeps the ensemble live until its exit timeout
+    after a client cancels a stream whose request was already answered, which some tests do on purpose
+    (docs/serving.md, "Known Triton 2.51 issues"). An inference request still in flight at shutdown is.
+    """
+    from tests.e2e.helpers import gauge, kv_used, wait_until
+
+    wait_until(lambda: kv_used(srv.metrics_url) == 0, 30, "every KV block back at the end of the e2e run")
+    wait_until(lambda: gauge(srv.metrics_url, "nv_trt_llm_request_metrics", request_type="active") == 0, 30,
+               "no request left in the engine at the end of the e2e run")
     code = srv.stop(timeout=45)
     if code != 0:
         shutdown = [line for line in srv.log_tail(400).splitlines() if "in-flight" in line or "live models" in line]
-        raise AssertionError(f"tritonserver exited with {code}; shutdown log:\n" + "\n".join(shutdown[-12:]) +
-                             f"\n--- log tail ---\n{srv.log_tail(30)}")
+        stuck = [line for line in shutdown if "in-flight inference requests" in line and " 0 in-flight inference" not in line]
+        if stuck:
+            raise AssertionError(f"tritonserver exited with {code} with requests in flight:\n" +
+                                 "\n".join(shutdown[-12:]) + f"\n--- log tail ---\n{srv.log_tail(30)}")
+        print(f"\ntritonserver exited with {code} (a model stayed live until the exit timeout; no request was "
+              "in flight):\n" + "\n".join(shutdown[-3:]))
 
 
 @pytest.fixture(scope="session")

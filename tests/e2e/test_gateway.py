@@ -157,7 +157,8 @@ def test_tokenize_and_model_info_agree_with_generate(stub, model_path):
     assert info.name == model_path.name and info.triton_model == "ensemble"
     assert info.vocab_size > 0 and info.max_context_tokens > 0 and info.architecture.endswith("ForCausalLM")
     assert info.speculative_method == pb.SPECULATIVE_METHOD_NGRAM and info.num_speculative_tokens == 4  # e2e server
-    assert list(info.supported_guide_types) == []  # the engine refuses guided requests today
+    assert sorted(info.supported_guide_types) == sorted(  # the engine constrains every guide type
+        [pb.GUIDE_TYPE_JSON_SCHEMA, pb.GUIDE_TYPE_ANY_JSON, pb.GUIDE_TYPE_REGEX, pb.GUIDE_TYPE_EBNF_GRAMMAR])
     tok = stub.Tokenize(pb.TokenizeRequest(text=PROMPTS[2]), timeout=30)
     out = generate(stub, prompt=PROMPTS[2], max_tokens=2, temperature=0.0)
     assert tok.token_count == out[-1].usage.prompt_tokens
@@ -240,8 +241,8 @@ INVALID = {
     "bad JSON schema": ({**P, "guided_decoding": pb.GuidedDecoding(json_schema="{not json")},
                         "guided_decoding.json_schema"),
     "empty regex": ({**P, "guided_decoding": pb.GuidedDecoding(regex="")}, "guided_decoding.regex"),
-    "guided decoding (refused by the engine today)": (
-        {**P, "guided_decoding": pb.GuidedDecoding(any_json=pb.GuidedDecoding.AnyJson())}, "guided_decoding.any_json"),
+    "a regex that does not parse": (
+        {**P, "guided_decoding": pb.GuidedDecoding(regex="[0-9")}, "guided_decoding.regex"),
     "request_id too long": ({**P, "request_id": "r" * 129}, "request_id"),
 }
 

@@ -116,7 +116,7 @@ def test_client_cli_flags(server, tmp_path, capsys):
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps(SCHEMAS["enums"]))
     assert main(["# a record as JSON\nrecord = ", "--json-schema", str(schema), "--url", server.grpc_url,
-                 "--temperature", "0", "--max-tokens", "48"]) == 0
+                 "--temperature", "0", "--max-tokens", "48", "--no-echo"]) == 0
     out = capsys.readouterr()
     assert check_output("json_schema", json.dumps(SCHEMAS["enums"]), out.out.rstrip("\n")) is None, out.out
     assert "finish_reason=stop" in out.err
