@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import grpc
 from tritonclient.grpc import service_pb2
 
+from preprocess.request import KNOWN_INPUTS
 from triton_llm.v1 import llm_service_pb2 as pb
 
 # proto field -> (ensemble input, Triton datatype) for the optional scalars, sent only when set.
@@ -58,14 +59,7 @@ FINISH_REASONS: dict[str, int] = {
 # Ensemble inputs whose proto field has another name (the rest keep theirs).
 _INPUT_TO_FIELD = {"text_input": "prompt", "min_length": "min_tokens"}
 # Every input the ensemble validates (docs/api.md); an error "<one of these>: ..." is the client's.
-ENSEMBLE_INPUTS = frozenset({
-    "text_input", "messages", "max_tokens", "stream", "temperature", "top_p", "top_k", "min_p",
-    "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop_words", "bad_words",
-    "end_id", "pad_id", "min_tokens", "min_length", "num_return_sequences", "beam_width",
-    "exclude_input_in_output", "return_log_probs", "return_num_input_tokens", "return_num_output_tokens",
-    "guided_decoding_guide_type", "guided_decoding_guide", "skip_special_tokens", "include_stop_str_in_output",
-    "num_speculative_tokens", "return_perf_metrics",
-})
+ENSEMBLE_INPUTS = KNOWN_INPUTS
 MAX_REQUEST_ID_CHARS = 128
 _REQUEST_ID_RE = re.compile(r"[\x21-\x7e]+")
 

@@ -154,3 +154,23 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interva
             raise AssertionError(f"timed out after {timeout}s waiting for: {what}")
         time.sleep(interval)
     return time.monotonic() - start
+
+
+def steps(url: str) -> float:
+    return gauge(url, "nv_trt_llm_general_metrics", general_type="iteration_counter")
+
+
+def engine_idle(url: str, what: str, timeout: float = 15.0, settle: float = 0.5) -> float:
+    """Wait until no KV block is used, no request is active and the engine's iteration counter has
+    not moved for ``settle`` seconds (the gauges refresh periodically); returns the counter."""
+    start = last_change = time.monotonic()
+    last = None
+    while True:
+        now = (steps(url), kv_used(url), gauge(url, "nv_trt_llm_request_metrics", request_type="active"))
+        if now != last:
+            last, last_change = now, time.monotonic()
+        elif now[1] == 0 and now[2] == 0 and time.monotonic() - last_change >= settle:
+            return now[0]
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"engine not idle {timeout}s after {what}: (steps, kv used, active) = {now}")
+        time.sleep(0.05)

@@ -3,35 +3,15 @@ from __future__ import annotations
 
 import time
 
-from tests.e2e.helpers import Stream, gauge, kv_used, run, wait_until
+from tests.e2e.helpers import Stream, engine_idle, kv_used, run, wait_until
 from tools.client import build_inputs
 
 LONG = 600  # tokens the request would generate if nothing stopped it (min_tokens keeps EOS away)
 
 
-def steps(url: str) -> float:
-    return gauge(url, "nv_trt_llm_general_metrics", general_type="iteration_counter")
-
-
 def long_request(**opts):
     return build_inputs("def parse(lines):\n", LONG, min_tokens=LONG, temperature=0.0, stream=True,
                         exclude_input_in_output=True, **opts)
-
-
-def engine_idle(url: str, what: str, timeout: float = 15.0, settle: float = 0.5) -> float:
-    """Wait until no KV block is used, no request is active and the engine's iteration counter has
-    not moved for ``settle`` seconds (the gauges refresh periodically); returns the counter."""
-    start = last_change = time.monotonic()
-    last = None
-    while True:
-        now = (steps(url), kv_used(url), gauge(url, "nv_trt_llm_request_metrics", request_type="active"))
-        if now != last:
-            last, last_change = now, time.monotonic()
-        elif now[1] == 0 and now[2] == 0 and time.monotonic() - last_change >= settle:
-            return now[0]
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"engine not idle {timeout}s after {what}: (steps, kv used, active) = {now}")
-        time.sleep(0.05)
 
 
 def test_client_cancellation_frees_kv(server):

@@ -14,7 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.launcher import GatewayProcess
-from tests.e2e.helpers import gauge, kv_used, run, wait_until
+from tests.e2e.helpers import engine_idle, kv_used, run, steps, wait_until
 from tools.triton_launcher import free_port
 from triton_llm.v1 import llm_service_pb2 as pb
 from triton_llm.v1 import llm_service_pb2_grpc as pb_grpc
@@ -68,26 +68,6 @@ def rpc_error(fn) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as e:
         fn()
     return e.value
-
-
-def steps(url: str) -> float:
-    return gauge(url, "nv_trt_llm_general_metrics", general_type="iteration_counter")
-
-
-def engine_idle(url: str, what: str, timeout: float = 15.0, settle: float = 0.5) -> float:
-    """Wait until no KV block is used, no request is active and the iteration counter has not moved for
-    ``settle`` seconds (the gauges refresh every 0.1 s in the e2e server); returns the counter."""
-    start = last_change = time.monotonic()
-    last = None
-    while True:
-        now = (steps(url), kv_used(url), gauge(url, "nv_trt_llm_request_metrics", request_type="active"))
-        if now != last:
-            last, last_change = now, time.monotonic()
-        elif now[1] == 0 and now[2] == 0 and time.monotonic() - last_change >= settle:
-            return now[0]
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"engine not idle {timeout}s after {what}: (steps, kv used, active) = {now}")
-        time.sleep(0.05)
 
 
 # ---- same results as the ensemble directly ----------------------------------------------------------------
