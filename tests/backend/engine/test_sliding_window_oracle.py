@@ -87,9 +87,12 @@ def test_sliding_window_greedy_matches_hf(setup, variant):
     kw = dict(model_path=str(folder), max_num_seqs=16, kv_cache_bytes=16 << 20, device="cpu", **VARIANTS[variant])
     if variant == "draft":
         kw["draft_model_path"] = str(folder)       # the target as its own draft: windowed draft attention too
-    engine = LLMEngine(EngineConfig(**kw)).start()
+    engine = LLMEngine(EngineConfig(**kw))
+    burst = variant == "preemption"                 # one burst: the small pool runs out on any machine
+    if not burst:
+        engine.start()
     try:
-        check_greedy_matches(engine, prompts, expected, NEW_TOKENS, f"{name}/{variant}: ")
+        check_greedy_matches(engine, prompts, expected, NEW_TOKENS, f"{name}/{variant}: ", stagger=not burst)
         stats = engine.stats()
         assert stats.kv_blocks_used == 0, "blocks leaked"
         if variant in ("ngram", "draft"):

@@ -66,9 +66,12 @@ def draft_blocks_used(engine: LLMEngine) -> int:
 @pytest.mark.parametrize("method, k, adaptive, variant", CASES)
 def test_speculative_greedy_matches_hf(setup, method, k, adaptive, variant):
     folder, draft, prompts, expected = setup
-    engine = LLMEngine(engine_config(folder, draft, method, k, adaptive, variant)).start()
+    engine = LLMEngine(engine_config(folder, draft, method, k, adaptive, variant))
+    burst = variant == "preemption"                 # one burst: the small pool runs out on any machine
+    if not burst:
+        engine.start()
     try:
-        check_greedy_matches(engine, prompts, expected, NEW_TOKENS)
+        check_greedy_matches(engine, prompts, expected, NEW_TOKENS, stagger=not burst)
         spec = engine.scheduler.spec_counters
         assert spec.num_draft_tokens > 0 and spec.num_accepted_tokens > 0, "speculation never ran"
         assert max(spec.accepted_per_pos and [len(spec.accepted_per_pos)]) <= k
