@@ -8,13 +8,14 @@ through the environment (``GATEWAY_AUTH_TOKEN_FILE``, ``GATEWAY_AUTH_TOKENS``, `
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from tools.triton_launcher import stop_process
 
 from .config import REPO
 
@@ -99,16 +100,7 @@ class GatewayProcess:
         proc, self.proc = self.proc, None
         code = None
         if proc is not None:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(timeout=10)
-            code = proc.returncode
+            code = stop_process(proc, signal.SIGTERM, timeout)
         if self._log is not None:
             self._log.close()
             self._log = None

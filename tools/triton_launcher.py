@@ -43,6 +43,20 @@ MODEL_REPOSITORY = REPO / "model_repository"
 CACHE = REPO / ".cache"
 
 
+def stop_process(proc: subprocess.Popen, signum: int, timeout: float) -> int | None:
+    """``signum`` (a graceful stop), then SIGKILL of the process group after ``timeout`` seconds; the exit code."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    return proc.returncode
+
+
 class LauncherError(RuntimeError):
     """The server could not be found, prepared, started or made ready."""
 
@@ -329,16 +343,7 @@ class TritonServer:
         proc, self.proc = self.proc, None
         code = None
         if proc is not None:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGINT)
-                try:
-                    proc.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(timeout=10)
-            code = proc.returncode
+            code = stop_process(proc, signal.SIGINT, timeout)
             # Python backend stubs live in the server's process group; reap any stragglers.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
