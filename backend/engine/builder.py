@@ -112,13 +112,14 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     sampler = Sampler(vocab_size=mcfg.vocab_size, device=device, seed=config.seed, eos_token_ids=sorted(eos))
     attn = make_attention_backend(kv_cache, windows=windows)
     runner = ModelRunner(model, kv_cache, attn, sampler, device)
-    speculator = build_speculator(config, folder, mcfg, blocks, device, dtype, max_model_len)
+    structured = StructuredOutputManager(
+        lambda: xgrammar_backend(folder, mcfg.vocab_size, eos), vocab_size=mcfg.vocab_size,
+        compile_timeout_s=config.guided_compile_timeout_s, max_workers=config.guided_compile_workers, device=device,
+        jump_forward=config.guided_jump_forward)
+    speculator = build_speculator(config, folder, mcfg, blocks, device, dtype, max_model_len, grammar=structured)
     summary = load_summary(config, mcfg, model, kv_cache, device, dtype, max_model_len, windows,
                            type(attn).__name__, speculator)
     threads = (config.cpu_threads or torch.get_num_threads()) if device.type == "cpu" else 1
-    structured = StructuredOutputManager(
-        lambda: xgrammar_backend(folder, mcfg.vocab_size, eos), vocab_size=mcfg.vocab_size,
-        compile_timeout_s=config.guided_compile_timeout_s, max_workers=config.guided_compile_workers, device=device)
     scheduler.can_admit = structured.is_ready
     return EngineParts(scheduler, runner, speculator, cpu_threads=threads, summary=summary,
                        structured_output=structured)
@@ -155,7 +156,8 @@ def load_summary(config: EngineConfig, mcfg: ModelConfig, model: LlamaForCausalL
 
 
 def build_speculator(config: EngineConfig, target_folder: Path, target: ModelConfig, num_blocks: int,
-                     device: torch.device, dtype: torch.dtype, max_model_len: int) -> Speculator | None:
+                     device: torch.device, dtype: torch.dtype, max_model_len: int,
+                     grammar: StructuredOutputManager | None = None) -> Speculator | None:
     """The proposer the config names, inside the adaptive driver; None when speculation is off."""
     if config.speculative_method == "none":
         return None
@@ -166,7 +168,7 @@ def build_speculator(config: EngineConfig, target_folder: Path, target: ModelCon
         proposer = DraftModelProposer.load(Path(config.draft_model_path), target_folder, target, config,
                                            num_blocks=num_blocks, device=device, dtype=dtype,
                                            max_model_len=max_model_len)
-    return Speculator(proposer, config.num_speculative_tokens, config.speculative_adaptive)
+    return Speculator(proposer, config.num_speculative_tokens, config.speculative_adaptive, grammar=grammar)
 
 
 def xgrammar_backend(folder: Path, vocab_size: int, eos_token_ids: set[int]):

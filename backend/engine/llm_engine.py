@@ -167,9 +167,9 @@ class LLMEngine:
             started = time.monotonic()
             marks = mark_scheduled(plan, started)
             spec = self.speculator
+            pending = so.begin_fill(plan) if so is not None else None   # grammar bitmask, filled meanwhile
             forward = self.runner.execute(plan)
-            # between the forward and the sampler (on CUDA the forward is still running meanwhile)
-            bitmask = so.fill_bitmask(plan, forward.rows) if so is not None else None
+            bitmask = pending.result(forward.rows) if pending is not None else None
             output = self.runner.sample(plan, forward, grammar_bitmask=bitmask,
                                         draft_probs=spec.draft_probs if spec else None)
             if so is not None:
