@@ -63,16 +63,24 @@ class BitmaskBuffer:
         return view
 
 
-class PendingFill:
-    """A bitmask being filled on the worker thread (or already known: None when nothing is guided)."""
+def done(value) -> Future:
+    fut: Future = Future()
+    fut.set_result(value)
+    return fut
 
-    def __init__(self, rows: list[int], future: Future | None):
+
+class PendingFill:
+    """A bitmask being filled on the worker thread, or ``PendingFill(None, None)``: no guided row."""
+
+    def __init__(self, rows: list[int] | None, future: Future | None):
         self.rows = rows
         self._future = future
 
     def result(self, rows: list[int]) -> torch.Tensor | None:
         """Wait for the bitmask; ``rows`` are the forward's sampled rows, which must be the ones filled."""
-        bitmask = self._future.result() if self._future is not None else None
+        if self._future is None:
+            return None
+        bitmask = self._future.result()
         if rows != self.rows:
             raise RuntimeError(f"the grammar bitmask was filled for rows {self.rows}, the forward sampled {rows}")
         return bitmask

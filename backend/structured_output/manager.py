@@ -35,7 +35,7 @@ import torch
 
 from backend.core.plan import ModelRunnerOutput, SchedulerOutput
 from backend.core.sequence import Sequence, SequenceStatus
-from backend.structured_output.bitmask import BitmaskBuffer, PendingFill, fill_positions, sampled_rows
+from backend.structured_output.bitmask import BitmaskBuffer, PendingFill, done, fill_positions, sampled_rows
 from backend.structured_output.draft_runs import RunResult, accept_run, valid_prefix
 from backend.structured_output.interface import GrammarMatcher, StructuredOutputBackend
 from contracts.sampling_params import GuideSpec
@@ -102,6 +102,7 @@ class StructuredOutputManager:
         self.vocab_size = vocab_size
         self.compile_timeout_s = compile_timeout_s
         self.jump_forward_on = jump_forward     # the engine appends forced tokens (guided_jump_forward)
+        self.fill_on_worker = True              # False: fill on the loop thread (bench_guided compares the two)
         self._clock = clock
         self._pool = _DaemonPool(max_workers, "grammar-compile")
         self._filler = _DaemonPool(1, "grammar-bitmask")  # its own thread: never queued behind a compile
@@ -238,10 +239,14 @@ class StructuredOutputManager:
 
     def begin_fill(self, plan: SchedulerOutput) -> PendingFill:
         """Start filling the step's bitmask on the worker thread (call before the forward). A step
-        without a guided sampled row gets a finished ``PendingFill`` of None at once."""
+        without a guided sampled row gets a finished ``PendingFill`` of None at once, without work."""
+        if not self._requests:
+            return PendingFill(None, None)
         rows = sampled_rows(plan)
-        if not self._requests or not any(plan.scheduled[i].seq.params.guide is not None for i in set(rows)):
-            return PendingFill(rows, None)
+        if not any(plan.scheduled[i].seq.params.guide is not None for i in set(rows)):
+            return PendingFill(None, None)
+        if not self.fill_on_worker:
+            return PendingFill(rows, done(self.fill_bitmask(plan, rows)))
         return PendingFill(rows, self._filler.submit(self.fill_bitmask, plan, rows))
 
     def fill_bitmask(self, plan: SchedulerOutput, rows: list[int]) -> torch.Tensor | None:
