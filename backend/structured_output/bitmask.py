@@ -6,6 +6,7 @@ token ``32 * w + j``; a row of all ones (-1) is unconstrained.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import torch
@@ -63,24 +64,21 @@ class BitmaskBuffer:
         return view
 
 
-def done(value) -> Future:
-    fut: Future = Future()
-    fut.set_result(value)
-    return fut
-
-
 class PendingFill:
-    """A bitmask being filled on the worker thread, or ``PendingFill(None, None)``: no guided row."""
+    """The step's bitmask: being filled on the worker thread (``future``), to be filled when asked
+    (``deferred``, on the caller's thread after the forward), or ``PendingFill(None)``: no guided row."""
 
-    def __init__(self, rows: list[int] | None, future: Future | None):
+    def __init__(self, rows: list[int] | None, future: Future | None = None,
+                 deferred: Callable[[], torch.Tensor | None] | None = None):
         self.rows = rows
         self._future = future
+        self._deferred = deferred
 
     def result(self, rows: list[int]) -> torch.Tensor | None:
-        """Wait for the bitmask; ``rows`` are the forward's sampled rows, which must be the ones filled."""
-        if self._future is None:
+        """The bitmask; ``rows`` are the forward's sampled rows, which must be the ones filled."""
+        if self.rows is None:
             return None
-        bitmask = self._future.result()
+        bitmask = self._future.result() if self._future is not None else None   # the worker is done with it
         if rows != self.rows:
             raise RuntimeError(f"the grammar bitmask was filled for rows {self.rows}, the forward sampled {rows}")
-        return bitmask
+        return bitmask if self._future is not None else self._deferred()

@@ -11,12 +11,15 @@ queued behind other compiles.
 
 One step, on the loop thread (``LLMEngine.step``):
 1. ``poll()``: compiles that finished, failed or timed out (failures are ended by the engine);
-2. ``begin_fill(plan)`` before the forward, ``PendingFill.result()`` after it: the step's bitmask,
-   filled on a worker thread while the forward runs (xgrammar's fill releases the GIL; a step
-   without guided rows costs nothing). One row per sampled position; a sequence verifying drafts
-   has ``drafts + 1`` consecutive rows, row ``i`` filled after advancing its matcher through the
-   first ``i`` drafts, then rolled back (so the state stays at the last accepted token). The forward
-   touches no matcher, so the worker owns them until ``result()`` returns;
+2. ``begin_fill(plan)`` before the forward, ``PendingFill.result()`` after it: the step's bitmask
+   (a step without guided rows does no grammar work). On CUDA it is filled on a worker thread while
+   the loop thread launches the forward (xgrammar's fill releases the GIL; the forward touches no
+   matcher, so the worker owns them until ``result()`` returns). On the CPU it is filled by
+   ``result()`` on the loop thread after the forward: there the forward's own threads occupy the
+   cores and a worker measured slower (GIL and core contention, docs/engine.md). One row per sampled
+   position; a sequence verifying drafts has ``drafts + 1`` consecutive rows, row ``i`` filled after
+   advancing its matcher through the first ``i`` drafts, then rolled back (so the state stays at the
+   last accepted token);
 3. ``accept(plan, output)``: each matcher advances through the tokens its sequence gained (accepted
    drafts, then the recovered or bonus token), stopping where its grammar terminates (EOS inside an
    accepted run: the scheduler drops what follows and finishes the request with ``stop``).
@@ -35,7 +38,7 @@ import torch
 
 from backend.core.plan import ModelRunnerOutput, SchedulerOutput
 from backend.core.sequence import Sequence, SequenceStatus
-from backend.structured_output.bitmask import BitmaskBuffer, PendingFill, done, fill_positions, sampled_rows
+from backend.structured_output.bitmask import BitmaskBuffer, PendingFill, fill_positions, sampled_rows
 from backend.structured_output.draft_runs import RunResult, accept_run, valid_prefix
 from backend.structured_output.interface import GrammarMatcher, StructuredOutputBackend
 from contracts.sampling_params import GuideSpec
@@ -94,7 +97,8 @@ class _DaemonPool:
 class StructuredOutputManager:
     def __init__(self, backend_factory: Callable[[], StructuredOutputBackend], *, vocab_size: int,
                  compile_timeout_s: float = 10.0, max_workers: int = 2, device: torch.device | str = "cpu",
-                 jump_forward: bool = False, clock: Callable[[], float] = time.monotonic):
+                 jump_forward: bool = False, fill_on_worker: bool | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self._factory = backend_factory
         self._backend: StructuredOutputBackend | None = None
         self._backend_error: str | None = None
@@ -102,7 +106,6 @@ class StructuredOutputManager:
         self.vocab_size = vocab_size
         self.compile_timeout_s = compile_timeout_s
         self.jump_forward_on = jump_forward     # the engine appends forced tokens (guided_jump_forward)
-        self.fill_on_worker = True              # False: fill on the loop thread (bench_guided compares the two)
         self._clock = clock
         self._pool = _DaemonPool(max_workers, "grammar-compile")
         self._filler = _DaemonPool(1, "grammar-bitmask")  # its own thread: never queued behind a compile
@@ -111,7 +114,10 @@ class StructuredOutputManager:
         self._inflight: dict[tuple[str, str], Future] = {}
         self._news = False                      # a compile ended since the last poll
         self._on_event: Callable[[], None] | None = None
-        self._bitmask = BitmaskBuffer(vocab_size, pin=torch.device(device).type == "cuda")
+        cuda = torch.device(device).type == "cuda"
+        self._bitmask = BitmaskBuffer(vocab_size, pin=cuda)
+        # the bitmask is filled on a worker thread during the forward, else on the loop thread after it
+        self.fill_on_worker = cuda if fill_on_worker is None else fill_on_worker
         self.num_compiles = 0                   # compiles started (cache misses, not shared)
         self.num_rejected_tokens = 0
         self.num_forced_tokens = 0              # appended by jump-forward (each saves a forward pass)
@@ -241,12 +247,12 @@ class StructuredOutputManager:
         """Start filling the step's bitmask on the worker thread (call before the forward). A step
         without a guided sampled row gets a finished ``PendingFill`` of None at once, without work."""
         if not self._requests:
-            return PendingFill(None, None)
+            return PendingFill(None)
         rows = sampled_rows(plan)
         if not any(plan.scheduled[i].seq.params.guide is not None for i in set(rows)):
-            return PendingFill(None, None)
+            return PendingFill(None)
         if not self.fill_on_worker:
-            return PendingFill(rows, done(self.fill_bitmask(plan, rows)))
+            return PendingFill(rows, deferred=lambda: self.fill_bitmask(plan, rows))
         return PendingFill(rows, self._filler.submit(self.fill_bitmask, plan, rows))
 
     def fill_bitmask(self, plan: SchedulerOutput, rows: list[int]) -> torch.Tensor | None:

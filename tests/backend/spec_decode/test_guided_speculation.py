@@ -8,6 +8,8 @@ from ``q`` may keep exactly one invalid token at its end, which verification alw
 """
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from backend.config import EngineConfig
@@ -106,6 +108,29 @@ def test_greedy_guided_output_is_the_same_with_speculation(demo_target, tokenize
         audit.check()
         assert eng.speculator.num_cut_draft_tokens > 0, "no proposal needed a cut: the check went untested"
         assert blocks_in_use(eng) == (0, 0)
+    finally:
+        eng.shutdown()
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_the_bitmask_filled_on_a_worker_thread_during_the_forward(demo_target, tokenizer, plain_greedy, method):
+    """The CUDA default (the fill on a worker thread while the forward runs), forced on the CPU: the same output."""
+    jobs, prompts = guided_jobs(tokenizer)
+    eng = make_engine(demo_target, method, 3)
+    eng.structured.fill_on_worker = True
+    threads = set()
+    fill = eng.structured.fill_bitmask
+
+    def recording(plan, rows):
+        threads.add(threading.current_thread().name)
+        return fill(plan, rows)
+    eng.structured.fill_bitmask = recording
+    try:
+        outs = eng.generate(prompts, [SamplingParams(max_tokens=48, temperature=0.0, guide=GuideSpec(kind, text))
+                                      for kind, text in jobs])
+        assert [output_token_ids(o) for o in outs] == plain_greedy
+        assert threads == {"grammar-bitmask-0"}
+        assert eng.scheduler.spec_counters.num_accepted_tokens > 0 and blocks_in_use(eng) == (0, 0)
     finally:
         eng.shutdown()
 
