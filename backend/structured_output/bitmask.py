@@ -21,26 +21,32 @@ def sampled_rows(plan: SchedulerOutput) -> list[int]:
     return [i for i, s in enumerate(plan.scheduled) if s.sample for _ in range(s.num_draft_tokens + 1)]
 
 
-def fill_positions(
-    m: GrammarMatcher,
-    drafts: list[int],
-    bitmask: torch.Tensor,   # [rows, ceil(vocab / 32)] int32; rows row .. row + len(drafts) are written
-    row: int,
+def fill_verified_positions(
+    fill_batch: Callable[[list[GrammarMatcher], torch.Tensor, list[int]], None],   # a backend's fill_bitmasks
+    entries: list[tuple[GrammarMatcher, int, list[int]]],   # per guided sequence: matcher, first row, drafts
+    bitmask: torch.Tensor,   # [rows, ceil(vocab / 32)] int32
 ) -> None:
-    """One row per verified position: row ``row + i`` is what the grammar admits after the accepted
-    tokens and ``drafts[:i]``. The matcher advances through the drafts and is rolled back to where it
-    was. Rows after an invalid draft, or after one that ends the grammar, stay as they are (all ones):
-    verification rejects an invalid draft with certainty, and a token after the end is dropped."""
-    m.fill_bitmask(bitmask, row)
-    taken = 0
-    for k, t in enumerate(drafts):
-        if not m.accept_tokens([t]):
-            break
-        taken += 1
-        if m.is_terminated():
-            break
-        m.fill_bitmask(bitmask, row + k + 1)
-    m.rollback(taken)
+    """One row per verified position: row ``first + i`` of a sequence is what its grammar admits after the
+    accepted tokens and ``drafts[:i]``. Level by level, one batched fill per level: level ``i`` holds the
+    sequences whose first ``i`` drafts the grammar admitted without ending; each matcher then takes its
+    next draft. Every matcher is rolled back to where it was. Rows after an invalid draft, or after one
+    that ends the grammar, stay as they are (all ones): verification rejects an invalid draft with
+    certainty, and a token after the end is dropped."""
+    taken = [0] * len(entries)
+    live = list(range(len(entries)))
+    level = 0
+    while live:
+        fill_batch([entries[e][0] for e in live], bitmask, [entries[e][1] + level for e in live])
+        nxt = []
+        for e in live:
+            m, _, drafts = entries[e]
+            if level < len(drafts) and m.accept_tokens([drafts[level]]):
+                taken[e] += 1
+                if not m.is_terminated():
+                    nxt.append(e)
+        live, level = nxt, level + 1
+    for (m, _, _), n in zip(entries, taken):
+        m.rollback(n)
 
 
 class BitmaskBuffer:

@@ -38,7 +38,7 @@ import torch
 
 from backend.core.plan import ModelRunnerOutput, SchedulerOutput
 from backend.core.sequence import Sequence, SequenceStatus
-from backend.structured_output.bitmask import BitmaskBuffer, PendingFill, fill_positions, sampled_rows
+from backend.structured_output.bitmask import BitmaskBuffer, PendingFill, fill_verified_positions, sampled_rows
 from backend.structured_output.draft_runs import RunResult, accept_run, valid_prefix
 from backend.structured_output.interface import GrammarMatcher, StructuredOutputBackend
 from contracts.sampling_params import GuideSpec
@@ -262,7 +262,7 @@ class StructuredOutputManager:
         if not self._requests or not rows:
             return None
         bitmask = self._bitmask.rows(len(rows))
-        any_guided = False
+        entries = []                               # (matcher, first row, drafts) of each guided sequence
         j = 0
         while j < len(rows):
             i = rows[j]
@@ -272,10 +272,12 @@ class StructuredOutputManager:
             seq = plan.scheduled[i].seq
             m = self._matcher(seq) if seq.params.guide is not None else None
             if m is not None and not m.is_terminated():
-                any_guided = True
-                fill_positions(m, seq.draft_token_ids[:n - 1], bitmask, j)
+                entries.append((m, j, seq.draft_token_ids[:n - 1]))
             j += n
-        return bitmask if any_guided else None
+        if not entries:
+            return None
+        fill_verified_positions(self._backend.fill_bitmasks, entries, bitmask)
+        return bitmask
 
     def _jumps(self, seq: Sequence) -> bool:
         """Whether the engine jump-forwards this sequence (as ``LLMEngine._jump_forward`` decides)."""

@@ -157,6 +157,7 @@ class XGrammarBackend:
         self._cache_limit = cache_bytes
         self._lock = threading.Lock()
         self._hits = self._misses = 0
+        self._batch: xgr.BatchGrammarMatcher | None = None   # built on first use, by the step's thread
 
     @classmethod
     def from_folder(cls, folder: str | Path, vocab_size: int, stop_token_ids: Sequence[int],
@@ -206,6 +207,14 @@ class XGrammarBackend:
 
     def matcher(self, compiled: CompiledGuide) -> XGrammarMatcher:
         return XGrammarMatcher(compiled)
+
+    def fill_bitmasks(self, matchers: Sequence[XGrammarMatcher], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
+        """Row ``rows[i]`` of ``bitmask`` gets what ``matchers[i]`` admits next: one call into xgrammar for
+        the batch (its threads: half the host's cores), about twice as fast as a fill per matcher even on
+        one thread. Call it from one thread at a time (the engine's step)."""
+        if self._batch is None:
+            self._batch = xgr.BatchGrammarMatcher("auto")
+        self._batch.batch_fill_next_token_bitmask([m._m for m in matchers], bitmask, list(rows))
 
     def allocate_bitmask(self, num_rows: int) -> torch.Tensor:
         """``[num_rows, ceil(vocab / 32)]`` int32 on the CPU, every token allowed."""
