@@ -211,6 +211,34 @@ def test_mixed_batch_under_preemption_and_prefix_hits(demo_target, tokenizer, me
         eng.shutdown()
 
 
+def test_draft_model_kv_stays_consistent_across_grammar_cuts(demo_target, tokenizer):
+    """Drafts past a cut were fed to the draft model but never verified: its K/V for them must be rolled
+    back. Every greedy proposal must equal the draft model's own greedy continuation of the verified
+    tokens, recomputed densely without a cache (stale K/V would change it)."""
+    from tests.helpers.oracle import dense_greedy
+
+    jobs, prompts = guided_jobs(tokenizer)
+    eng = make_engine(demo_target, "draft", 4)
+    proposer = eng.speculator.proposer
+    propose, checked = proposer.propose, []
+
+    def checking(seqs, ks):
+        out = propose(seqs, ks)
+        for seq in seqs:
+            drafts = out.draft_token_ids.get(seq.seq_id)
+            if drafts and len(checked) < 60:
+                checked.append(drafts == dense_greedy(proposer.model, seq.all_token_ids, len(drafts)))
+        return out
+    proposer.propose = checking
+    try:
+        eng.generate(prompts, [SamplingParams(max_tokens=48, temperature=0.0, guide=GuideSpec(kind, text))
+                               for kind, text in jobs])
+        assert len(checked) == 60 and all(checked), checked
+        assert eng.speculator.num_cut_draft_tokens > 0 and blocks_in_use(eng) == (0, 0)
+    finally:
+        eng.shutdown()
+
+
 class ScriptedProposer(Proposer):
     """Proposes the next tokens of a fixed continuation (whatever the sequence has produced so far)."""
 
