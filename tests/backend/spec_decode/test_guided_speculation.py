@@ -8,6 +8,7 @@ from ``q`` may keep exactly one invalid token at its end, which verification alw
 """
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -280,7 +281,7 @@ def test_eos_inside_an_accepted_run_finishes_with_stop(demo_target, tokenizer):
 def test_jump_forward_composes_with_speculation(demo_target, tokenizer):
     """A step that appended forced tokens computes them without drafts, the next one speculates again:
     greedy output equals jump-forward without speculation, both save forward passes."""
-    kinds = [("json_schema", __import__("json").dumps(SCHEMAS[n])) for n in ("nested_object", "enums",
+    kinds = [("json_schema", json.dumps(SCHEMAS[n])) for n in ("nested_object", "enums",
                                                                               "list_of_records")] + [("json", "")]
     prompts = [tokenizer.encode(PROMPTS[i % len(PROMPTS)], add_special_tokens=True) for i in range(len(kinds))]
     params = [SamplingParams(max_tokens=48, temperature=0.0, guide=GuideSpec(k, t)) for k, t in kinds]
@@ -297,5 +298,24 @@ def test_jump_forward_composes_with_speculation(demo_target, tokenizer):
         assert eng.structured.num_forced_tokens > 0 and eng.scheduler.spec_counters.num_accepted_tokens > 0
         audit.check()
         assert blocks_in_use(eng) == (0, 0)
+    finally:
+        eng.shutdown()
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_parallel_samples_speculate_each_with_its_own_grammar_state(demo_target, tokenizer, method):
+    kind, text = "json_schema", json.dumps(SCHEMAS["list_of_records"])
+    eng = make_engine(demo_target, method, 4)
+    try:
+        outs = eng.generate([tokenizer.encode(PROMPTS[2], add_special_tokens=True)],
+                            SamplingParams(max_tokens=64, temperature=1.0, seed=9, n=4, guide=GuideSpec(kind, text)))[0]
+        assert {o.seq_index for o in outs} == {0, 1, 2, 3}
+        for i in range(4):
+            final = [o for o in outs if o.seq_index == i and o.finished][-1]
+            assert final.error is None
+            if final.finish_reason is FinishReason.STOP:
+                out = tokenizer.decode(output_token_ids(outs, i), skip_special_tokens=True)
+                assert check_output(kind, text, out) is None, out
+        assert eng.scheduler.spec_counters.num_draft_tokens > 0 and blocks_in_use(eng) == (0, 0)
     finally:
         eng.shutdown()
