@@ -27,10 +27,10 @@ from backend.core.plan import ModelRunnerOutput, SchedulerOutput
 from backend.core.scheduler import Scheduler
 from backend.core.sequence import Sequence
 from backend.spec_decode.adaptive import AdaptiveDraftLength
-from backend.spec_decode.proposer import Proposal, Proposer
+from backend.spec_decode.proposer import DraftGrammar, Proposal, Proposer
 
 
-class DraftChecker(Protocol):
+class DraftChecker(DraftGrammar, Protocol):
     """What the speculator needs of the grammar layer (``StructuredOutputManager``)."""
 
     def valid_draft_prefix(self, seq: Sequence, drafts: list[int]) -> int:
@@ -102,7 +102,7 @@ class Speculator:
             return
         self._tracked.update(s.seq_id for s in seqs)
         t0 = time.perf_counter()
-        proposal = self.proposer.propose(seqs, ks)
+        proposal = self.proposer.propose(seqs, ks, self.grammar)
         self.policy.observe_draft(time.perf_counter() - t0, sum(ks))
         if self.grammar is not None:
             self._check_guided(seqs, proposal)

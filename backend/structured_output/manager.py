@@ -39,7 +39,7 @@ import torch
 from backend.core.plan import ModelRunnerOutput, SchedulerOutput
 from backend.core.sequence import Sequence, SequenceStatus
 from backend.structured_output.bitmask import BitmaskBuffer, PendingFill, fill_verified_positions, sampled_rows
-from backend.structured_output.draft_runs import RunResult, accept_run, valid_prefix
+from backend.structured_output.draft_runs import DraftSession, RunResult, accept_run, valid_prefix
 from backend.structured_output.interface import GrammarMatcher, StructuredOutputBackend
 from contracts.sampling_params import GuideSpec
 
@@ -288,6 +288,15 @@ class StructuredOutputManager:
         sequence's grammar admits, ending where it forces what follows when the engine jump-forwards."""
         m = self._matcher(seq) if seq.params.guide is not None else None
         return len(drafts) if m is None else valid_prefix(m, drafts, stop_where_forced=self._jumps(seq))
+
+    def draft_session(self, seqs: list[Sequence]) -> DraftSession | None:
+        """Masks for a draft model drafting for ``seqs`` (None when none is guided); close it after."""
+        if not self._requests:
+            return None
+        matchers = [self._matcher(s) if s.params.guide is not None else None for s in seqs]
+        if all(m is None for m in matchers):
+            return None
+        return DraftSession(matchers, self._backend.fill_bitmasks, self._bitmask.words)
 
     def accept(self, plan: SchedulerOutput, output: ModelRunnerOutput) -> list[tuple[str, str]]:
         """Advance each guided sequence's matcher through its new tokens: single tokens in one batched

@@ -106,7 +106,7 @@ class XGrammarMatcher:
     def accept_tokens(self, tokens: Sequence[int]) -> bool:
         """Advance through ``tokens``; on a rejected token undo the ones taken and return False."""
         for n, t in enumerate(tokens):
-            if not self._m.accept_token(int(t)):
+            if self._m.is_terminated() or not self._m.accept_token(int(t)):   # xgrammar warns on the former
                 if n:
                     self._m.rollback(n)
                 return False
