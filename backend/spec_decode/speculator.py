@@ -15,6 +15,8 @@ rejects it with certainty (the grammar mask makes ``p`` zero there) and draws th
 ``norm(max(0, p - q))``, exactly as without the cut. Cutting it too would draw from ``p`` instead
 and bias the output towards tokens ``q`` favours. A point-mass draft (n-gram, greedy) loses
 nothing by the cut: its residual ``max(0, p - onehot)`` is ``p`` where ``p`` is zero at the draft.
+The draft model drafts guided sequences under their grammar mask (``grammar`` is passed to the
+proposer), so its proposals need a cut only after an EOS.
 """
 from __future__ import annotations
 
