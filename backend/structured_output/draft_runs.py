@@ -12,6 +12,9 @@ Two rules make guided speculation give the same output as guided decoding withou
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
+
+import torch
 
 from backend.structured_output.interface import GrammarMatcher
 
@@ -59,3 +62,45 @@ def accept_run(m: GrammarMatcher, tokens: list[int], drop_where_forced: bool) ->
             return RunResult.ACCEPTED
         m.rollback(n)
     return RunResult.REJECTED
+
+
+class DraftSession:
+    """Grammar masks while a draft model drafts (one proposal): each guided sequence's state after the
+    drafts drawn so far, so that its drafts are drawn from the draft's *constrained* distribution and are
+    valid by construction (the rejection rule is exact for any ``q`` it is given). ``close`` rolls every
+    matcher back to the verified state."""
+
+    def __init__(self, matchers: list[GrammarMatcher | None],   # per proposing sequence; None: unguided
+                 fill_batch: Callable[[list[GrammarMatcher], torch.Tensor, list[int]], None], words: int):
+        self.matchers = matchers
+        self._fill = fill_batch
+        self._words = words
+        self._taken = [0] * len(matchers)
+        self._live = [m is not None and not m.is_terminated() for m in matchers]
+
+    def bitmask(self, idx: list[int]) -> torch.Tensor | None:   # [len(idx), words] int32, or None: no mask
+        """Row ``j``: what the grammar of sequence ``idx[j]`` admits next (all ones for unguided ones and
+        for a grammar that has ended: what is drafted after the end is cut before verification)."""
+        live = [j for j, i in enumerate(idx) if self._live[i]]
+        if not live:
+            return None
+        bitmask = torch.full((len(idx), self._words), -1, dtype=torch.int32)
+        self._fill([self.matchers[idx[j]] for j in live], bitmask, live)
+        return bitmask
+
+    def advance(self, idx: list[int], tokens: list[int]) -> None:
+        """Sequence ``idx[j]`` drafted ``tokens[j]``."""
+        for i, t in zip(idx, tokens):
+            if not self._live[i]:
+                continue
+            m = self.matchers[i]
+            if m.accept_tokens([t]):
+                self._taken[i] += 1
+                self._live[i] = not m.is_terminated()
+            else:
+                self._live[i] = False
+
+    def close(self) -> None:
+        for m, n in zip(self.matchers, self._taken):
+            if n:
+                m.rollback(n)
