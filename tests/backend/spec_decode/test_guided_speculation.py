@@ -314,7 +314,8 @@ def test_eos_inside_an_accepted_run_finishes_with_stop(demo_target, tokenizer):
         eng.shutdown()
 
 
-def test_jump_forward_composes_with_speculation(demo_target, tokenizer):
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_jump_forward_composes_with_speculation(demo_target, tokenizer, method):
     """A step that appended forced tokens computes them without drafts, the next one speculates again:
     greedy output equals jump-forward without speculation, both save forward passes."""
     kinds = [("json_schema", json.dumps(SCHEMAS[n])) for n in ("nested_object", "enums",
@@ -326,7 +327,7 @@ def test_jump_forward_composes_with_speculation(demo_target, tokenizer):
         expected = [output_token_ids(o) for o in ref.generate(prompts, params)]
     finally:
         ref.shutdown()
-    eng = make_engine(demo_target, "ngram", 4, guided_jump_forward=True)
+    eng = make_engine(demo_target, method, 4, guided_jump_forward=True)
     audit = DraftAudit(eng)
     try:
         outs = eng.generate(prompts, params)
