@@ -50,7 +50,3 @@ class StructuredOutputBackend(Protocol):
     def fill_bitmasks(self, matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
         """``bitmask[rows[i]]`` gets what ``matchers[i]`` admits next, for the whole batch at once
         (matchers of this backend only)."""
-
-    def accept_tokens_batch(self, matchers: Sequence[GrammarMatcher], tokens: Sequence[int]) -> list[bool]:
-        """``matchers[i]`` accepts ``tokens[i]``, for the whole batch at once; False where rejected (that
-        matcher is unchanged)."""

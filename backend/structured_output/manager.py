@@ -299,14 +299,13 @@ class StructuredOutputManager:
         return DraftSession(matchers, self._backend.fill_bitmasks, self._bitmask.words)
 
     def accept(self, plan: SchedulerOutput, output: ModelRunnerOutput) -> list[tuple[str, str]]:
-        """Advance each guided sequence's matcher through its new tokens: single tokens in one batched
-        call, speculative runs by ``accept_run`` (a token it drops is removed from ``output``). Returns
-        ``(request_id, error)`` for sequences whose grammar rejected a sampled token (the caller ends
-        those requests)."""
+        """Advance each guided sequence's matcher through its new tokens (``accept_run``; a token it
+        drops is removed from ``output``). Returns ``(request_id, error)`` for sequences whose grammar
+        rejected a sampled token (the caller ends those requests). A call per matcher: xgrammar's
+        batched accept measured no faster, even at 32 sequences."""
         if not self._requests:
             return []
-        rejected: list[tuple[Sequence, list[int]]] = []
-        singles: list[tuple[Sequence, GrammarMatcher, list[int]]] = []
+        failures = []
         for s, tokens in zip(plan.scheduled, output.sampled_token_ids):
             seq = s.seq
             if not tokens or seq.params.guide is None or seq.status is not SequenceStatus.RUNNING:
@@ -314,20 +313,13 @@ class StructuredOutputManager:
             m = self._matcher(seq)
             if m is None:
                 continue
-            if len(tokens) == 1:
-                singles.append((seq, m, tokens))
-                continue
             result = accept_run(m, tokens, drop_where_forced=bool(s.num_draft_tokens) and self._jumps(seq))
             if result is RunResult.LAST_DROPPED:
                 del tokens[-1]            # the engine appends the forced tokens there instead
             elif result is RunResult.REJECTED:
-                rejected.append((seq, tokens))
-        if singles:
-            ok = self._backend.accept_tokens_batch([m for _, m, _ in singles], [t[0] for _, _, t in singles])
-            rejected += [(seq, tokens) for (seq, _, tokens), good in zip(singles, ok) if not good]
-        self.num_rejected_tokens += len(rejected)
-        failures = [(seq.request_id, (f"{GUIDE}: the grammar rejected sampled token(s) {tokens} "
-                                      "(bad_words may ban every token it admits)")) for seq, tokens in rejected]
+                self.num_rejected_tokens += 1
+                failures.append((seq.request_id, (f"{GUIDE}: the grammar rejected sampled token(s) {tokens} "
+                                                  "(bad_words may ban every token it admits)")))
         return failures
 
     def jump_forward(self, seq: Sequence, limit: int) -> list[int]:

@@ -237,9 +237,6 @@ class SlowBackend:
     def fill_bitmasks(self, matchers, bitmask, rows):
         self.inner.fill_bitmasks(matchers, bitmask, rows)
 
-    def accept_tokens_batch(self, matchers, tokens):
-        return self.inner.accept_tokens_batch(matchers, tokens)
-
 
 def test_compile_time_limit_fails_the_request_and_never_stalls_the_loop(demo_target, tokenizer):
     from postprocess.grammar import XGrammarBackend
