@@ -207,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(args.model)
     def make_engine(jump_forward: bool) -> LLMEngine:
         spec = {} if args.speculative_method == "none" else {
+            # adaptive k follows timings, and a seeded request must reproduce its length across the rounds
             "speculative_method": args.speculative_method, "num_speculative_tokens": args.num_speculative_tokens,
+            "speculative_adaptive": False,
             **({"draft_model_path": args.draft_model} if args.speculative_method == "draft" else {})}
         return LLMEngine(EngineConfig(model_path=args.model, device=args.device, cpu_threads=args.cpu_threads,
                                       kv_cache_bytes=64 << 20, max_num_seqs=max(64, max(args.concurrency)),
