@@ -113,7 +113,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     attn = make_attention_backend(kv_cache, windows=windows)
     runner = ModelRunner(model, kv_cache, attn, sampler, device)
     structured = StructuredOutputManager(
-        lambda: xgrammar_backend(folder, mcfg.vocab_size, eos), vocab_size=mcfg.vocab_size,
+        lambda: xgrammar_backend(folder, mcfg.vocab_size, eos, device), vocab_size=mcfg.vocab_size,
         compile_timeout_s=config.guided_compile_timeout_s, max_workers=config.guided_compile_workers, device=device,
         jump_forward=config.guided_jump_forward)
     speculator = build_speculator(config, folder, mcfg, blocks, device, dtype, max_model_len, grammar=structured)
@@ -171,8 +171,11 @@ def build_speculator(config: EngineConfig, target_folder: Path, target: ModelCon
     return Speculator(proposer, config.num_speculative_tokens, config.speculative_adaptive, grammar=grammar)
 
 
-def xgrammar_backend(folder: Path, vocab_size: int, eos_token_ids: set[int]):
-    """The grammar layer for this checkpoint; built on the first guided request (on a compile thread)."""
+def xgrammar_backend(folder: Path, vocab_size: int, eos_token_ids: set[int], device: torch.device):
+    """The grammar layer for this checkpoint; built on the first guided request (on a compile thread).
+    Batched bitmask fills use xgrammar's threads (half the cores) on CUDA, one thread on the CPU, whose
+    cores the forward uses."""
     from postprocess.grammar import XGrammarBackend
 
-    return XGrammarBackend.from_folder(folder, vocab_size, sorted(eos_token_ids))
+    return XGrammarBackend.from_folder(folder, vocab_size, sorted(eos_token_ids),
+                                       fill_threads="auto" if device.type == "cuda" else 1)
