@@ -34,6 +34,17 @@ class EngineParts:
     structured_output: StructuredOutputManager | None = None   # grammar state of guided requests
 
 
+@dataclass(frozen=True)
+class FastDecode:
+    step: object | None    # NativeDecodeStep, or None (every step eager)
+    reason: str            # why None
+
+    def describe(self) -> str:
+        if self.step is None:
+            return self.reason
+        return f"native (library ready in {self.step.build_seconds:.1f} s)"
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -111,10 +122,11 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
                           sliding_window=uniform_window(windows))
     sampler = Sampler(vocab_size=mcfg.vocab_size, device=device, seed=config.seed, eos_token_ids=sorted(eos))
     attn = make_attention_backend(kv_cache, windows=windows)
-    runner = ModelRunner(model, kv_cache, attn, sampler, device)
+    fast = build_fast_decode(config, model, kv_cache, windows)
+    runner = ModelRunner(model, kv_cache, attn, sampler, device, fast_decode=fast.step)
     speculator = build_speculator(config, folder, mcfg, blocks, device, dtype, max_model_len)
     summary = load_summary(config, mcfg, model, kv_cache, device, dtype, max_model_len, windows,
-                           type(attn).__name__, speculator)
+                           type(attn).__name__, speculator) + f", fast decode {fast.describe()}"
     threads = (config.cpu_threads or torch.get_num_threads()) if device.type == "cpu" else 1
     structured = StructuredOutputManager(
         lambda: xgrammar_backend(folder, mcfg.vocab_size, eos), vocab_size=mcfg.vocab_size,
@@ -152,6 +164,15 @@ def load_summary(config: EngineConfig, mcfg: ModelConfig, model: LlamaForCausalL
             f"max_num_seqs {config.max_num_seqs}, max_num_batched_tokens {config.max_num_batched_tokens}, "
             f"prefix caching {'on' if config.enable_prefix_caching else 'off'}, stream_interval "
             f"{config.stream_interval}, attention {attention}, speculation {spec}")
+
+
+def build_fast_decode(config: EngineConfig, model: LlamaForCausalLM, kv_cache: KVCache, windows) -> FastDecode:
+    """The native decode step when ``config.fast_decode`` asks for it and it can serve this model."""
+    if not config.fast_decode:
+        return FastDecode(None, "off")
+    from backend.engine.native_decode import NativeDecodeStep
+    step = NativeDecodeStep.build(model, kv_cache, windows, scale=None)
+    return FastDecode(None, f"off ({step})") if isinstance(step, str) else FastDecode(step, "")
 
 
 def build_speculator(config: EngineConfig, target_folder: Path, target: ModelConfig, num_blocks: int,

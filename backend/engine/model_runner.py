@@ -15,6 +15,7 @@ from backend.attention.base import AttentionBackend
 from backend.attention.metadata import build_attention_metadata
 from backend.core.kv_cache import KVCache
 from backend.core.plan import ForwardOutput, ModelRunnerOutput, SchedulerOutput
+from backend.engine.decode_batch import decode_step_shape
 from backend.model.llama import LlamaForCausalLM
 from backend.sampling.batch import is_plain_greedy
 from backend.sampling.sampler import Sampler
@@ -41,12 +42,14 @@ def flat_input_ids(plan: SchedulerOutput) -> np.ndarray:
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, attn: AttentionBackend, sampler: Sampler,
-                 device: torch.device):
+                 device: torch.device, fast_decode=None):
+        """``fast_decode``: a step for pure decode/verify plans (``NativeDecodeStep``), or None (all eager)."""
         self.model = model
         self.kv_cache = kv_cache
         self.attn = attn
         self.sampler = sampler
         self.device = device
+        self.fast_decode = fast_decode
 
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> ForwardOutput:
@@ -54,6 +57,11 @@ class ModelRunner:
         self.sampler.drop(plan.finished_seq_ids)
         if plan.blocks_to_copy:
             self.kv_cache.copy_blocks(plan.blocks_to_copy)
+        fast = self.fast_decode
+        if fast is not None:
+            fast.batch.forget_plan(plan)   # every plan, so that rows never outlive their sequences
+            if decode_step_shape(plan):
+                return fast.run(plan)
         sched = plan.scheduled
         meta = build_attention_metadata(
             [s.seq.num_computed_tokens for s in sched], [s.num_new_tokens for s in sched],
