@@ -65,6 +65,9 @@ class PersistentDecodeBatch:
     def num_rows_in_use(self) -> int:
         return len(self._row_of)
 
+    def seq_ids(self) -> list[int]:
+        return list(self._row_of)
+
     def row_of(self, seq_id: int) -> int | None:
         return self._row_of.get(seq_id)
 
