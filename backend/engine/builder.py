@@ -42,7 +42,8 @@ class FastDecode:
     def describe(self) -> str:
         if self.step is None:
             return self.reason
-        return f"native (library ready in {self.step.build_seconds:.1f} s)"
+        kind = "CUDA graphs" if type(self.step).__name__ == "CudaGraphDecodeStep" else "native"
+        return f"{kind} (ready in {self.step.build_seconds:.1f} s)"
 
 
 def resolve_device(name: str) -> torch.device:
@@ -122,7 +123,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
                           sliding_window=uniform_window(windows))
     sampler = Sampler(vocab_size=mcfg.vocab_size, device=device, seed=config.seed, eos_token_ids=sorted(eos))
     attn = make_attention_backend(kv_cache, windows=windows)
-    fast = build_fast_decode(config, model, kv_cache, windows)
+    fast = build_fast_decode(config, model, kv_cache, windows, max_model_len)
     runner = ModelRunner(model, kv_cache, attn, sampler, device, fast_decode=fast.step)
     speculator = build_speculator(config, folder, mcfg, blocks, device, dtype, max_model_len)
     summary = load_summary(config, mcfg, model, kv_cache, device, dtype, max_model_len, windows,
@@ -166,12 +167,18 @@ def load_summary(config: EngineConfig, mcfg: ModelConfig, model: LlamaForCausalL
             f"{config.stream_interval}, attention {attention}, speculation {spec}")
 
 
-def build_fast_decode(config: EngineConfig, model: LlamaForCausalLM, kv_cache: KVCache, windows) -> FastDecode:
-    """The native decode step when ``config.fast_decode`` asks for it and it can serve this model."""
+def build_fast_decode(config: EngineConfig, model: LlamaForCausalLM, kv_cache: KVCache, windows,
+                      max_model_len: int) -> FastDecode:
+    """When ``config.fast_decode`` asks for it and it can serve this model: the native decode step on the
+    CPU, CUDA graphs (captured here) on CUDA."""
     if not config.fast_decode:
         return FastDecode(None, "off")
-    from backend.engine.native_decode import NativeDecodeStep
-    step = NativeDecodeStep.build(model, kv_cache, windows, scale=None)
+    if kv_cache.device.type == "cuda":
+        from backend.engine.cuda_graph_decode import CudaGraphDecodeStep
+        step = CudaGraphDecodeStep.build(model, kv_cache, windows, None, config.max_num_seqs, max_model_len)
+    else:
+        from backend.engine.native_decode import NativeDecodeStep
+        step = NativeDecodeStep.build(model, kv_cache, windows, scale=None)
     return FastDecode(None, f"off ({step})") if isinstance(step, str) else FastDecode(step, "")
 
 

@@ -15,7 +15,6 @@ from backend.attention.base import AttentionBackend
 from backend.attention.metadata import build_attention_metadata
 from backend.core.kv_cache import KVCache
 from backend.core.plan import ForwardOutput, ModelRunnerOutput, SchedulerOutput
-from backend.engine.decode_batch import decode_step_shape
 from backend.model.llama import LlamaForCausalLM
 from backend.sampling.batch import is_plain_greedy
 from backend.sampling.sampler import Sampler
@@ -43,7 +42,8 @@ def flat_input_ids(plan: SchedulerOutput) -> np.ndarray:
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, attn: AttentionBackend, sampler: Sampler,
                  device: torch.device, fast_decode=None):
-        """``fast_decode``: a step for pure decode/verify plans (``NativeDecodeStep``), or None (all eager)."""
+        """``fast_decode``: the step for the decode plans it ``accepts`` (``NativeDecodeStep`` on the CPU,
+        ``CudaGraphDecodeStep`` on CUDA), or None (every step eager)."""
         self.model = model
         self.kv_cache = kv_cache
         self.attn = attn
@@ -60,7 +60,7 @@ class ModelRunner:
         fast = self.fast_decode
         if fast is not None:
             fast.batch.forget_plan(plan)   # every plan, so that rows never outlive their sequences
-            if decode_step_shape(plan):
+            if fast.accepts(plan):
                 return fast.run(plan)
         sched = plan.scheduled
         meta = build_attention_metadata(

@@ -18,7 +18,7 @@ from torch import nn
 
 from backend.core.kv_cache import KVCache
 from backend.core.plan import ForwardOutput, SchedulerOutput
-from backend.engine.decode_batch import PersistentDecodeBatch
+from backend.engine.decode_batch import PersistentDecodeBatch, decode_step_shape
 from backend.model.llama import LlamaForCausalLM
 
 
@@ -101,6 +101,10 @@ class NativeDecodeStep:
         if not hasattr(build.ops, "decode_forward"):
             return "the native library has no decode_forward op"
         return cls(build.ops, model, kv_cache, scale, build_seconds=time.perf_counter() - t0)
+
+    def accepts(self, plan: SchedulerOutput) -> bool:
+        """Decode and verify steps (mixed prefill steps stay eager)."""
+        return decode_step_shape(plan)
 
     def run(self, plan: SchedulerOutput) -> ForwardOutput:
         """Logits of every token of a decode step (``decode_step_shape(plan)`` holds): ``[num_tokens, vocab]``."""
