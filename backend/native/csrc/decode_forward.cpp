@@ -36,6 +36,7 @@ void add_rms_norm(float* x, const float* delta, const float* weight, float* out,
       for (int64_t i = 0; i < D; ++i) xr[i] += dr[i];
     }
     float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
     for (int64_t i = 0; i < D; ++i) ss += xr[i] * xr[i];
     const float inv = 1.f / std::sqrt(ss / static_cast<float>(D) + static_cast<float>(eps));
     float* o = out + t * D;
@@ -84,28 +85,36 @@ void write_kv(const float* qkv, int64_t row_stride, int64_t num_heads, int64_t k
 }
 
 // out[t, h] = softmax(q[t, h] . K[0..pos] * scale) V[0..pos], the G = H / KVH query heads of one KV head
-// together (GQA: query head h reads KV head h / G). out: [T, H * head_dim].
+// together (GQA: query head h reads KV head h / G). Keys are walked block by block of the row's table
+// (no division per key). out: [T, H * head_dim].
 void paged_attention(const float* qkv, int64_t row_stride, int64_t num_heads, int64_t kv_heads,
                      int64_t head_dim, const int64_t* positions, const int32_t* token_rows, const Paged& paged,
                      const float* k_cache, const float* v_cache, float scale, float* out, int64_t T,
                      int64_t max_ctx) {
   const int64_t G = num_heads / kv_heads;
   const int64_t kv = kv_heads * head_dim;
+  const int64_t bs = paged.block_size;
   const int64_t grain = max_ctx * T >= 4096 ? 1 : T * kv_heads;  // small steps: one thread, no fork
   at::parallel_for(0, T * kv_heads, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(static_cast<size_t>(G * max_ctx));
     std::vector<float> acc(static_cast<size_t>(G * head_dim));
     for (int64_t w = begin; w < end; ++w) {
       const int64_t t = w / kv_heads, kvh = w % kv_heads;
-      const int64_t row = token_rows[t], ctx = positions[t] + 1;
+      const int64_t ctx = positions[t] + 1;
+      const int32_t* table = paged.block_tables + static_cast<int64_t>(token_rows[t]) * paged.width;
       const float* q = qkv + t * row_stride + kvh * G * head_dim;  // [G, head_dim]
-      for (int64_t j = 0; j < ctx; ++j) {
-        const float* k = k_cache + paged.slot(row, j) * kv + kvh * head_dim;
-        for (int64_t g = 0; g < G; ++g) {
-          const float* qg = q + g * head_dim;
-          float dot = 0.f;
-          for (int64_t d = 0; d < head_dim; ++d) dot += qg[d] * k[d];
-          scores[g * max_ctx + j] = dot * scale;
+      for (int64_t b = 0, j0 = 0; j0 < ctx; ++b, j0 += bs) {
+        const float* kb = k_cache + static_cast<int64_t>(table[b]) * bs * kv + kvh * head_dim;
+        const int64_t n = std::min(bs, ctx - j0);
+        for (int64_t o = 0; o < n; ++o) {
+          const float* k = kb + o * kv;
+          for (int64_t g = 0; g < G; ++g) {
+            const float* qg = q + g * head_dim;
+            float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t d = 0; d < head_dim; ++d) dot += qg[d] * k[d];
+            scores[g * max_ctx + j0 + o] = dot * scale;
+          }
         }
       }
       for (int64_t g = 0; g < G; ++g) {
@@ -113,20 +122,27 @@ void paged_attention(const float* qkv, int64_t row_stride, int64_t num_heads, in
         float m = -INFINITY;
         for (int64_t j = 0; j < ctx; ++j) m = std::max(m, sg[j]);
         float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
         for (int64_t j = 0; j < ctx; ++j) {
           sg[j] = std::exp(sg[j] - m);
           sum += sg[j];
         }
         const float inv = 1.f / sum;
+#pragma omp simd
         for (int64_t j = 0; j < ctx; ++j) sg[j] *= inv;
       }
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t j = 0; j < ctx; ++j) {
-        const float* v = v_cache + paged.slot(row, j) * kv + kvh * head_dim;
-        for (int64_t g = 0; g < G; ++g) {
-          const float p = scores[g * max_ctx + j];
-          float* a = acc.data() + g * head_dim;
-          for (int64_t d = 0; d < head_dim; ++d) a[d] += p * v[d];
+      for (int64_t b = 0, j0 = 0; j0 < ctx; ++b, j0 += bs) {
+        const float* vb = v_cache + static_cast<int64_t>(table[b]) * bs * kv + kvh * head_dim;
+        const int64_t n = std::min(bs, ctx - j0);
+        for (int64_t o = 0; o < n; ++o) {
+          const float* v = vb + o * kv;
+          for (int64_t g = 0; g < G; ++g) {
+            const float p = scores[g * max_ctx + j0 + o];
+            float* a = acc.data() + g * head_dim;
+#pragma omp simd
+            for (int64_t d = 0; d < head_dim; ++d) a[d] += p * v[d];
+          }
         }
       }
       std::copy(acc.begin(), acc.end(), out + t * num_heads * head_dim + kvh * G * head_dim);
@@ -140,6 +156,7 @@ void silu_mul(const float* gate_up, float* act, int64_t T, int64_t I) {
     const float* g = gate_up + t * 2 * I;
     const float* u = g + I;
     float* a = act + t * I;
+#pragma omp simd
     for (int64_t i = 0; i < I; ++i) a[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
   }
 }
