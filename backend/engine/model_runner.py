@@ -39,6 +39,21 @@ def flat_input_ids(plan: SchedulerOutput) -> np.ndarray:
     return np.fromiter((t for c in chunks for t in c), dtype=np.int64, count=plan.num_batched_tokens)
 
 
+def greedy_verify(argmax: list[int],         # the argmax of every row: a sequence's k + 1 rows, then the next's
+                  drafts: list[list[int]],   # per sequence, its k drafts
+                  ) -> list[list[int]]:
+    """The rejection rule for a greedy target (one-hot at its argmax, whatever the draft distribution): the
+    drafts that equal the argmax before them are accepted, then the argmax after the last accepted one."""
+    out, row = [], 0
+    for d in drafts:
+        a = 0
+        while a < len(d) and d[a] == argmax[row + a]:
+            a += 1
+        out.append(d[:a] + [argmax[row + a]])
+        row += len(d) + 1
+    return out
+
+
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, attn: AttentionBackend, sampler: Sampler,
                  device: torch.device, fast_decode=None):
@@ -114,6 +129,10 @@ class ModelRunner:
             return ModelRunnerOutput(sampled, logprobs)
         seqs = [sched[i].seq for i in order]
         drafts = [sched[i].seq.draft_token_ids[:sched[i].num_draft_tokens] for i in order]
+        if grammar_bitmask is None and all(is_plain_greedy(s) for s in seqs):   # no batch, no probabilities
+            for i, tokens in zip(order, greedy_verify(forward.logits.argmax(dim=-1).tolist(), drafts)):
+                sampled[i] = tokens
+            return ModelRunnerOutput(sampled, logprobs)
         qs = [draft_probs.get(s.seq_id) for s in seqs] if draft_probs else None
         result = self.sampler.verify(forward.logits, seqs, drafts, qs, grammar_bitmask)
         for j, i in enumerate(order):
