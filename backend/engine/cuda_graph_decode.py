@@ -41,6 +41,8 @@ def batch_buckets(max_num_seqs: int) -> list[int]:
 def unsupported_reason(model: LlamaForCausalLM, kv_cache: KVCache, windows) -> str | None:
     if kv_cache.device.type != "cuda":
         return "CUDA graphs need the KV cache on a CUDA device"
+    if kv_cache.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"a {kv_cache.dtype} KV cache runs eagerly"
     if any(w is not None for w in windows):
         return "sliding-window layers run eagerly"
     for layer in model.layers:
