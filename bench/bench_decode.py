@@ -30,8 +30,9 @@ from contracts.sampling_params import SamplingParams
 PROMPT, NEW = 64, 128
 
 
-def decode_tok_per_s(engine: LLMEngine, batch: int, seed: int) -> float:
-    """Tokens/s of the decode steps of one batch (prefill steps excluded)."""
+def decode_tok_per_s(engine: LLMEngine, batch: int, seed: int) -> tuple[float, float]:
+    """Tokens/s of the decode steps of one batch (prefill steps excluded), and the process's CPU seconds per
+    step over them (all threads; unlike wall time, not inflated while other jobs hold the cores)."""
     gen = torch.Generator().manual_seed(seed)
     params = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
     for i in range(batch):
@@ -40,12 +41,12 @@ def decode_tok_per_s(engine: LLMEngine, batch: int, seed: int) -> float:
     engine.step()
     while engine.stats().num_prefilling or engine.stats().num_waiting:
         engine.step()
-    t0, tokens0 = time.perf_counter(), engine.stats().steps
+    t0, cpu0, steps0 = time.perf_counter(), time.process_time(), engine.stats().steps
     while engine.has_work():
         engine.step()
-    seconds = time.perf_counter() - t0
-    steps = engine.stats().steps - tokens0
-    return batch * (NEW - 1) / seconds if steps else 0.0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    steps = max(1, engine.stats().steps - steps0)
+    return batch * (NEW - 1) / seconds, cpu / steps
 
 
 def main() -> None:
@@ -72,20 +73,28 @@ def main() -> None:
     for rep in range(args.repeats):
         for batch in batches:
             for key, engine in engines.items():
+                # torch's thread count is process-wide and each engine set it at build: give each its own
+                torch.set_num_threads(key[1])
+                engine.threads._current = key[1]   # what the engine's ThreadPolicy believes is set
                 samples.setdefault(key + (batch,), []).append(decode_tok_per_s(engine, batch, seed=rep))
-    med = {k: statistics.median(v) for k, v in samples.items()}
+    med = {k: statistics.median(tps for tps, _ in v) for k, v in samples.items()}
+    cpu_ms = {k: 1e3 * statistics.median(c for _, c in v) for k, v in samples.items()}
     rows = []
-    print(f"{'model':<28} {'batch':>5} {'thr':>3} {'eager tok/s':>11} {'fast tok/s':>10} {'fast/eager':>10}")
+    print(f"{'model':<28} {'batch':>5} {'thr':>3} {'eager tok/s':>11} {'fast tok/s':>10} {'fast/eager':>10} "
+          f"{'CPU ms/step eager / fast':>25}")
     for model in models:
         for batch in batches:
             for threads in thread_counts:
                 eager, fast = med[(model, threads, False, batch)], med[(model, threads, True, batch)]
                 rows.append({"model": model, "batch": batch, "threads": threads, "eager_tok_per_s": eager,
                              "fast_tok_per_s": fast, "fast_over_eager": fast / eager,
+                             "cpu_ms_per_step_eager": cpu_ms[(model, threads, False, batch)],
+                             "cpu_ms_per_step_fast": cpu_ms[(model, threads, True, batch)],
                              "samples_eager": samples[(model, threads, False, batch)],
                              "samples_fast": samples[(model, threads, True, batch)]})
                 print(f"{Path(model).name:<28} {batch:>5} {threads:>3} {eager:>11.0f} {fast:>10.0f} "
-                      f"{fast / eager:>10.2f}", flush=True)
+                      f"{fast / eager:>10.2f} {cpu_ms[(model, threads, False, batch)]:>12.2f} / "
+                      f"{cpu_ms[(model, threads, True, batch)]:.2f}", flush=True)
             if len(thread_counts) == 2:
                 lo, hi = thread_counts
                 for fast in (False, True):

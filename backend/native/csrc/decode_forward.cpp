@@ -94,7 +94,8 @@ void paged_attention(const float* qkv, int64_t row_stride, int64_t num_heads, in
   const int64_t G = num_heads / kv_heads;
   const int64_t kv = kv_heads * head_dim;
   const int64_t bs = paged.block_size;
-  const int64_t grain = max_ctx * T >= 4096 ? 1 : T * kv_heads;  // small steps: one thread, no fork
+  // a thread per 2^18 multiply-adds at least: a small step never forks
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, max_ctx * G * head_dim));
   at::parallel_for(0, T * kv_heads, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(static_cast<size_t>(G * max_ctx));
     std::vector<float> acc(static_cast<size_t>(G * head_dim));
@@ -164,9 +165,14 @@ void silu_mul(const float* gate_up, float* act, int64_t T, int64_t I) {
 // y[t, n] = w[n] . x[t] (+ bias[n]) for a few tokens: each weight row is read once from memory and
 // dotted with every token while it sits in L1 (a step of a few tokens is bound by weight bandwidth).
 // Rows are split across threads. x: [T, K], w: [N, K], y: [T, N].
+constexpr int64_t kGemvMacsPerThread = int64_t{1} << 20;
+
 void gemv_rows(const float* x, const float* w, const float* bias, float* y, int64_t T, int64_t N, int64_t K) {
-  const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 15) / std::max<int64_t>(1, K * T));
-  at::parallel_for(0, (N + 3) / 4, grain / 4 + 1, [&](int64_t begin, int64_t end) {
+  // a thread only for every kGemvMacsPerThread multiply-adds: small projections never fork (an OpenMP barrier
+  // per projection costs more than it saves there, and stalls whenever a thread is descheduled)
+  const int64_t groups = (N + 3) / 4;
+  const int64_t grain = std::max<int64_t>(1, kGemvMacsPerThread / std::max<int64_t>(1, 4 * K * T));
+  at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
     for (int64_t n4 = begin; n4 < end; ++n4) {
       const int64_t n = 4 * n4;
       if (n + 4 <= N) {
