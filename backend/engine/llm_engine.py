@@ -158,6 +158,7 @@ class LLMEngine:
 
     def step(self) -> None:
         """One iteration: take new requests and aborts, schedule, run the forward, sample, apply, stream."""
+        step_start = time.perf_counter()
         self._drain_inbox()
         if self.speculator is not None:
             self.speculator.release_gone(self.scheduler)
@@ -185,9 +186,10 @@ class LLMEngine:
             now = time.perf_counter()
             seconds = now - t0
             mark_step_done(plan, marks, output.sampled_token_ids, started, time.monotonic())
-            self.threads.observe(plan.num_batched_tokens, threads, seconds)
             self.scheduler.stream_interval = self.pacer.observe(now, sum(map(len, output.sampled_token_ids)))
             self._dispatch(self.scheduler.update_from_output(plan, output))
+            # the whole iteration: a second OpenMP thread that spins after the forward slows the Python around it
+            self.threads.observe(plan.num_batched_tokens, threads, time.perf_counter() - step_start)
             if so is not None and self.config.guided_jump_forward:
                 self._jump_forward(plan)
             self._steps += 1
