@@ -10,7 +10,8 @@ import pytest
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from contracts.tracing import ModelTracer, TracingConfigError, TracingSettings, parse_resource_attributes, trace_id_of
+from contracts.tracing import (ModelTracer, TracingConfigError, TracingSettings, format_traceparent,
+                              parse_resource_attributes, parse_traceparent, ratio_samples, trace_id_of)
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 PARENT = "b7ad6b7169203331"
@@ -127,6 +128,46 @@ def test_no_spans_without_a_sampled_parent():
     tracer.span("orphan", None, 1, 2)        # the parent-based sampler never starts a trace of its own
     tracer.shutdown()
     assert exporter.get_finished_spans() == ()
+
+
+@pytest.mark.parametrize("header, parsed", [
+    ("00-%s-%s-01" % (TRACE, PARENT), (int(TRACE, 16), int(PARENT, 16), True)),
+    (" 00-%s-%s-00 " % (TRACE, PARENT), (int(TRACE, 16), int(PARENT, 16), False)),
+    ("01-%s-%s-03-future" % (TRACE, PARENT), (int(TRACE, 16), int(PARENT, 16), True)),   # a later version
+    ("00-%s-%s-01-extra" % (TRACE, PARENT), None),    # version 00 has exactly four fields
+    ("ff-%s-%s-01" % (TRACE, PARENT), None), ("00-%s-%s-01" % ("0" * 32, PARENT), None),
+    ("00-%s-%s-01" % (TRACE, "0" * 16), None), ("00-%s-%s-01" % (TRACE[:-1], PARENT), None),
+    ("00-%s-%s-zz" % (TRACE, PARENT), None), ("", None), (None, None), ("garbage", None)])
+def test_traceparent_parsing(header, parsed):
+    got = parse_traceparent(header)
+    assert (got if got is None else (got.trace_id, got.span_id, got.sampled)) == parsed
+
+
+def test_traceparent_round_trip_and_new_contexts():
+    assert format_traceparent(int(TRACE, 16), int(PARENT, 16)) == "00-%s-%s-01" % (TRACE, PARENT)
+    tracer = make_tracer()
+    parent = tracer.parent(CONTEXT)
+    child, root = tracer.new_context(parent), tracer.new_context()
+    assert child.trace_id == parent.trace_id and child.span_id not in (0, parent.span_id) and child.trace_flags.sampled
+    assert root.trace_id not in (0, parent.trace_id) and root.trace_flags.sampled
+    tracer.shutdown()
+
+
+def test_a_span_with_its_own_context_may_be_a_root():
+    exporter = InMemorySpanExporter()
+    tracer = make_tracer(exporter)
+    ctx = tracer.new_context()
+    assert tracer.span("server", None, 1, 2, kind="SERVER", context=ctx) == ctx
+    tracer.shutdown()
+    span, = exporter.get_finished_spans()
+    assert span.parent is None and span.context.span_id == ctx.span_id and span.kind.name == "SERVER"
+
+
+def test_ratio_sampling_of_new_traces_by_trace_id():
+    assert ratio_samples(2**64 - 1, 1.0) and not ratio_samples(0, 0.0)
+    low = 1 << 62                                   # low 64 bits: a quarter of the range
+    assert ratio_samples(low - 1, 0.25) and not ratio_samples(low, 0.25)
+    assert ratio_samples((123 << 64) | (low - 1), 0.25)   # the high 64 bits do not count
 
 
 class _HangingExporter:
