@@ -68,9 +68,9 @@ class TracingSettings:
     resource_attributes: tuple[tuple[str, str], ...] = ()
     sampler: str = "parentbased_always_on"
     ratio: float = 1.0                    # share of requests traced (from the sampler)
-    max_queue_size: int = 2048            # spans buffered per model process; more are dropped
-    max_export_batch_size: int = 512
-    schedule_delay_ms: int = 500
+    max_queue_size: int = 2048            # spans buffered per process (OTEL_BSP_MAX_QUEUE_SIZE); more are dropped
+    max_export_batch_size: int = 512      # OTEL_BSP_MAX_EXPORT_BATCH_SIZE: a full batch is exported at once
+    schedule_delay_ms: int = 5000         # OTEL_BSP_SCHEDULE_DELAY (the spec's default): the longest a span waits
     export_timeout_s: float = 3.0         # one export, retries included
 
     @classmethod
@@ -109,6 +109,22 @@ class TracingSettings:
                 kwargs["export_timeout_s"] = float(timeout) / 1000.0   # the spec's unit: milliseconds
             except ValueError:
                 raise TracingConfigError(f"OTEL_EXPORTER_OTLP_TIMEOUT: expected milliseconds, got {timeout!r}") from None
+        for var, name in (("OTEL_BSP_MAX_QUEUE_SIZE", "max_queue_size"),
+                          ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "max_export_batch_size"),
+                          ("OTEL_BSP_SCHEDULE_DELAY", "schedule_delay_ms")):
+            raw = env.get(var, "").strip()
+            if raw:
+                try:
+                    kwargs[name] = int(raw)
+                except ValueError:
+                    raise TracingConfigError(f"{var}: expected a whole number, got {raw!r}") from None
+                if kwargs[name] <= 0:
+                    raise TracingConfigError(f"{var}: must be > 0, got {raw!r}")
+        queue, batch = kwargs.get("max_queue_size", cls.max_queue_size), kwargs.get("max_export_batch_size",
+                                                                                     cls.max_export_batch_size)
+        if batch > queue:
+            raise TracingConfigError(f"OTEL_BSP_MAX_EXPORT_BATCH_SIZE: {batch} is more than the queue "
+                                     f"(OTEL_BSP_MAX_QUEUE_SIZE {queue})")
         return cls(url, service, resource, sampler, ratio, **kwargs)
 
     @property

@@ -47,6 +47,27 @@ def test_endpoint_variants():
     assert s.resource_attributes == (("deployment.environment", "prod"), ("team", "ml"))
 
 
+def test_batch_span_processor_settings_from_the_environment_reach_triton_too():
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}
+    s = TracingSettings.from_env(env)
+    assert (s.max_queue_size, s.max_export_batch_size, s.schedule_delay_ms) == (2048, 512, 5000)   # the spec's
+    s = TracingSettings.from_env({**env, "OTEL_BSP_SCHEDULE_DELAY": "250", "OTEL_BSP_MAX_QUEUE_SIZE": "100",
+                                  "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "50"})
+    assert (s.max_queue_size, s.max_export_batch_size, s.schedule_delay_ms) == (100, 50, 250)
+    args = s.triton_args()
+    for flag in ("opentelemetry,bsp_schedule_delay=250", "opentelemetry,bsp_max_queue_size=100",
+                 "opentelemetry,bsp_max_export_batch_size=50"):
+        assert flag in args
+    tracer = ModelTracer(s, "llm", exporter=InMemorySpanExporter())
+    assert (tracer.processor._batch_processor._schedule_delay, tracer.processor._batch_processor._max_queue_size,
+            tracer.processor._batch_processor._max_export_batch_size) == (0.25, 100, 50)
+    tracer.shutdown()
+    for var, value in (("OTEL_BSP_SCHEDULE_DELAY", "soon"), ("OTEL_BSP_MAX_QUEUE_SIZE", "0"),
+                       ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4096")):
+        with pytest.raises(TracingConfigError, match="^" + var):
+            TracingSettings.from_env({**env, var: value})
+
+
 @pytest.mark.parametrize("sampler,arg,ratio,rate", [
     ("", "", 1.0, 1), ("always_on", "", 1.0, 1), ("parentbased_always_on", "", 1.0, 1),
     ("traceidratio", "0.25", 0.25, 4), ("parentbased_traceidratio", "0.1", 0.1, 10),
