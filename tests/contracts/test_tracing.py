@@ -10,8 +10,16 @@ import pytest
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from contracts.tracing import (ModelTracer, TracingConfigError, TracingSettings, format_traceparent,
-                              parse_resource_attributes, parse_traceparent, ratio_samples, trace_id_of)
+from contracts.tracing import (
+    ModelTracer,
+    TracingConfigError,
+    TracingSettings,
+    format_traceparent,
+    parse_resource_attributes,
+    parse_traceparent,
+    ratio_samples,
+    trace_id_of,
+)
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 PARENT = "b7ad6b7169203331"
@@ -151,21 +159,24 @@ def test_no_spans_without_a_sampled_parent():
     assert exporter.get_finished_spans() == ()
 
 
+ZERO_TRACE, ZERO_SPAN = "0" * 32, "0" * 16
+
+
 @pytest.mark.parametrize("header, parsed", [
-    ("00-%s-%s-01" % (TRACE, PARENT), (int(TRACE, 16), int(PARENT, 16), True)),
-    (" 00-%s-%s-00 " % (TRACE, PARENT), (int(TRACE, 16), int(PARENT, 16), False)),
-    ("01-%s-%s-03-future" % (TRACE, PARENT), (int(TRACE, 16), int(PARENT, 16), True)),   # a later version
-    ("00-%s-%s-01-extra" % (TRACE, PARENT), None),    # version 00 has exactly four fields
-    ("ff-%s-%s-01" % (TRACE, PARENT), None), ("00-%s-%s-01" % ("0" * 32, PARENT), None),
-    ("00-%s-%s-01" % (TRACE, "0" * 16), None), ("00-%s-%s-01" % (TRACE[:-1], PARENT), None),
-    ("00-%s-%s-zz" % (TRACE, PARENT), None), ("", None), (None, None), ("garbage", None)])
+    (f"00-{TRACE}-{PARENT}-01", (int(TRACE, 16), int(PARENT, 16), True)),
+    (f" 00-{TRACE}-{PARENT}-00 ", (int(TRACE, 16), int(PARENT, 16), False)),
+    (f"01-{TRACE}-{PARENT}-03-future", (int(TRACE, 16), int(PARENT, 16), True)),   # a later version
+    (f"00-{TRACE}-{PARENT}-01-extra", None),    # version 00 has exactly four fields
+    (f"ff-{TRACE}-{PARENT}-01", None), (f"00-{ZERO_TRACE}-{PARENT}-01", None),
+    (f"00-{TRACE}-{ZERO_SPAN}-01", None), (f"00-{TRACE[:-1]}-{PARENT}-01", None),
+    (f"00-{TRACE}-{PARENT}-zz", None), ("", None), (None, None), ("garbage", None)])
 def test_traceparent_parsing(header, parsed):
     got = parse_traceparent(header)
     assert (got if got is None else (got.trace_id, got.span_id, got.sampled)) == parsed
 
 
 def test_traceparent_round_trip_and_new_contexts():
-    assert format_traceparent(int(TRACE, 16), int(PARENT, 16)) == "00-%s-%s-01" % (TRACE, PARENT)
+    assert format_traceparent(int(TRACE, 16), int(PARENT, 16)) == f"00-{TRACE}-{PARENT}-01"
     tracer = make_tracer()
     parent = tracer.parent(CONTEXT)
     child, root = tracer.new_context(parent), tracer.new_context()
