@@ -120,11 +120,11 @@ class TracingSettings:
                     raise TracingConfigError(f"{var}: expected a whole number, got {raw!r}") from None
                 if kwargs[name] <= 0:
                     raise TracingConfigError(f"{var}: must be > 0, got {raw!r}")
-        queue, batch = kwargs.get("max_queue_size", cls.max_queue_size), kwargs.get("max_export_batch_size",
-                                                                                     cls.max_export_batch_size)
-        if batch > queue:
-            raise TracingConfigError(f"OTEL_BSP_MAX_EXPORT_BATCH_SIZE: {batch} is more than the queue "
-                                     f"(OTEL_BSP_MAX_QUEUE_SIZE {queue})")
+        queue_size = kwargs.get("max_queue_size", cls.max_queue_size)
+        batch_size = kwargs.get("max_export_batch_size", cls.max_export_batch_size)
+        if batch_size > queue_size:
+            raise TracingConfigError(f"OTEL_BSP_MAX_EXPORT_BATCH_SIZE: {batch_size} is more than the queue "
+                                     f"(OTEL_BSP_MAX_QUEUE_SIZE {queue_size})")
         return cls(url, service, resource, sampler, ratio, **kwargs)
 
     @property

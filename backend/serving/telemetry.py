@@ -4,8 +4,9 @@ The llm model's engine callback builds a ``FinishedRequest`` for each request's 
 hands it to ``RequestTelemetry.submit`` (a non-blocking put). One telemetry thread then records the
 metrics (each observation is a round trip to the server process), writes the JSON log line and,
 when the request was traced, makes its spans; and, at most every ``period_s`` while requests finish,
-runs the periodic work (publishing the inter-token histogram's accumulated counts). The queue is bounded: if the thread ever falls that
-far behind, records are dropped and counted (``dropped``) rather than slowing the engine.
+it runs the periodic work (publishing the inter-token histogram's accumulated counts). The queue is
+bounded: if the thread ever falls that far behind, records are dropped and counted (``dropped``)
+rather than slowing the engine.
 """
 from __future__ import annotations
 
