@@ -223,3 +223,34 @@ def test_every_rpc_gets_a_span_and_generate_names_the_served_checkpoint(tmp_path
                    for s in spans.values())
         assert spans["triton_llm.v1.LLMService/Tokenize", "FAILED_PRECONDITION"].attributes["rpc.method"] == "Tokenize"
     run(body())
+
+
+def test_a_hanging_collector_delays_neither_calls_nor_shutdown():
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held = []
+    threading.Thread(target=lambda: held.append(listener.accept()), daemon=True).start()   # and never answers
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1/traces"
+
+    async def body():
+        tracing = TracingSettings(url, schedule_delay_ms=10, export_timeout_s=30.0)   # an export that would hang
+        async with harness(tracing=tracing) as (_, stub, _, _):
+            t0 = time.monotonic()
+            for _ in range(3):
+                out = await collect(stub.Generate(pb.GenerateRequest(prompt="x", max_tokens=2),
+                                                  metadata=(("traceparent", CALLER),)))
+                assert "".join(m.text for m in out) == "hello world"
+            assert time.monotonic() - t0 < 5
+            await asyncio.sleep(0.2)           # the exporter is now stuck in its first export
+            t0 = time.monotonic()
+        return time.monotonic() - t0           # the harness's exit: gw.stop(), which flushes the spans
+    try:
+        took = run(body())
+        assert held, "the exporter never reached the collector"
+        assert took < 5, f"the gateway took {took:.1f}s to stop with a hanging collector"
+    finally:
+        listener.close()
