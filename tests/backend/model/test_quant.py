@@ -32,7 +32,7 @@ def test_int4_packs_two_per_byte_and_errs_at_most_half_a_step_per_group():
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_layer_is_a_matmul_with_its_dequantized_weight(mode):
     lin = torch.nn.Linear(64, 48, bias=True)
-    q = QuantLinear(lin, mode, 16, {})
+    q = QuantLinear.from_linear(lin, mode, 16, {})
     x = torch.randn(5, 64)
     assert torch.allclose(q.forward(x), torch.nn.functional.linear(x, q.dequantized(), lin.bias), atol=1e-5)
     assert q.nbytes < lin.weight.numel() * 4 / (3.5 if mode == "int8" else 5)   # int4 at group 16: 6 bits a weight
@@ -68,7 +68,7 @@ def test_engine_greedy_equals_dense_decoding_of_the_dequantized_model(tiny_check
 
 def test_chunked_int8_decode_path_equals_the_whole_layer():
     lin = torch.nn.Linear(1024, 700, bias=True)       # 512 KiB chunks of 1024 fp32 columns: 128 rows, 6 chunks
-    q = QuantLinear(lin, "int8", 0, {})
+    q = QuantLinear.from_linear(lin, "int8", 0, {})
     assert q.chunk_rows < q.out_features
     x = torch.randn(3, 1024)
     whole = torch.nn.functional.linear(x, q.dequantized(), lin.bias)
