@@ -12,8 +12,9 @@ once), when they are built and the layer fits them (fp32 compute; int4 groups a 
 int8 a multiple of 16). Otherwise (larger batches, where the matmul is compute-bound, or no native build)
 the layer's integers are converted into a reused full-precision buffer shared by all layers of the same
 shape, then one matmul; per-channel int8 at few tokens converts cache-sized row blocks at a time. fp8
-needs CUDA (the CPU converts float8 in software, 40x slower than int8); on CUDA every mode is dequantized
-to the compute dtype (a fused kernel is future work). The embedding and LM head stay in full precision.
+needs CUDA (the CPU converts float8 in software, 40x slower than int8). On CUDA, int8/int4 inputs of up to
+``FEW_TOKENS`` tokens go to the Triton GEMV (``backend/model/quant_triton.py``), larger ones and fp8 are
+dequantized to the compute dtype. The embedding and LM head stay in full precision.
 """
 from __future__ import annotations
 
@@ -92,6 +93,10 @@ class QuantLinear(nn.Module):
         self.bias = bias
         self._workspace = workspace        # (shape, dtype, device) -> buffer, shared with the model's other layers
         self._native = native if native_kernel_fits(weight, compute_dtype, weight.qweight.device) else None
+        self._triton_gemv = None
+        if weight.qweight.device.type == "cuda" and weight.mode in ("int8", "int4"):
+            from backend.model.quant_triton import triton_quant_gemv
+            self._triton_gemv = triton_quant_gemv
         itemsize = torch.empty((), dtype=compute_dtype).element_size()
         self.chunk_rows = max(16, CHUNK_BYTES // (self.in_features * itemsize))
 
@@ -124,6 +129,8 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:   # x [num_tokens, in] -> [num_tokens, out]
         if self._native is not None and x.shape[0] <= FEW_TOKENS:
             return self._native_forward(x.contiguous())
+        if self._triton_gemv is not None and x.shape[0] <= FEW_TOKENS:
+            return self._triton_gemv(x, self.qweight, self.scale, self.zeros, self.bias, self.mode)
         if self.mode == "int4" or self.scale.shape[1] > 1:
             return F.linear(x, self.dequantized(), self.bias)
         if x.shape[0] <= FEW_TOKENS and self.chunk_rows < self.out_features and x.device.type == "cpu":

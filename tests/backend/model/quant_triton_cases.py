@@ -1,0 +1,39 @@
+"""The Triton weight-only GEMV (backend/model/quant_triton.py) under the interpreter, against a matmul with
+the dequantized weight. Run by ``test_quant_triton.py`` in a fresh process with ``TRITON_INTERPRET=1``."""
+import os
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    raise RuntimeError("run with TRITON_INTERPRET=1 (see test_quant_triton.py)")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from backend.model.quant_pack import dequantize_int4, dequantize_int8, pack_int4  # noqa: E402
+from backend.model.quant_triton import triton_quant_gemv  # noqa: E402
+
+
+@pytest.mark.parametrize("tokens", [1, 3])
+@pytest.mark.parametrize("out_f,in_f,groups", [(37, 96, 1), (40, 130, 1), (33, 256, 4)])
+def test_int8(tokens, out_f, in_f, groups):
+    torch.manual_seed(out_f + tokens)
+    q = torch.randint(-127, 128, (out_f, in_f), dtype=torch.int8)
+    scale = torch.rand(out_f, groups) * 0.01
+    x, bias = torch.randn(tokens, in_f), torch.randn(out_f)
+    w = dequantize_int8(q, scale, torch.empty(out_f, in_f))
+    torch.testing.assert_close(triton_quant_gemv(x, q, scale, None, bias, "int8"), F.linear(x, w, bias),
+                               atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("tokens", [1, 2])
+@pytest.mark.parametrize("out_f,in_f,group", [(37, 128, 32), (20, 192, 64), (9, 48, 16), (33, 70, 10)])
+@pytest.mark.parametrize("asymmetric", [False, True])
+def test_int4(tokens, out_f, in_f, group, asymmetric):
+    torch.manual_seed(out_f + tokens)
+    packed = pack_int4(torch.randint(0, 16, (out_f, in_f)))      # blocks of 32, or pairs when 32 does not divide
+    scale = torch.rand(out_f, in_f // group) * 0.1
+    zeros = torch.randint(0, 17, scale.shape).float() if asymmetric else None
+    x = torch.randn(tokens, in_f)
+    w = dequantize_int4(packed, scale, torch.empty(out_f, in_f), zeros)
+    torch.testing.assert_close(triton_quant_gemv(x, packed, scale, zeros, None, "int4"), F.linear(x, w),
+                               atol=1e-4, rtol=1e-4)
