@@ -117,7 +117,8 @@ def quant_gemv(out: dict) -> None:
         err = float((y.float() - ref).abs().max() / ref.abs().max())
         times = {}
         for name, fn in (("bf16", lambda: torch.nn.functional.linear(x, lin.weight)),
-                         (mode, lambda: triton_quant_gemv(x, q.qweight, q.scale, q.zeros, None, mode))):
+                         (mode, lambda q=q, mode=mode: triton_quant_gemv(x, q.qweight, q.scale, q.zeros, None,
+                                                                         mode))):
             for _ in range(5):
                 fn()
             torch.cuda.synchronize()

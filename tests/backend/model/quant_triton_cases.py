@@ -5,12 +5,12 @@ import os
 if os.environ.get("TRITON_INTERPRET") != "1":
     raise RuntimeError("run with TRITON_INTERPRET=1 (see test_quant_triton.py)")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import pytest
+import torch
+import torch.nn.functional as F
 
-from backend.model.quant_pack import dequantize_int4, dequantize_int8, pack_int4  # noqa: E402
-from backend.model.quant_triton import triton_quant_gemv  # noqa: E402
+from backend.model.quant_pack import dequantize_int4, dequantize_int8, pack_int4
+from backend.model.quant_triton import triton_quant_gemv
 
 
 @pytest.mark.parametrize("tokens", [1, 3])

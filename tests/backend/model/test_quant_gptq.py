@@ -58,7 +58,7 @@ def test_loaded_weights_are_gptqs_dequantization_exactly(tiny_checkpoint, tmp_pa
         ref = torch.cat([reference_weight(tiny_checkpoint, n, bits, 64 if group == -1 and "down" not in n else
                                           (128 if group == -1 else group), sym) for n in names])
         assert torch.equal(layer.dequantized(), ref), key
-    assert (getattr(model.layers[0].mlp, "gate_up_proj").zeros is None) == (sym or bits == 8)
+    assert (model.layers[0].mlp.gate_up_proj.zeros is None) == (sym or bits == 8)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
