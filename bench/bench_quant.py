@@ -3,7 +3,8 @@
 On the demo target: held-out perplexity and its delta, greedy agreement (share of identical first
 tokens and mean identical prefix over held-out prompts, 32 tokens each), a long-context retrieval
 probe (the mean log-probability of a fact planted early in a ~900-token prompt, re-quoted at the end),
-and decode tokens/s at batch 1 and 32. On the 82M-class random model (tools/make_random_llama.py,
+and decode tokens/s at batch 1 and 32. One 2048 x 768 layer at one token, weights out of cache: us per
+call (the native int8/int4 kernels when built). On the 82M-class random model (tools/make_random_llama.py,
 whose 330 MB of fp32 weights do not fit in cache): tokens/s at batch 1. KV-cache quantization is
 not built, so KV capacity is the same in every mode (reported).
 
@@ -88,6 +89,29 @@ def tok_per_s(engine: LLMEngine, prompts: list[list[int]], batch: int, tokens: i
     return batch * tokens / (time.perf_counter() - t)
 
 
+@torch.inference_mode()
+def layer_us(out_f: int = 2048, in_f: int = 768, copies: int = 24, reps: int = 20) -> dict:
+    """One token through a 2048 x 768 layer, weights out of cache (24 copies in turn): us per layer."""
+    from backend.model.quant import QuantLinear, native_ops_for
+    native = native_ops_for(torch.device("cpu"))
+    lins = [torch.nn.Linear(in_f, out_f, bias=False) for _ in range(copies)]
+    x = torch.randn(1, in_f)
+    layers = {"none": [lambda lin=lin: torch.nn.functional.linear(x, lin.weight) for lin in lins]}
+    for mode in ("int8", "int4"):
+        qs = [QuantLinear.from_linear(lin, mode, 64, {}, native) for lin in lins]
+        layers[mode] = [lambda q=q: q.forward(x) for q in qs]
+    res = {}
+    for mode, fns in layers.items():
+        for f in fns:
+            f()
+        t = time.perf_counter()
+        for _ in range(reps):
+            for f in fns:
+                f()
+        res[mode] = (time.perf_counter() - t) / reps / copies * 1e6
+    return res
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(ROOT / "models/demo-target"))
@@ -125,6 +149,12 @@ def main(argv=None) -> int:
               f"{row['first_token_agreement']:.2f}  identical prefix {row['mean_identical_prefix']:.1f}  "
               f"retrieval {row['retrieval_logprob']:.3f}  b1 {row['tok_per_s_b1']:.0f} tok/s  "
               f"b32 {row['tok_per_s_b32']:.0f} tok/s  KV blocks {row['kv_blocks']}", flush=True)
+    from backend.native import native_ops
+    build = native_ops()
+    result["native_kernels"] = "built" if build.available else build.reason
+    result["layer_us"] = layer = layer_us()
+    print(f"2048x768 layer, 1 token, out of cache (native kernels: {result['native_kernels']}): "
+          + "  ".join(f"{m} {us:.0f} us (x{layer['none'] / us:.2f})" for m, us in layer.items()), flush=True)
     big = Path(args.big)
     if not (big / "model.safetensors").is_file():
         make_random_llama(big)
