@@ -4,7 +4,8 @@ On the demo target: held-out perplexity and its delta, greedy agreement (share o
 tokens and mean identical prefix over held-out prompts, 32 tokens each), a long-context retrieval
 probe (the mean log-probability of a fact planted early in a ~900-token prompt, re-quoted at the end),
 and decode tokens/s at batch 1 and 32. One 2048 x 768 layer at one token, weights out of cache: us per
-call (the native int8/int4 kernels when built). On the 82M-class random model (tools/make_random_llama.py,
+call (the native int8/int4 kernels when built; "int4 (b)": the int4 kernel on int8-quantized activations,
+measured for comparison). On the 82M-class random model (tools/make_random_llama.py,
 whose 330 MB of fp32 weights do not fit in cache): tokens/s at batch 1. KV-cache quantization is
 not built, so KV capacity is the same in every mode (reported).
 
@@ -100,6 +101,8 @@ def layer_us(out_f: int = 2048, in_f: int = 768, copies: int = 24, reps: int = 2
     for mode in ("int8", "int4"):
         qs = [QuantLinear.from_linear(lin, mode, 64, {}, native) for lin in lins]
         layers[mode] = [lambda q=q: q.forward(x) for q in qs]
+    if native is not None:      # design (b): int8 activations and VNNI dot products (not what QuantLinear calls)
+        layers["int4 (b)"] = [lambda q=q: native.quant_gemv_int4_q8(x, q.qweight, q.scale, None, None) for q in qs]
     res = {}
     for mode, fns in layers.items():
         for f in fns:

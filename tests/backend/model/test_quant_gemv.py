@@ -100,3 +100,25 @@ def test_layers_the_kernel_does_not_fit_keep_the_torch_path():
     odd = QuantizedWeight("int8", torch.zeros(8, 96, dtype=torch.int8), torch.ones(8, 12), 8)
     assert not QuantLinear(odd, None, torch.float32, {}, BUILD.ops).uses_native_kernel      # groups of 8
     assert not QuantLinear.from_linear(lin.to(torch.bfloat16), "int8", 0, {}, BUILD.ops).uses_native_kernel
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 5, 8])
+@pytest.mark.parametrize("group", [64, 128])
+@pytest.mark.parametrize("asymmetric", [False, True], ids=["sym", "zeros"])
+def test_int4_with_int8_activations_errs_at_most_half_an_activation_step(threads, tokens, group, asymmetric):
+    """Design (b): x is quantized per (token, group) to int8 with step max|x| / 127, so each output is off by at
+    most sum over groups of step / 2 * sum |w| (plus float rounding)."""
+    torch.manual_seed(group * tokens)
+    out_f, in_f = 45, 384
+    packed = pack_int4(torch.randint(0, 16, (out_f, in_f)))
+    scale = torch.rand(out_f, in_f // group) * 0.1
+    zeros = torch.randint(0, 17, scale.shape).float() if asymmetric else None
+    x = torch.randn(tokens, in_f)
+    w = dequantize_int4(packed, scale, torch.empty(out_f, in_f), zeros)
+    step = x.view(tokens, -1, group).abs().amax(2) / 127                       # [tokens, groups]
+    bound = (step / 2) @ w.abs().view(out_f, -1, group).sum(2).t() * 1.001 + 1e-5
+    y = BUILD.ops.quant_gemv_int4_q8(x, packed, scale, zeros, None)
+    err = (y - F.linear(x, w)).abs()
+    assert (err <= bound).all() and err.max() > 0                              # inexact, within the bound
+    with pytest.raises(RuntimeError, match="multiple of 64"):
+        BUILD.ops.quant_gemv_int4_q8(x, packed, torch.ones(out_f, in_f // 32), None, None)
