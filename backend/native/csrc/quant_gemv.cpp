@@ -53,6 +53,8 @@ inline void int8_rows(const float* x, int64_t in, const int8_t* q, int64_t o, co
       for (int r = 0; r < R; ++r) part[t][r] = _mm512_setzero_ps();
     const int64_t begin = g * group, end = begin + group, full = begin + ((end - begin) & ~int64_t(15));
     for (int64_t i = begin; i < full; i += 16) {
+      if ((i & 63) == 0)  // the next step's rows, one step ahead (the hardware prefetcher alone lags)
+        for (int r = 0; r < R; ++r) _mm_prefetch((const char*)(q + (o + R + r) * in + i), _MM_HINT_T0);
       __m512 w[R];
       for (int r = 0; r < R; ++r)
         w[r] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(q + (o + r) * in + i))));
@@ -95,6 +97,8 @@ inline void int4_rows(const float* x, int64_t in, const uint8_t* p, int64_t o, c
       table[r] = _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps(zero)), _mm512_set1_ps(scale[(o + r) * groups + g]));
     }
     for (int64_t b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b) {
+      if ((b & 3) == 0)
+        for (int r = 0; r < R; ++r) _mm_prefetch((const char*)(p + (o + R + r) * row_bytes + b * 16), _MM_HINT_T0);
       __m512 lo[R], hi[R];
       for (int r = 0; r < R; ++r) {
         const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(p + (o + r) * row_bytes + b * 16)));
@@ -213,6 +217,8 @@ inline void int4_q8_rows(const QuantizedX& xq, int64_t in, const uint8_t* p, int
     for (int t = 0; t < NT; ++t)
       for (int r = 0; r < R; ++r) dot[t][r] = _mm512_setzero_si512();
     for (int64_t c = g * group; c < (g + 1) * group; c += kChunk) {
+      if ((c & 127) == 0)
+        for (int r = 0; r < R; ++r) _mm_prefetch((const char*)(p + (o + R + r) * row_bytes + c / 2), _MM_HINT_T0);
       __m512i xv[NT];
       for (int t = 0; t < NT; ++t) xv[t] = _mm512_loadu_si512(xq.q.data() + t * in + c);
       for (int r = 0; r < R; ++r) {
