@@ -14,7 +14,10 @@ the layer's integers are converted into a reused full-precision buffer shared by
 shape, then one matmul; per-channel int8 at few tokens converts cache-sized row blocks at a time. fp8
 needs CUDA (the CPU converts float8 in software, 40x slower than int8). On CUDA, int8/int4 inputs of up to
 ``FEW_TOKENS`` tokens go to the Triton GEMV (``backend/model/quant_triton.py``), larger ones and fp8 are
-dequantized to the compute dtype. The embedding and LM head stay in full precision.
+dequantized to the compute dtype. The embedding stays in full precision; in the int8 and int4 modes the
+LM head is quantized to int8 per output channel (at batch 1 it is read once a token like any projection:
+12.6 MB of fp32 on the 82M-class model, a quarter of what int4 reads otherwise); a tied head keeps the
+embedding's tensor and adds its int8 copy.
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ from backend.model.quant_pack import (  # noqa: F401  (re-exported: the formats'
 
 CHUNK_BYTES = 512 * 1024     # per-channel int8 without the native kernel: dequantize this much at a time
 FEW_TOKENS = 8               # inputs up to this many tokens take the native kernel (memory-bound GEMV)
+HEAD_INT8_MODES = ("int8", "int4")   # modes whose LM head is quantized too, to int8 per output channel
 
 
 @dataclass(frozen=True)
@@ -69,13 +73,21 @@ def quantize_weight(w: torch.Tensor, mode: str, group_size: int) -> QuantizedWei
     return QuantizedWeight(mode, q, scale[:, None], w.shape[1])
 
 
-def native_kernel_fits(weight: QuantizedWeight, compute_dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether quant_gemv.cpp serves this layer: fp32 on the CPU, int4 groups of 32k, grouped int8 of 16k."""
+def native_kernel(weight: QuantizedWeight, compute_dtype: torch.dtype, device: torch.device) -> str | None:
+    """The quant_gemv.cpp op that serves this layer for few tokens, or None (fp32 on the CPU only).
+
+    int4 groups of 64k columns: ``quant_gemv_int4_q8`` (the activations quantized to int8 per group, VNNI
+    dot products: less CPU time than dequantizing, see docs/quantization.md); groups of 32:
+    ``quant_gemv_int4`` (exact dequantize-and-FMA); int8 per channel or in groups of 16k: ``quant_gemv_int8``."""
     if device.type != "cpu" or compute_dtype != torch.float32:
-        return False
+        return None
     if weight.mode == "int4":
-        return weight.group_size % 32 == 0
-    return weight.mode == "int8" and (weight.scale.shape[1] == 1 or weight.group_size % 16 == 0)
+        if weight.group_size % 64 == 0:
+            return "quant_gemv_int4_q8"
+        return "quant_gemv_int4" if weight.group_size % 32 == 0 else None
+    if weight.mode == "int8" and (weight.scale.shape[1] == 1 or weight.group_size % 16 == 0):
+        return "quant_gemv_int8"
+    return None
 
 
 class QuantLinear(nn.Module):
@@ -92,7 +104,9 @@ class QuantLinear(nn.Module):
         self.register_buffer("zeros", None if weight.zeros is None else weight.zeros.to(compute_dtype).contiguous())
         self.bias = bias
         self._workspace = workspace        # (shape, dtype, device) -> buffer, shared with the model's other layers
-        self._native = native if native_kernel_fits(weight, compute_dtype, weight.qweight.device) else None
+        op = native_kernel(weight, compute_dtype, weight.qweight.device) if native is not None else None
+        self.native_op = op                # the quant_gemv.cpp op for few tokens, or None
+        self._native = getattr(native, op) if op else None
         self._triton_gemv = None
         if weight.qweight.device.type == "cuda" and weight.mode in ("int8", "int4"):
             from backend.model.quant_triton import triton_quant_gemv
@@ -107,10 +121,6 @@ class QuantLinear(nn.Module):
         dev = layer.weight.device
         weight = QuantizedWeight(mode, weight.qweight.to(dev), weight.scale.to(dev), weight.group_size)
         return cls(weight, layer.bias, layer.weight.dtype, workspace, native)
-
-    @property
-    def uses_native_kernel(self) -> bool:
-        return self._native is not None
 
     def _buffer(self, rows: int | None = None) -> torch.Tensor:  # [rows or out_features, in_features], shared by shape
         rows = rows or self.out_features
@@ -142,8 +152,8 @@ class QuantLinear(nn.Module):
 
     def _native_forward(self, x: torch.Tensor) -> torch.Tensor:  # x [n <= FEW_TOKENS, in] -> [n, out]
         if self.mode == "int4":
-            return self._native.quant_gemv_int4(x, self.qweight, self.scale, self.zeros, self.bias)
-        return self._native.quant_gemv_int8(x, self.qweight, self.scale, self.bias)
+            return self._native(x, self.qweight, self.scale, self.zeros, self.bias)
+        return self._native(x, self.qweight, self.scale, self.bias)
 
     def _chunked(self, x: torch.Tensor) -> torch.Tensor:  # x [n, in] -> [n, out] without the scale
         """Decode-sized inputs of a layer larger than the cache: convert and multiply a block of rows at a
@@ -227,4 +237,9 @@ def quantize_model(model: nn.Module, mode: str, group_size: int = 128) -> int:
         new = QuantLinear.from_linear(old, mode, group_size, workspace, native)
         saved += old.weight.numel() * old.weight.element_size() - new.nbytes
         setattr(module, name, new)
+    if mode in HEAD_INT8_MODES:
+        head = model.lm_head
+        model.lm_head = QuantLinear.from_linear(head, "int8", 0, workspace, native)
+        if not model.config.tie_word_embeddings:      # a tied head's tensor stays: it is the embedding
+            saved += head.weight.numel() * head.weight.element_size() - model.lm_head.nbytes
     return saved

@@ -56,6 +56,10 @@ def test_engine_greedy_equals_dense_decoding_of_the_dequantized_model(tiny_check
         for part, names in (("self_attn", ("qkv_proj", "o_proj")), ("mlp", ("gate_up_proj", "down_proj"))):
             for name in names:
                 getattr(getattr(layer_r, part), name).weight.copy_(getattr(getattr(layer_q, part), name).dequantized())
+    assert isinstance(quantized.lm_head, QuantLinear) and quantized.lm_head.mode == "int8"    # the head: int8
+    reference.lm_head = torch.nn.Linear(64, quantized.lm_head.out_features, bias=False)       # untied from the
+    reference.lm_head.weight.data = quantized.lm_head.dequantized().clone()                   # full-precision embedding
+    assert torch.equal(quantized.embed_tokens.weight, load_model(tiny_checkpoint).embed_tokens.weight)
     prompt = [0, 17, 230, 999, 45, 3000, 12]
     assert torch.allclose(dense_logits(quantized, prompt), dense_logits(reference, prompt), atol=1e-4)
     expected = dense_greedy(reference, prompt, 12, banned=(1,))
