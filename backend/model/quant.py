@@ -7,9 +7,10 @@ Modes (``EngineConfig.quantization``; the formats are defined in ``backend/model
 
 Decode at batch 1 reads every weight once per token, so narrower weights mean fewer bytes from memory.
 On the CPU, inputs of up to ``FEW_TOKENS`` tokens go to the native kernels (``backend/native/csrc/
-quant_gemv.cpp``: the integers are dequantized in registers and multiplied there, each weight byte read
-once), when they are built and the layer fits them (fp32 compute; int4 groups a multiple of 32, grouped
-int8 a multiple of 16). Otherwise (larger batches, where the matmul is compute-bound, or no native build)
+quant_gemv.cpp``, each weight byte read once: int8 and int4 at groups of 32 dequantized in registers, int4
+at groups of 64k multiplied in integers with the activations quantized to int8 per group, see
+``native_kernel``), when they are built and the layer fits them (fp32 compute; int4 groups a multiple of
+32, grouped int8 a multiple of 16). Otherwise (larger batches, where the matmul is compute-bound, or no native build)
 the layer's integers are converted into a reused full-precision buffer shared by all layers of the same
 shape, then one matmul; per-channel int8 at few tokens converts cache-sized row blocks at a time. fp8
 needs CUDA (the CPU converts float8 in software, 40x slower than int8). On CUDA, int8/int4 inputs of up to
