@@ -183,8 +183,8 @@ def check_supported_fields(d: dict, family: str, source: str = "config.json") ->
     if d.get("quantization_config"):
         method = (d["quantization_config"] or {}).get("quant_method", "?") \
             if isinstance(d["quantization_config"], dict) else "?"
-        if method != "gptq":   # GPTQ is read (and its settings checked) by backend/model/gptq.py
-            raise CheckpointError(f"{source}: quantized checkpoints other than GPTQ are not supported "
+        if method not in ("gptq", "awq"):   # read (and their settings checked) by backend/model/gptq.py, awq.py
+            raise CheckpointError(f"{source}: quantized checkpoints other than GPTQ and AWQ are not supported "
                                   f"(quantization_config, quant_method {method!r}); use a float16 / bfloat16 / "
                                   "float32 checkpoint")
     for where in (d, d.get("rope_scaling") or {}, d.get("rope_parameters") or {}):

@@ -18,12 +18,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from backend.model.config import CheckpointError
 from backend.model.quant import QuantizedWeight
 from backend.model.quant_pack import pack_int4
+
+if TYPE_CHECKING:
+    from backend.model.awq import AwqConfig
 
 GPTQ_BITS = (4, 8)
 FORMATS = {"gptq": 1, "gptq_v2": 0}    # checkpoint_format -> offset added to the stored zero points
@@ -49,7 +53,7 @@ class GptqConfig:
         method = q.get("quant_method", "gptq" if source.endswith("quantize_config.json") else None)
         if method != "gptq":
             raise CheckpointError(f"{source}: quantization_config.quant_method {method!r} is not supported "
-                                  "(pre-quantized checkpoints: gptq only); use a float16 / bfloat16 / float32 "
+                                  "(pre-quantized checkpoints: gptq, awq); use a float16 / bfloat16 / float32 "
                                   "checkpoint and the quantization parameter")
         bits, group = q.get("bits"), q.get("group_size", -1)
         if bits not in GPTQ_BITS or isinstance(bits, bool):
@@ -68,11 +72,22 @@ class GptqConfig:
     def group_for(self, in_features: int) -> int:
         return in_features if self.group_size == -1 else self.group_size
 
+    def tensor_shapes(self, shapes: dict[str, tuple[int, ...]]) -> tuple[dict, set]:
+        return gptq_tensor_shapes(shapes, self)
 
-def read_gptq_config(folder: Path, raw: dict) -> GptqConfig | None:
-    """The checkpoint's GPTQ settings (``config.json``'s quantization_config, else ``quantize_config.json``)."""
-    if raw.get("quantization_config"):
-        return GptqConfig.parse(raw["quantization_config"], str(folder / "config.json"))
+    def weights(self, num_layers: int, hf: dict[str, torch.Tensor]) -> dict[str, QuantizedWeight]:
+        return gptq_weights(num_layers, hf, self)
+
+
+def read_gptq_config(folder: Path, raw: dict) -> GptqConfig | AwqConfig | None:
+    """The checkpoint's pre-quantization settings: ``config.json``'s quantization_config (GPTQ, or AWQ:
+    ``backend/model/awq.py``), else AutoGPTQ's ``quantize_config.json``; None for a float checkpoint."""
+    q = raw.get("quantization_config")
+    if isinstance(q, dict) and q.get("quant_method") == "awq":
+        from backend.model.awq import AwqConfig
+        return AwqConfig.parse(q, str(folder / "config.json"))
+    if q:
+        return GptqConfig.parse(q, str(folder / "config.json"))
     legacy = folder / "quantize_config.json"
     if legacy.is_file():
         try:

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from backend.model.config import CheckpointError, ModelConfig
-from backend.model.gptq import gptq_tensor_shapes, gptq_weights, read_gptq_config
+from backend.model.gptq import read_gptq_config
 from backend.model.llama import LlamaForCausalLM
 from backend.model.quant import QuantizedWeight, QuantLinear, native_ops_for
 
@@ -164,14 +164,14 @@ def load_model(folder: str | Path, dtype: torch.dtype | None = None, device: str
     if vocab > cfg.vocab_size:
         raise CheckpointError(
             f"{folder / 'tokenizer.json'}: tokenizer has {vocab} ids but the embedding has {cfg.vocab_size} rows")
-    gptq = read_gptq_config(folder, json.loads((folder / "config.json").read_text()))
+    prequantized = read_gptq_config(folder, json.loads((folder / "config.json").read_text()))
     quantized: dict[str, QuantizedWeight] = {}
-    if gptq is None:
+    if prequantized is None:
         hf = read_hf_tensors(folder, cfg)
-    else:  # projections arrive quantized: read GPTQ tensors, stand meta placeholders in for the float weights
-        expected, optional = gptq_tensor_shapes(hf_tensor_shapes(cfg), gptq)
+    else:  # projections arrive quantized (GPTQ, AWQ): read their tensors, stand meta placeholders in for the float weights
+        expected, optional = prequantized.tensor_shapes(hf_tensor_shapes(cfg))
         hf = read_hf_tensors(folder, cfg, expected, optional)
-        quantized = gptq_weights(cfg.num_hidden_layers, hf, gptq)
+        quantized = prequantized.weights(cfg.num_hidden_layers, hf)
         hf.update({k: torch.empty(v, device="meta") for k, v in hf_tensor_shapes(cfg).items() if k not in hf})
     if dtype is None:
         dtype = torch.float32 if torch.device(device).type == "cpu" else cfg.dtype

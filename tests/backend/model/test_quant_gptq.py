@@ -95,7 +95,7 @@ def edit_config(ckpt, **changes):
 
 
 @pytest.mark.parametrize("changes,message", [
-    ({"quant_method": "awq"}, r"config\.json: quantized checkpoints other than GPTQ .*'awq'"),
+    ({"quant_method": "bitsandbytes"}, r"config\.json: quantized checkpoints other than GPTQ and AWQ .*'bitsandbytes'"),
     ({"bits": 3}, r"config\.json: quantization_config\.bits 3 is not supported"),
     ({"group_size": 48}, r"config\.json: quantization_config\.group_size 48 does not divide model\.layers\.0\."),
     ({"checkpoint_format": "marlin"}, r"checkpoint_format 'marlin' is not supported"),
