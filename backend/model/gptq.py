@@ -9,7 +9,7 @@ column): ``w[o, i] = (n[i, o] - zero[g, o]) * scale[g, o]`` with ``g = g_idx[i]`
 Mapping (exact: the dequantized weights equal GPTQ's own dequantization):
 - 4 bits -> our int4 with per-group zero points (None when every zero is 8, the symmetric case);
 - 8 bits -> our int8 with per-group scales, ``q = n - 128``; only symmetric checkpoints (every zero 128).
-Refused with the file and field named: another ``quant_method`` (awq, bitsandbytes, ...), other bit
+Refused with the file and field named: another ``quant_method`` (bitsandbytes, ...; AWQ: awq.py), other bit
 widths, a group size that does not divide a layer, a quantized ``lm_head``, and act-order checkpoints
 whose ``g_idx`` is not the plain grouping ``i // group_size`` (their columns would need reordering).
 """
