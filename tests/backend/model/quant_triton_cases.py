@@ -37,3 +37,21 @@ def test_int4(tokens, out_f, in_f, group, asymmetric):
     w = dequantize_int4(packed, scale, torch.empty(out_f, in_f), zeros)
     torch.testing.assert_close(triton_quant_gemv(x, packed, scale, zeros, None, "int4"), F.linear(x, w),
                                atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_half_precision_inputs_and_scales(mode):
+    """As on CUDA: x, scales and output in the compute dtype (fp16 here: the interpreter computes bf16 wrongly)."""
+    torch.manual_seed(7)
+    out_f, in_f, group = 40, 128, 32
+    scale = (torch.rand(out_f, in_f // group) * 0.05).half()
+    if mode == "int8":
+        q = torch.randint(-127, 128, (out_f, in_f), dtype=torch.int8)
+        w = dequantize_int8(q, scale.float(), torch.empty(out_f, in_f))
+    else:
+        q = pack_int4(torch.randint(0, 16, (out_f, in_f)))
+        w = dequantize_int4(q, scale.float(), torch.empty(out_f, in_f))
+    x = torch.randn(2, in_f).half()
+    y = triton_quant_gemv(x, q, scale, None, None, mode)
+    assert y.dtype == torch.float16
+    torch.testing.assert_close(y.float(), F.linear(x.float(), w), atol=2e-2, rtol=1e-2)
