@@ -8,7 +8,14 @@ import torch
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine, output_token_ids
 from backend.model.loader import load_model
-from backend.model.quant import QuantLinear, dequantize_int4, quantize_int4, quantize_int8, quantize_model
+from backend.model.quant import (
+    QuantLinear,
+    dequantize_int4,
+    linear_targets,
+    quantize_int4,
+    quantize_int8,
+    quantize_model,
+)
 from contracts.sampling_params import SamplingParams
 from tests.helpers.oracle import dense_greedy, dense_logits
 
@@ -79,3 +86,18 @@ def test_chunked_int8_decode_path_equals_the_whole_layer():
     assert torch.allclose(q.forward(x), whole, atol=1e-4)
     many = torch.randn(20, 1024)                      # prefill-sized input: the whole-layer path
     assert torch.allclose(q.forward(many), torch.nn.functional.linear(many, q.dequantized(), lin.bias), atol=1e-4)
+
+
+def test_an_untied_lm_head_is_quantized_to_int8_and_its_bytes_counted(tmp_path):
+    from tests.helpers.checkpoints import make_random_checkpoint
+    ckpt = make_random_checkpoint(tmp_path / "untied", tie=False)
+    model = load_model(ckpt)
+    head_fp32 = model.lm_head.weight.clone()
+    projections = sum(getattr(parent, name).weight.numel() * 4 for parent, name in linear_targets(model).values())
+    saved = quantize_model(model, "int4", 32)
+    head = model.lm_head
+    assert isinstance(head, QuantLinear) and head.mode == "int8"
+    assert (head.dequantized() - head_fp32).abs().max() <= head.scale.max() / 2 + 1e-6
+    int4_bytes = sum(m.nbytes for m in model.modules() if isinstance(m, QuantLinear) and m is not head)
+    assert saved == projections - int4_bytes + head_fp32.numel() * 4 - head.nbytes
+    assert model.embed_tokens.weight.dtype == torch.float32
