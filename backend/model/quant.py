@@ -108,6 +108,8 @@ class QuantLinear(nn.Module):
         op = native_kernel(weight, compute_dtype, weight.qweight.device) if native is not None else None
         self.native_op = op                # the quant_gemv.cpp op for few tokens, or None
         self._native = getattr(native, op) if op else None
+        # the buffer path's int4 dequantization (prefill, batches past FEW_TOKENS) in one native pass
+        self._native_dequant = native.quant_dequant_int4 if op and weight.mode == "int4" else None
         self._triton_gemv = None
         if weight.qweight.device.type == "cuda" and weight.mode in ("int8", "int4"):
             from backend.model.quant_triton import triton_quant_gemv
@@ -133,6 +135,8 @@ class QuantLinear(nn.Module):
         return buf
 
     def dequantized(self) -> torch.Tensor:  # [out_features, in_features]: the weight this layer stands for
+        if self._native_dequant is not None:
+            return self._native_dequant(self.qweight, self.scale, self.zeros, self._buffer())
         if self.mode == "int4":
             return dequantize_int4(self.qweight, self.scale, self._buffer(), self.zeros)
         return dequantize_int8(self.qweight, self.scale, self._buffer())  # (fp8 converts the same way)

@@ -130,3 +130,16 @@ def test_int4_with_int8_activations_errs_at_most_half_an_activation_step(threads
     assert (err <= activation_step_bound(x, w, group)).all() and err.max() > 0                             # inexact, within the bound
     with pytest.raises(RuntimeError, match="multiple of 64"):
         BUILD.ops.quant_gemv_int4_q8(x, packed, torch.ones(out_f, in_f // 32), None, None)
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("asymmetric", [False, True], ids=["sym", "zeros"])
+def test_native_int4_dequantization_is_bit_identical_to_torchs(threads, group, asymmetric):
+    torch.manual_seed(group)
+    out_f, in_f = 37, 384
+    packed = pack_int4(torch.randint(0, 16, (out_f, in_f)))
+    scale = torch.rand(out_f, in_f // group)
+    zeros = torch.randint(0, 17, scale.shape).float() if asymmetric else None
+    out = torch.empty(out_f, in_f)
+    assert BUILD.ops.quant_dequant_int4(packed, scale, zeros, out).data_ptr() == out.data_ptr()
+    assert torch.equal(out, dequantize_int4(packed, scale, torch.empty(out_f, in_f), zeros))
