@@ -5,7 +5,8 @@
    tokens/s <= bandwidth / weight bytes. Also batch 8 and 32.
 2. The paged decode kernel's achieved bandwidth at an 8,192-token context (K and V bytes read / time),
    for 1 and 16 sequences, against the same HBM bandwidth.
-3. Eager vs captured step (``fast_decode``: CUDA graphs per batch bucket, backend/engine/cuda_graph_decode.py):
+3. The Triton int8/int4 weight-only GEMV (backend/model/quant_triton.py) against bf16 F.linear.
+4. Eager vs captured step (``fast_decode``: CUDA graphs per batch bucket, backend/engine/cuda_graph_decode.py):
    the logits of one decode step both ways (max abs difference), greedy tokens with capture on and off,
    and decode tokens/s at batch 1, 8 and 32 each way, with the capture time the load line reports.
 
@@ -144,12 +145,42 @@ def kernel_bandwidth(out: dict) -> None:
                   f"({gbps / bandwidth_gbps():.0%} of {bandwidth_gbps():,.0f} GB/s)", flush=True)
 
 
+def quant_gemv(out: dict) -> None:
+    """The Triton int8/int4 weight-only GEMV on a 4096 x 4096 bf16 layer, 1 token: error against the
+    dequantized matmul and time against bf16 F.linear (weights 32 MB: out of L2)."""
+    from backend.model.quant import QuantLinear
+    from backend.model.quant_triton import triton_quant_gemv
+    lin = torch.nn.Linear(4096, 4096, bias=False, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    for mode in ("int8", "int4"):
+        q = QuantLinear.from_linear(lin, mode, 128, {})
+        ref = torch.nn.functional.linear(x.float(), q.dequantized().float())
+        y = triton_quant_gemv(x, q.qweight, q.scale, q.zeros, None, mode)
+        err = float((y.float() - ref).abs().max() / ref.abs().max())
+        times = {}
+        for name, fn in (("bf16", lambda: torch.nn.functional.linear(x, lin.weight)),
+                         (mode, lambda q=q, mode=mode: triton_quant_gemv(x, q.qweight, q.scale, q.zeros, None,
+                                                                         mode))):
+            for _ in range(5):
+                fn()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(200):
+                fn()
+            torch.cuda.synchronize()
+            times[name] = (time.perf_counter() - t) / 200
+        out[f"quant_gemv_{mode}"] = {"rel_err": err, "us": times[mode] * 1e6, "bf16_us": times["bf16"] * 1e6}
+        print(f"triton {mode} GEMV 4096x4096, 1 token: {times[mode] * 1e6:.1f} us vs bf16 {times['bf16'] * 1e6:.1f} us "
+              f"(x{times['bf16'] / times[mode]:.2f}), max rel err {err:.1e}", flush=True)
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("bench/gpu_decode.py needs CUDA")
         return 2
     out: dict = {"device": torch.cuda.get_device_name()}
     kernel_bandwidth(out)
+    quant_gemv(out)
     with tempfile.TemporaryDirectory() as tmp:
         weight_bytes = make_checkpoint(Path(tmp))
         out["weight_bytes"] = weight_bytes
