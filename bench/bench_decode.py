@@ -66,7 +66,7 @@ def main() -> None:
         for threads in thread_counts:
             for fast in (False, True):
                 cfg = EngineConfig(model_path=model, fast_decode=fast, cpu_threads=threads, max_num_seqs=64,
-                                   num_kv_blocks=(max(batches) * (PROMPT + NEW)) // 16 + 64,
+                                   num_kv_blocks=(max(batches) * (PROMPT + NEW)) // 16 + 64, max_model_len=512,
                                    speculative_method=args.spec)
                 engines[(model, threads, fast)] = LLMEngine(cfg)
     samples: dict[tuple, list[float]] = {}
