@@ -34,7 +34,9 @@ def cache_dir() -> Path:
 
 
 def build_key(sources: list[Path]) -> str:
-    """Artefacts depend on the sources, torch's version and this CPU's instruction set (-march=native)."""
+    """Artefacts depend on the sources and headers, torch's version and this CPU's instruction set
+    (-march=native): a changed header gets a fresh build directory, since the JIT builder only
+    watches the ``.cpp`` files it compiles."""
     import torch
     h = hashlib.sha256(torch.__version__.encode())
     h.update(platform.machine().encode())
@@ -67,7 +69,8 @@ def native_ops() -> NativeBuild:
         return NativeBuild(None, "no C++ compiler on PATH")
     import torch
     from torch.utils.cpp_extension import load
-    build_dir = cache_dir() / build_key(sources)
+    headers = sorted(CSRC.glob("*.h"))
+    build_dir = cache_dir() / build_key(sources + headers)
     build_dir.mkdir(parents=True, exist_ok=True)
     try:
         load(name=f"{LIBRARY}_native", sources=[str(s) for s in sources], build_directory=str(build_dir),
