@@ -11,6 +11,11 @@ head. Sequences with several query tokens (prefill chunks, prefix hits, drafts) 
 SDPA each over exactly their own context: padding them to the longest one in a batched call
 cost ~3x the attention FLOPs on mixed prompt lengths, and a fresh prompt gets the flash
 ``is_causal`` path with no mask at all. Those few calls per step are compute-bound.
+
+A quantized cache (``kv_cache_dtype`` int8) is written through ``quantize_per_token_head`` (codes and
+one fp16 scale per token and head) and read by ``gather_dequantized``: the blocks' codes and scales
+are gathered into staging buffers and dequantized into the same workspace the unquantized path
+gathers into, so attention itself never sees the format.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from backend.attention.base import AttentionBackend
 from backend.attention.metadata import AttentionMetadata
 from backend.attention.window import causal_mask, decode_mask
 from backend.core.kv_cache import KVCache
+from backend.core.kv_quant import KVFormat, dequantize_into, quantize_per_token_head
 
 
 @dataclass
@@ -96,6 +102,33 @@ def write_kv(
 ) -> None:
     """Store each new token's K (or V) in its slot."""
     cache_flat.index_copy_(0, slot_mapping, new if new.dtype == cache_flat.dtype else new.to(cache_flat.dtype))
+
+
+def write_kv_quantized(
+    cache_flat: torch.Tensor,    # [num_blocks * block_size, num_kv_heads, head_dim] int8 / float8
+    scale_flat: torch.Tensor,    # [num_blocks * block_size, num_kv_heads] fp16
+    new: torch.Tensor,           # [num_tokens, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64
+    fmt: KVFormat,
+) -> None:
+    """Store each new token's quantized K (or V) and its per-head scales in its slot."""
+    q, scale = quantize_per_token_head(new, fmt)
+    cache_flat.index_copy_(0, slot_mapping, q)
+    scale_flat.index_copy_(0, slot_mapping, scale)
+
+
+def gather_dequantized(
+    cache: torch.Tensor,          # [num_blocks, block_size, num_kv_heads, head_dim] int8 / float8
+    scales: torch.Tensor,         # [num_blocks, block_size, num_kv_heads] fp16
+    gather_blocks: torch.Tensor,  # [num_gathered] int64
+    out: torch.Tensor,            # [num_gathered, block_size, num_kv_heads, head_dim] compute dtype
+    codes: torch.Tensor,          # [num_gathered, block_size, num_kv_heads, head_dim] staging, cache dtype
+    code_scales: torch.Tensor,    # [num_gathered, block_size, num_kv_heads] staging, fp16
+) -> torch.Tensor:                # out
+    """The gathered blocks of a quantized cache, dequantized into ``out``."""
+    torch.index_select(cache, 0, gather_blocks, out=codes)
+    torch.index_select(scales, 0, gather_blocks, out=code_scales)
+    return dequantize_into(out, codes, code_scales)
 
 
 def context_view(
@@ -194,6 +227,13 @@ class TorchPagedAttention(AttentionBackend):
         self._v_flat = [v.view(-1, c.num_kv_heads, c.head_dim) for v in c.v]
         self._workspace = torch.empty(0, dtype=c.dtype, device=c.device)
         self._bufs: list[tuple[torch.Tensor, ...]] = []  # per group: k_blocks, v_blocks, keys, values
+        self._quantized = c.format.quantized
+        if self._quantized:
+            self._k_scale_flat = [s.view(-1, c.num_kv_heads) for s in c.k_scale]  # [num_slots, KVH] per layer
+            self._v_scale_flat = [s.view(-1, c.num_kv_heads) for s in c.v_scale]
+            self._codes = torch.empty(0, dtype=c.format.storage, device=c.device)   # staging of gathered codes
+            self._code_scales = torch.empty(0, dtype=c.k_scale[0].dtype, device=c.device)
+            self._staging: list[tuple[torch.Tensor, torch.Tensor]] = []  # per group: codes, scales views
 
     def _step_buffers(self, plan: PagedPlan) -> list[tuple[torch.Tensor, ...]]:
         c = self.kv_cache
@@ -210,7 +250,26 @@ class TorchPagedAttention(AttentionBackend):
             at += 2 * n
             bufs.append((k_blocks, v_blocks, context_view(k_blocks, g.num_seqs, g.ctx_len),
                          context_view(v_blocks, g.num_seqs, g.ctx_len)))
+        if self._quantized:
+            self._staging = self._staging_buffers(plan)
         return bufs
+
+    def _staging_buffers(self, plan: PagedPlan) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per group, where a layer's gathered codes and scales land before dequantization (shared by K and V)."""
+        c = self.kv_cache
+        most = max(g.gather_blocks.numel() for g in plan.groups)
+        if self._codes.numel() < most * c.block_size * c.num_kv_heads * c.head_dim:
+            self._codes = torch.empty(most * c.block_size * c.num_kv_heads * c.head_dim, dtype=self._codes.dtype,
+                                      device=c.device)
+            self._code_scales = torch.empty(most * c.block_size * c.num_kv_heads, dtype=self._code_scales.dtype,
+                                            device=c.device)
+        out = []
+        for g in plan.groups:
+            n = g.gather_blocks.numel()
+            out.append((self._codes[:n * c.block_size * c.num_kv_heads * c.head_dim].view(
+                n, c.block_size, c.num_kv_heads, c.head_dim),
+                self._code_scales[:n * c.block_size * c.num_kv_heads].view(n, c.block_size, c.num_kv_heads)))
+        return out
 
     def prepare(self, metadata: AttentionMetadata) -> None:
         if metadata.block_size and metadata.block_size != self.kv_cache.block_size:
@@ -227,11 +286,23 @@ class TorchPagedAttention(AttentionBackend):
         plan = self.plan if window is None else self._window_plans.get(window)
         if plan is None:
             raise RuntimeError("TorchPagedAttention.forward before prepare()")
-        write_kv(self._k_flat[layer_idx], k, plan.slot_mapping)
-        write_kv(self._v_flat[layer_idx], v, plan.slot_mapping)
-        k_cache, v_cache = self.kv_cache.k[layer_idx], self.kv_cache.v[layer_idx]
-        for group, (k_blocks, v_blocks, _, _) in zip(plan.groups, self._bufs):
-            torch.index_select(k_cache, 0, group.gather_blocks, out=k_blocks)
-            torch.index_select(v_cache, 0, group.gather_blocks, out=v_blocks)
+        if self._quantized:
+            self._write_and_gather_quantized(layer_idx, k, v, plan)
+        else:
+            write_kv(self._k_flat[layer_idx], k, plan.slot_mapping)
+            write_kv(self._v_flat[layer_idx], v, plan.slot_mapping)
+            k_cache, v_cache = self.kv_cache.k[layer_idx], self.kv_cache.v[layer_idx]
+            for group, (k_blocks, v_blocks, _, _) in zip(plan.groups, self._bufs):
+                torch.index_select(k_cache, 0, group.gather_blocks, out=k_blocks)
+                torch.index_select(v_cache, 0, group.gather_blocks, out=v_blocks)
         out = attend_groups(q, plan, [(keys, values) for _, _, keys, values in self._bufs], self.scale)
         return out if out.dtype == q.dtype else out.to(q.dtype)
+
+    def _write_and_gather_quantized(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor, plan: PagedPlan) -> None:
+        # k, v: [num_tokens, num_kv_heads, head_dim]
+        c = self.kv_cache
+        write_kv_quantized(self._k_flat[layer_idx], self._k_scale_flat[layer_idx], k, plan.slot_mapping, c.format)
+        write_kv_quantized(self._v_flat[layer_idx], self._v_scale_flat[layer_idx], v, plan.slot_mapping, c.format)
+        for group, (k_blocks, v_blocks, _, _), (codes, scales) in zip(plan.groups, self._bufs, self._staging):
+            gather_dequantized(c.k[layer_idx], c.k_scale[layer_idx], group.gather_blocks, k_blocks, codes, scales)
+            gather_dequantized(c.v[layer_idx], c.v_scale[layer_idx], group.gather_blocks, v_blocks, codes, scales)
