@@ -142,3 +142,20 @@ def test_bad_kv_cache_dtype_names_the_parameter():
         check_kv_format_device(kv_format("fp8", torch.float32), "cpu")
     check_kv_format_device(kv_format("int8", torch.float32), "cpu")
     assert kv_format("auto", torch.bfloat16).label == "bfloat16" and kv_format("int8", torch.float32).label == "int8"
+
+
+def test_kernels_over_quantized_cache_under_interpreter():
+    """triton_interpret_kv_quant_cases.py: write kernel codes/scales, decode (split-K) and prefill (windowed)
+    over int8 and fp8 caches in fp32 and fp16, the Triton backend's steps against the torch backend's."""
+    from tests.backend.attention.test_triton_kernels import HERE, run_isolated
+    res = run_isolated(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+                        str(HERE / "triton_interpret_kv_quant_cases.py")], {"TRITON_INTERPRET": "1"}, timeout=600)
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
+    assert " passed" in res.stdout and "failed" not in res.stdout
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (compiled kernels)")
+def test_compiled_kernels_over_quantized_cache_on_gpu():
+    from tests.backend.attention.test_triton_kernels import HERE, run_isolated
+    res = run_isolated([str(HERE / "gpu_kv_quant_check.py")], {}, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
