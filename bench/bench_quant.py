@@ -60,6 +60,25 @@ class QuantizedKVDense(DenseCausalAttention):
         return super().forward(layer_idx, q, k, v)
 
 
+class PerBlockScaleKVDense(DenseCausalAttention):
+    """The alternative not built: one int8 scale per (block of ``block_size`` positions, head), the block's
+    max over its tokens. Dense only (perplexity, probe), to measure what per-token scales buy."""
+
+    def __init__(self, block_size: int, batch_size: int, seq_len: int):
+        super().__init__(batch_size, seq_len)
+        self.block_size = block_size
+
+    def forward(self, layer_idx, q, k, v):
+        # q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim] (one sequence from 0)
+        n, bs = k.shape[0], self.block_size
+        out = []
+        for x in (k, v):
+            pad = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, -n % bs)).view(-1, bs, *x.shape[1:])  # [nb, bs, H, D]
+            scale = (pad.abs().amax(dim=(1, 3), keepdim=True) / 127).clamp_min(2.0 ** -14).half().float()
+            out.append((torch.floor(pad / scale + 0.5).clamp(-127, 127) * scale).view(-1, *x.shape[1:])[:n])
+        return super().forward(layer_idx, q, *out)
+
+
 def dense_attention(kv: str = "auto"):
     """``n -> attention backend`` for one sequence of n tokens, with K/V as ``kv`` stores them."""
     if kv == "auto":
@@ -127,6 +146,10 @@ def bench_kv(model_path: str, tok: Tokenizer, ids: list[int], heldout: list[int]
     long_prompts = [[0] + ids[s:s + 900] for s in (rng.randrange(0, len(ids) - 1000) for _ in range(4 if quick else 8))]
     short = greedy_agreement(engines, prompts[:16 if quick else 64], base="auto")
     long = greedy_agreement(engines, long_prompts, base="auto")
+    per_block = lambda n: PerBlockScaleKVDense(16, 1, n)  # noqa: E731
+    rows_extra = {"int8_per_block_head_scale (dense only)": {
+        "perplexity": perplexity(model, heldout, attention=per_block),
+        "retrieval_logprob": retrieval_probe(model, tok, ids, 4 if quick else 8, per_block)}}
     rows, base_ppl, base_blocks = {}, None, None
     for kv, eng in engines.items():
         ppl = perplexity(model, heldout, attention=dense_attention(kv))
@@ -152,9 +175,13 @@ def bench_kv(model_path: str, tok: Tokenizer, ids: list[int], heldout: list[int]
               f"{row['long_mean_identical_prefix']:.1f}  retrieval {row['retrieval_logprob']:.3f}  "
               f"b1 {row['tok_per_s_b1']:.0f}  b32 {row['tok_per_s_b32']:.0f}  b8 long {row['tok_per_s_b8_long']:.0f} "
               f"tok/s", flush=True)
+    for name, row in rows_extra.items():
+        row["perplexity_delta_pct"] = 100 * (row["perplexity"] / base_ppl - 1)
+        print(f"KV {name}: ppl {row['perplexity']:7.3f} ({row['perplexity_delta_pct']:+.2f}%)  retrieval "
+              f"{row['retrieval_logprob']:.3f}", flush=True)
     for eng in engines.values():
         eng.shutdown()
-    return rows
+    return {**rows, **rows_extra}
 
 
 def main(argv=None) -> int:
