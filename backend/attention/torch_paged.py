@@ -28,7 +28,7 @@ from backend.attention.base import AttentionBackend
 from backend.attention.metadata import AttentionMetadata
 from backend.attention.window import causal_mask, decode_mask
 from backend.core.kv_cache import KVCache
-from backend.core.kv_quant import KVFormat, dequantize_into, quantize_per_token_head
+from backend.core.kv_quant import KVFormat, as_bytes, dequantize_into, quantize_per_token_head
 
 
 @dataclass
@@ -113,7 +113,7 @@ def write_kv_quantized(
 ) -> None:
     """Store each new token's quantized K (or V) and its per-head scales in its slot."""
     q, scale = quantize_per_token_head(new, fmt)
-    cache_flat.index_copy_(0, slot_mapping, q)
+    as_bytes(cache_flat).index_copy_(0, slot_mapping, as_bytes(q))
     scale_flat.index_copy_(0, slot_mapping, scale)
 
 
@@ -126,7 +126,7 @@ def gather_dequantized(
     code_scales: torch.Tensor,    # [num_gathered, block_size, num_kv_heads] staging, fp16
 ) -> torch.Tensor:                # out
     """The gathered blocks of a quantized cache, dequantized into ``out``."""
-    torch.index_select(cache, 0, gather_blocks, out=codes)
+    torch.index_select(as_bytes(cache), 0, gather_blocks, out=as_bytes(codes))
     torch.index_select(scales, 0, gather_blocks, out=code_scales)
     return dequantize_into(out, codes, code_scales)
 

@@ -14,7 +14,14 @@ from typing import Sequence
 
 import torch
 
-from backend.core.kv_quant import SCALE_DTYPE, KVFormat, bytes_per_kv_element_row, check_kv_format_device, kv_format
+from backend.core.kv_quant import (
+    SCALE_DTYPE,
+    KVFormat,
+    as_bytes,
+    bytes_per_kv_element_row,
+    check_kv_format_device,
+    kv_format,
+)
 
 
 def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
@@ -104,6 +111,7 @@ class KVCache:
         src, dst = idx[:, 0], idx[:, 1]
         if int(idx.min()) < 0 or int(idx.max()) >= self.num_blocks:
             raise IndexError(f"copy_blocks: block id out of range [0, {self.num_blocks})")
-        self.data.index_copy_(2, dst, self.data.index_select(2, src))
+        data = as_bytes(self.data)   # float8 has no index kernels everywhere: copy its bytes
+        data.index_copy_(2, dst, data.index_select(2, src))
         if self.scales is not None:
             self.scales.index_copy_(2, dst, self.scales.index_select(2, src))

@@ -64,6 +64,12 @@ def check_kv_format_device(fmt: KVFormat, device: torch.device | str) -> None:
                          "it back is ~16x slower than int8 there); use kv_cache_dtype int8 on the CPU")
 
 
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """float8 tensors as uint8 (same bytes) for indexing copies, which torch does not implement for float8 on
+    every device; other tensors unchanged."""
+    return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t
+
+
 def bytes_per_kv_element_row(fmt: KVFormat, head_dim: int) -> int:
     """Bytes one token's K (or V) takes in one KV head: its values plus, if quantized, its scale."""
     item = torch.empty((), dtype=fmt.storage).element_size()

@@ -108,7 +108,7 @@ def test_int8_decode_steps_reuse_the_cache_after_block_copy():
 def test_capacity_int8_against_fp32_on_the_demo_shape():
     """Demo target: 4 layers, 2 KV heads, head_dim 32: int8 + fp16 scales hold >= 3.5x the blocks of fp32."""
     budget = 64 << 20
-    shape = dict(num_layers=4, block_size=16, num_kv_heads=2, head_dim=32, dtype=torch.float32)
+    shape = {"num_layers": 4, "block_size": 16, "num_kv_heads": 2, "head_dim": 32, "dtype": torch.float32}
     fp32 = num_blocks_for_budget(budget, **shape)
     int8 = num_blocks_for_budget(budget, **shape, kv_cache_dtype="int8")
     assert int8 / fp32 >= 3.5
@@ -159,3 +159,24 @@ def test_compiled_kernels_over_quantized_cache_on_gpu():
     from tests.backend.attention.test_triton_kernels import HERE, run_isolated
     res = run_isolated([str(HERE / "gpu_kv_quant_check.py")], {}, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_fp8_torch_path_and_block_copy(monkeypatch):
+    """The torch backend's fp8 write/read and fp8 block copies (served on CUDA; computed here with the CPU
+    refusal lifted): float8 is moved as bytes, attention stays near exact KV."""
+    import backend.core.kv_cache as kv_cache_module
+    monkeypatch.setattr(kv_cache_module, "check_kv_format_device", lambda fmt, device: None)
+    torch.manual_seed(0)
+    caches = {"fp8": KVCache(1, 8, 4, 2, 32, kv_cache_dtype="fp8"), "exact": KVCache(1, 8, 4, 2, 32)}
+    q, k, v = torch.randn(6, 4, 32), torch.randn(6, 2, 32), torch.randn(6, 2, 32)
+    outs = {}
+    for name, cache in caches.items():
+        attn = TorchPagedAttention(cache)
+        attn.prepare(build_attention_metadata([0], [6], [[2, 5]], 4))
+        outs[name] = attn.forward(0, q, k, v)
+    assert 0 < (outs["fp8"] - outs["exact"]).abs().max() < 0.2      # e4m3: 3 mantissa bits
+    c = caches["fp8"]
+    assert c.k[0].dtype == torch.float8_e4m3fn
+    c.copy_blocks([(5, 6)])
+    assert torch.equal(c.k[0][6].view(torch.uint8), c.k[0][5].view(torch.uint8))
+    assert torch.equal(c.v_scale[0][6], c.v_scale[0][5])
