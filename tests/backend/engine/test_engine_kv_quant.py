@@ -86,3 +86,16 @@ def test_bad_kv_cache_dtype_is_a_load_error_naming_it(tiny_checkpoint):
         .kv_cache_dtype == "int8"
     with pytest.raises(ValueError, match="kv_cache_dtype: fp8 needs a CUDA device"):
         build_engine_parts(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", kv_cache_dtype="fp8"))
+
+
+def test_int8_kv_with_a_sliding_window_frees_blocks_behind_it(tmp_path):
+    """Every layer windowed (Mistral, window 16): blocks behind the window are freed while int8 sequences run;
+    the outputs agree with the exact cache's and no block is left."""
+    from tests.backend.engine.test_sliding_window_oracle import MODELS, make_prompts, small_biases
+    from tests.helpers.checkpoints import make_random_checkpoint
+    folder = make_random_checkpoint(tmp_path / "mistral", extra=MODELS["mistral"], max_pos=512)
+    small_biases(folder)
+    prompts = make_prompts(seed=4)
+    exact, _ = run(folder, prompts, max_num_batched_tokens=32)
+    got, _ = run(folder, prompts, max_num_batched_tokens=32, kv_cache_dtype="int8")
+    assert_agrees(got, exact, "sliding window")
