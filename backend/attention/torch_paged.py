@@ -105,30 +105,34 @@ def write_kv(
 
 
 def write_kv_quantized(
-    cache_flat: torch.Tensor,    # [num_blocks * block_size, num_kv_heads, head_dim] int8 / float8
-    scale_flat: torch.Tensor,    # [num_blocks * block_size, num_kv_heads] fp16
-    new: torch.Tensor,           # [num_tokens, num_kv_heads, head_dim]
+    codes: torch.Tensor,         # [2, num_blocks * block_size, num_kv_heads, head_dim] int8 / float8: one layer's K, V
+    scales: torch.Tensor,        # [2, num_blocks * block_size, num_kv_heads] fp16
+    k: torch.Tensor,             # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,             # [num_tokens, num_kv_heads, head_dim]
     slot_mapping: torch.Tensor,  # [num_tokens] int64
     fmt: KVFormat,
 ) -> None:
-    """Store each new token's quantized K (or V) and its per-head scales in its slot."""
-    q, scale = quantize_per_token_head(new, fmt)
-    as_bytes(cache_flat).index_copy_(0, slot_mapping, as_bytes(q))
-    scale_flat.index_copy_(0, slot_mapping, scale)
+    """Store each new token's quantized K and V and their per-head scales in its slot (K and V in one pass:
+    on the CPU a decode step's tensors are tiny and each op's fixed cost dominates)."""
+    q, scale = quantize_per_token_head(torch.stack((k, v)), fmt)   # [2, T, KVH, D], [2, T, KVH]
+    as_bytes(codes).index_copy_(1, slot_mapping, as_bytes(q))
+    scales.index_copy_(1, slot_mapping, scale)
 
 
 def gather_dequantized(
-    cache: torch.Tensor,          # [num_blocks, block_size, num_kv_heads, head_dim] int8 / float8
-    scales: torch.Tensor,         # [num_blocks, block_size, num_kv_heads] fp16
+    codes: torch.Tensor,          # [2, num_blocks, block_size, num_kv_heads, head_dim] int8 / float8: a layer's K, V
+    scales: torch.Tensor,         # [2, num_blocks, block_size, num_kv_heads] fp16
     gather_blocks: torch.Tensor,  # [num_gathered] int64
-    out: torch.Tensor,            # [num_gathered, block_size, num_kv_heads, head_dim] compute dtype
-    codes: torch.Tensor,          # [num_gathered, block_size, num_kv_heads, head_dim] staging, cache dtype
-    code_scales: torch.Tensor,    # [num_gathered, block_size, num_kv_heads] staging, fp16
+    out: torch.Tensor,            # [2, num_gathered, block_size, num_kv_heads, head_dim] compute dtype
+    staged_codes: torch.Tensor,   # [2, num_gathered, block_size, num_kv_heads, head_dim] staging, cache dtype
+    staged_scales: torch.Tensor,  # [2, num_gathered, block_size, num_kv_heads] staging, fp16
 ) -> torch.Tensor:                # out
-    """The gathered blocks of a quantized cache, dequantized into ``out``."""
-    torch.index_select(as_bytes(cache), 0, gather_blocks, out=as_bytes(codes))
-    torch.index_select(scales, 0, gather_blocks, out=code_scales)
-    return dequantize_into(out, codes, code_scales)
+    """The gathered K and V blocks of a quantized cache, dequantized into ``out`` (gathered along the block axis
+    of K and of V separately: torch's index_select along a later axis is ~15x slower on the CPU)."""
+    for i in range(2):
+        torch.index_select(as_bytes(codes[i]), 0, gather_blocks, out=as_bytes(staged_codes[i]))
+        torch.index_select(scales[i], 0, gather_blocks, out=staged_scales[i])
+    return dequantize_into(out, staged_codes, staged_scales)
 
 
 def context_view(
@@ -229,11 +233,12 @@ class TorchPagedAttention(AttentionBackend):
         self._bufs: list[tuple[torch.Tensor, ...]] = []  # per group: k_blocks, v_blocks, keys, values
         self._quantized = c.format.quantized
         if self._quantized:
-            self._k_scale_flat = [s.view(-1, c.num_kv_heads) for s in c.k_scale]  # [num_slots, KVH] per layer
-            self._v_scale_flat = [s.view(-1, c.num_kv_heads) for s in c.v_scale]
+            # per layer, K and V together: codes [2, num_blocks, block_size, KVH, D], scales [2, num_blocks, bs, KVH]
+            self._layer_codes = [c.data[:, layer] for layer in range(c.num_layers)]
+            self._layer_scales = [c.scales[:, layer] for layer in range(c.num_layers)]
             self._codes = torch.empty(0, dtype=c.format.storage, device=c.device)   # staging of gathered codes
-            self._code_scales = torch.empty(0, dtype=c.k_scale[0].dtype, device=c.device)
-            self._staging: list[tuple[torch.Tensor, torch.Tensor]] = []  # per group: codes, scales views
+            self._code_scales = torch.empty(0, dtype=c.scales.dtype, device=c.device)
+            self._staging: list[tuple[torch.Tensor, ...]] = []  # per group: K+V blocks out, codes, scales views
 
     def _step_buffers(self, plan: PagedPlan) -> list[tuple[torch.Tensor, ...]]:
         c = self.kv_cache
@@ -254,21 +259,24 @@ class TorchPagedAttention(AttentionBackend):
             self._staging = self._staging_buffers(plan)
         return bufs
 
-    def _staging_buffers(self, plan: PagedPlan) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per group, where a layer's gathered codes and scales land before dequantization (shared by K and V)."""
+    def _staging_buffers(self, plan: PagedPlan) -> list[tuple[torch.Tensor, ...]]:
+        """Per group: the K+V view of its gather workspace (K blocks then V blocks, adjacent), and where a
+        layer's gathered codes and scales land before dequantization."""
         c = self.kv_cache
+        per_block = c.block_size * c.num_kv_heads * c.head_dim
         most = max(g.gather_blocks.numel() for g in plan.groups)
-        if self._codes.numel() < most * c.block_size * c.num_kv_heads * c.head_dim:
-            self._codes = torch.empty(most * c.block_size * c.num_kv_heads * c.head_dim, dtype=self._codes.dtype,
-                                      device=c.device)
-            self._code_scales = torch.empty(most * c.block_size * c.num_kv_heads, dtype=self._code_scales.dtype,
+        if self._codes.numel() < 2 * most * per_block:
+            self._codes = torch.empty(2 * most * per_block, dtype=self._codes.dtype, device=c.device)
+            self._code_scales = torch.empty(2 * most * c.block_size * c.num_kv_heads, dtype=self._code_scales.dtype,
                                             device=c.device)
-        out = []
+        out, at = [], 0
         for g in plan.groups:
             n = g.gather_blocks.numel()
-            out.append((self._codes[:n * c.block_size * c.num_kv_heads * c.head_dim].view(
-                n, c.block_size, c.num_kv_heads, c.head_dim),
-                self._code_scales[:n * c.block_size * c.num_kv_heads].view(n, c.block_size, c.num_kv_heads)))
+            shape = (2, n, c.block_size, c.num_kv_heads, c.head_dim)
+            out.append((self._workspace[at:at + 2 * n * per_block].view(shape),
+                        self._codes[:2 * n * per_block].view(shape),
+                        self._code_scales[:2 * n * c.block_size * c.num_kv_heads].view(shape[:-1])))
+            at += 2 * n * per_block
         return out
 
     def prepare(self, metadata: AttentionMetadata) -> None:
@@ -301,8 +309,7 @@ class TorchPagedAttention(AttentionBackend):
     def _write_and_gather_quantized(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor, plan: PagedPlan) -> None:
         # k, v: [num_tokens, num_kv_heads, head_dim]
         c = self.kv_cache
-        write_kv_quantized(self._k_flat[layer_idx], self._k_scale_flat[layer_idx], k, plan.slot_mapping, c.format)
-        write_kv_quantized(self._v_flat[layer_idx], self._v_scale_flat[layer_idx], v, plan.slot_mapping, c.format)
-        for group, (k_blocks, v_blocks, _, _), (codes, scales) in zip(plan.groups, self._bufs, self._staging):
-            gather_dequantized(c.k[layer_idx], c.k_scale[layer_idx], group.gather_blocks, k_blocks, codes, scales)
-            gather_dequantized(c.v[layer_idx], c.v_scale[layer_idx], group.gather_blocks, v_blocks, codes, scales)
+        codes, scales = self._layer_codes[layer_idx], self._layer_scales[layer_idx]
+        write_kv_quantized(codes.flatten(1, 2), scales.flatten(1, 2), k, v, plan.slot_mapping, c.format)
+        for group, (kv_blocks, staged_codes, staged_scales) in zip(plan.groups, self._staging):
+            gather_dequantized(codes, scales, group.gather_blocks, kv_blocks, staged_codes, staged_scales)
