@@ -146,7 +146,7 @@ def bench_kv(model_path: str, tok: Tokenizer, ids: list[int], heldout: list[int]
     long_prompts = [[0] + ids[s:s + 900] for s in (rng.randrange(0, len(ids) - 1000) for _ in range(4 if quick else 8))]
     short = greedy_agreement(engines, prompts[:16 if quick else 64], base="auto")
     long = greedy_agreement(engines, long_prompts, base="auto")
-    per_block = lambda n: PerBlockScaleKVDense(16, 1, n)  # noqa: E731
+    per_block = lambda n: PerBlockScaleKVDense(16, 1, n)
     rows_extra = {"int8_per_block_head_scale (dense only)": {
         "perplexity": perplexity(model, heldout, attention=per_block),
         "retrieval_logprob": retrieval_probe(model, tok, ids, 4 if quick else 8, per_block)}}
@@ -163,18 +163,25 @@ def bench_kv(model_path: str, tok: Tokenizer, ids: list[int], heldout: list[int]
                "perplexity": ppl, "perplexity_delta_pct": 100 * (ppl / base_ppl - 1),
                **short[kv], "long_first_token_agreement": long[kv]["first_token_agreement"],
                "long_mean_identical_prefix": long[kv]["mean_identical_prefix"],
-               "retrieval_logprob": retrieval_probe(model, tok, ids, 4 if quick else 8, dense_attention(kv)),
-               "tok_per_s_b1": tok_per_s(eng, prompts, 1, 64 if quick else 128),
-               "tok_per_s_b32": tok_per_s(eng, prompts, 32, 32 if quick else 64),
-               "tok_per_s_b8_long": tok_per_s(eng, long_prompts * 2, 8, 16 if quick else 32)}
+               "retrieval_logprob": retrieval_probe(model, tok, ids, 4 if quick else 8, dense_attention(kv))}
         rows[kv] = row
-        print(f"KV {kv:5s} blocks {blocks} (x{row['capacity_ratio']:.2f}, {row['sequences_at_full_context']} seqs at "
-              f"full context, {row['kv_bytes_per_token']} B/token)  ppl {ppl:7.3f} "
+    speeds = {"tok_per_s_b1": lambda e: tok_per_s(e, prompts, 1, 64 if quick else 128),
+              "tok_per_s_b32": lambda e: tok_per_s(e, prompts, 32, 32 if quick else 64),
+              "tok_per_s_b8_long": lambda e: tok_per_s(e, long_prompts * 2, 8, 16 if quick else 32)}
+    for _ in range(2 if quick else 3):   # modes alternate, best of the rounds: a ratio robust to a busy machine
+        for name, measure in speeds.items():
+            for kv, eng in engines.items():
+                rows[kv][name] = max(rows[kv].get(name, 0.0), measure(eng))
+    for kv, row in rows.items():
+        row.update({f"{name}_ratio": row[name] / rows["auto"][name] for name in speeds})
+        print(f"KV {kv:5s} blocks {row['kv_blocks']} (x{row['capacity_ratio']:.2f}, {row['sequences_at_full_context']} "
+              f"seqs at full context, {row['kv_bytes_per_token']} B/token)  ppl {row['perplexity']:7.3f} "
               f"({row['perplexity_delta_pct']:+.2f}%)  first-token agree {row['first_token_agreement']:.2f}  "
               f"identical prefix {row['mean_identical_prefix']:.1f}  long: {row['long_first_token_agreement']:.2f} / "
               f"{row['long_mean_identical_prefix']:.1f}  retrieval {row['retrieval_logprob']:.3f}  "
-              f"b1 {row['tok_per_s_b1']:.0f}  b32 {row['tok_per_s_b32']:.0f}  b8 long {row['tok_per_s_b8_long']:.0f} "
-              f"tok/s", flush=True)
+              f"b1 {row['tok_per_s_b1']:.0f} (x{row['tok_per_s_b1_ratio']:.2f})  b32 {row['tok_per_s_b32']:.0f} "
+              f"(x{row['tok_per_s_b32_ratio']:.2f})  b8 long {row['tok_per_s_b8_long']:.0f} "
+              f"(x{row['tok_per_s_b8_long_ratio']:.2f}) tok/s", flush=True)
     for name, row in rows_extra.items():
         row["perplexity_delta_pct"] = 100 * (row["perplexity"] / base_ppl - 1)
         print(f"KV {name}: ppl {row['perplexity']:7.3f} ({row['perplexity_delta_pct']:+.2f}%)  retrieval "
