@@ -14,18 +14,18 @@ import os
 if os.environ.get("TRITON_INTERPRET") != "1":
     raise RuntimeError("run with TRITON_INTERPRET=1 (see test_kv_quant.py)")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from backend.attention.kernels.paged_decode import paged_decode_attention  # noqa: E402
-from backend.attention.kernels.paged_prefill import paged_prefill_attention  # noqa: E402
-from backend.attention.kernels.reshape_and_cache import reshape_and_cache  # noqa: E402
-from backend.attention.metadata import build_attention_metadata  # noqa: E402
-from backend.attention.torch_paged import TorchPagedAttention  # noqa: E402
-from backend.attention.triton_paged import TritonPagedAttention  # noqa: E402
-from backend.core.kv_cache import KVCache  # noqa: E402
-from backend.core.kv_quant import dequantize_into, kv_format, quantize_per_token_head  # noqa: E402
-from tests.helpers.paged_reference import make_case  # noqa: E402
+from backend.attention.kernels.paged_decode import paged_decode_attention
+from backend.attention.kernels.paged_prefill import paged_prefill_attention
+from backend.attention.kernels.reshape_and_cache import reshape_and_cache
+from backend.attention.metadata import build_attention_metadata
+from backend.attention.torch_paged import TorchPagedAttention
+from backend.attention.triton_paged import TritonPagedAttention
+from backend.core.kv_cache import KVCache
+from backend.core.kv_quant import dequantize_into, kv_format, quantize_per_token_head
+from tests.helpers.paged_reference import make_case
 
 STORAGE = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
 TOL = {torch.float32: {"atol": 1e-5, "rtol": 1e-4}, torch.float16: {"atol": 3e-3, "rtol": 3e-3}}
