@@ -55,6 +55,7 @@ class EngineConfig:
     guided_compile_timeout_s: float = 10.0     # a guided request fails when its grammar takes longer to compile
     guided_compile_workers: int = 2            # grammar compile threads (a timed-out compile keeps its thread)
     guided_jump_forward: bool = False          # append the tokens a grammar forces without a forward pass each
+    fast_decode: bool = False                  # decode/verify steps through the native fused forward (CPU fp32)
 
     def __post_init__(self) -> None:
         _check_str("model_path", self.model_path)
@@ -107,6 +108,8 @@ class EngineConfig:
         _check_int("guided_compile_workers", self.guided_compile_workers, lo=1, hi=64)
         if not isinstance(self.guided_jump_forward, bool):
             raise ValueError(f"guided_jump_forward: expected a boolean, got {self.guided_jump_forward!r}")
+        if not isinstance(self.fast_decode, bool):
+            raise ValueError(f"fast_decode: expected a boolean, got {self.fast_decode!r}")
 
     @property
     def speculative(self) -> bool:
@@ -209,6 +212,7 @@ _PARSERS = {
     "ngram_max": _parse_int, "speculative_adaptive": _parse_bool, "seed": _parse_int, "cpu_threads": _parse_int,
     "quantization": _parse_str, "quantization_group_size": _parse_int, "kv_cache_dtype": _parse_str,
     "guided_compile_timeout_s": _parse_float, "guided_compile_workers": _parse_int, "guided_jump_forward": _parse_bool,
+    "fast_decode": _parse_bool,
 }
 
 

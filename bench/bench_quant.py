@@ -3,8 +3,12 @@
 On the demo target: held-out perplexity and its delta, greedy agreement (share of identical first
 tokens and mean identical prefix over held-out prompts, 32 tokens each), a long-context retrieval
 probe (the mean log-probability of a fact planted early in a ~900-token prompt, re-quoted at the end),
-and decode tokens/s at batch 1 and 32. On the 82M-class random model (tools/make_random_llama.py,
-whose 330 MB of fp32 weights do not fit in cache): tokens/s at batch 1.
+and decode tokens/s at batch 1 and 32. One 2048 x 768 layer at one token, weights out of cache: CPU
+microseconds of this thread per call (robust to other jobs on a shared machine; the native int8/int4
+kernels when built; "int4 (a)": the exact dequantize-and-FMA int4 kernel beside design (b), which int4
+uses). On the 82M-class random model (tools/make_random_llama.py, whose 330 MB of fp32 weights do not
+fit in cache): batch-1 decode ratios to fp32 per wall second and per CPU second, three interleaved
+rounds.
 
 KV cache modes (``kv_cache_dtype`` auto | int8, fp32 weights; fp8 KV needs CUDA): sequences at full
 context in the same ``kv_cache_bytes`` (capacity), greedy agreement with the ``auto`` cache on short and on
@@ -191,6 +195,43 @@ def bench_kv(model_path: str, tok: Tokenizer, ids: list[int], heldout: list[int]
     return {**rows, **rows_extra}
 
 
+@torch.inference_mode()
+def layer_us(out_f: int = 2048, in_f: int = 768, copies: int = 24, reps: int = 20) -> dict:
+    """One token through a 2048 x 768 layer, weights out of cache (24 copies in turn): CPU us per layer."""
+    from backend.model.quant import QuantLinear, native_ops_for
+    native = native_ops_for(torch.device("cpu"))
+    lins = [torch.nn.Linear(in_f, out_f, bias=False) for _ in range(copies)]
+    x = torch.randn(1, in_f)
+    layers = {"none": [lambda lin=lin: torch.nn.functional.linear(x, lin.weight) for lin in lins]}
+    for mode in ("int8", "int4"):
+        qs = [QuantLinear.from_linear(lin, mode, 64, {}, native) for lin in lins]
+        layers[mode] = [lambda q=q: q.forward(x) for q in qs]
+    if native is not None:      # int4 design (a), exact dequantize-and-FMA (QuantLinear calls (b) at group 64)
+        layers["int4 (a)"] = [lambda q=q: native.quant_gemv_int4(x, q.qweight, q.scale, None, None) for q in qs]
+    res = {}
+    for mode, fns in layers.items():
+        for f in fns:
+            f()
+        t = time.thread_time()
+        for _ in range(reps):
+            for f in fns:
+                f()
+        res[mode] = (time.thread_time() - t) / reps / copies * 1e6
+    return res
+
+
+def decode_rates(engine: LLMEngine, prompt: list[int], tokens: int) -> tuple[float, float]:
+    """Batch-1 decode steps only: (tokens per wall second, tokens per CPU second of this process), from the
+    difference between generating 4 and 4 + ``tokens`` tokens (the prefill cancels out)."""
+    spent = []
+    for n in (4, 4 + tokens):
+        params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+        wall, cpu = time.perf_counter(), time.process_time()
+        engine.generate([prompt], params)
+        spent.append((time.perf_counter() - wall, time.process_time() - cpu))
+    return tokens / (spent[1][0] - spent[0][0]), tokens / (spent[1][1] - spent[0][1])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(ROOT / "models/demo-target"))
@@ -238,17 +279,27 @@ def main(argv=None) -> int:
               f"{row['first_token_agreement']:.2f}  identical prefix {row['mean_identical_prefix']:.1f}  "
               f"retrieval {row['retrieval_logprob']:.3f}  b1 {row['tok_per_s_b1']:.0f} tok/s  "
               f"b32 {row['tok_per_s_b32']:.0f} tok/s  KV blocks {row['kv_blocks']}", flush=True)
+    from backend.native import native_ops
+    build = native_ops()
+    result["native_kernels"] = "built" if build.available else build.reason
+    result["layer_us"] = layer = layer_us()
+    print(f"2048x768 layer, 1 token, out of cache, CPU time (native kernels: {result['native_kernels']}): "
+          + "  ".join(f"{m} {us:.0f} us (x{layer['none'] / us:.2f})" for m, us in layer.items()), flush=True)
     big = Path(args.big)
     if not (big / "model.safetensors").is_file():
         make_random_llama(big)
-    base = None
+    big_engines = {m: LLMEngine(EngineConfig(model_path=str(big), quantization=m, quantization_group_size=args.group,
+                                             device="cpu", cpu_threads=1, kv_cache_bytes=64 << 20)) for m in MODES}
+    rounds = [{m: decode_rates(e, prompts[0], 32 if args.quick else 64) for m, e in big_engines.items()}
+              for _ in range(3)]                    # modes interleaved, three rounds: other jobs hit all alike
     for m in MODES:
-        eng = LLMEngine(EngineConfig(model_path=str(big), quantization=m, quantization_group_size=args.group,
-                                     device="cpu", cpu_threads=1, kv_cache_bytes=64 << 20))
-        tps = tok_per_s(eng, prompts, 1, 16 if args.quick else 32)
-        base = base or tps
-        result["big"][m] = {"tok_per_s_b1": tps, "ratio": tps / base}
-        print(f"82M  {m:5s} b1 {tps:6.1f} tok/s  x{tps / base:.2f}", flush=True)
+        wall = [r[m][0] / r["none"][0] for r in rounds]
+        cpu = [r[m][1] / r["none"][1] for r in rounds]
+        result["big"][m] = {"tok_per_s_b1": [r[m][0] for r in rounds], "ratio": wall,
+                            "tok_per_cpu_s_b1": [r[m][1] for r in rounds], "cpu_ratio": cpu}
+        print(f"82M  {m:5s} b1 wall x{min(wall):.2f}-{max(wall):.2f}  CPU time x{min(cpu):.2f}-{max(cpu):.2f}  "
+              f"({', '.join(f'{r[m][0]:.1f}' for r in rounds)} tok/s; "
+              f"{', '.join(f'{r[m][1]:.1f}' for r in rounds)} tok per CPU s)", flush=True)
     write_json(out / "quant.json", {**result, "machine": machine(load), "commit": git_commit(),
                                     "group_size": args.group})
     print(f"wrote {out / 'quant.json'}")

@@ -188,6 +188,11 @@ class TritonUpstream:
             return None
         return json_format.MessageToDict(resp.config, preserving_proto_field_name=True)
 
+    @property
+    def served_name(self) -> str:
+        """The served checkpoint's name once its facts were read (GetModelInfo, Tokenize), else Triton's model."""
+        return self._facts.name if self._facts is not None and self._facts.name else self.model
+
     async def facts(self) -> ModelFacts:
         """The served model's facts, read once per readiness period."""
         if self._facts is None:

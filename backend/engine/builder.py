@@ -49,6 +49,18 @@ class EngineParts:
     formats: ServedFormats = ServedFormats()                    # weight / KV / compute formats serving requests
 
 
+@dataclass(frozen=True)
+class FastDecode:
+    step: object | None    # NativeDecodeStep, or None (every step eager)
+    reason: str            # why None
+
+    def describe(self) -> str:
+        if self.step is None:
+            return self.reason
+        kind = "CUDA graphs" if type(self.step).__name__ == "CudaGraphDecodeStep" else "native"
+        return f"{kind} (ready in {self.step.build_seconds:.1f} s)"
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -127,10 +139,11 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
                           sliding_window=uniform_window(windows))
     sampler = Sampler(vocab_size=mcfg.vocab_size, device=device, seed=config.seed, eos_token_ids=sorted(eos))
     attn = make_attention_backend(kv_cache, windows=windows)
-    runner = ModelRunner(model, kv_cache, attn, sampler, device)
+    fast = build_fast_decode(config, model, kv_cache, windows, max_model_len)
+    runner = ModelRunner(model, kv_cache, attn, sampler, device, fast_decode=fast.step)
     speculator = build_speculator(config, folder, mcfg, blocks, device, dtype, max_model_len)
     summary = load_summary(config, mcfg, model, kv_cache, device, dtype, max_model_len, windows,
-                           type(attn).__name__, speculator)
+                           type(attn).__name__, speculator) + f", fast decode {fast.describe()}"
     threads = (config.cpu_threads or torch.get_num_threads()) if device.type == "cpu" else 1
     structured = StructuredOutputManager(
         lambda: xgrammar_backend(folder, mcfg.vocab_size, eos), vocab_size=mcfg.vocab_size,
@@ -172,6 +185,21 @@ def load_summary(config: EngineConfig, mcfg: ModelConfig, model: LlamaForCausalL
             f"max_num_seqs {config.max_num_seqs}, max_num_batched_tokens {config.max_num_batched_tokens}, "
             f"prefix caching {'on' if config.enable_prefix_caching else 'off'}, stream_interval "
             f"{config.stream_interval}, attention {attention}, speculation {spec}")
+
+
+def build_fast_decode(config: EngineConfig, model: LlamaForCausalLM, kv_cache: KVCache, windows,
+                      max_model_len: int) -> FastDecode:
+    """When ``config.fast_decode`` asks for it and it can serve this model: the native decode step on the
+    CPU, CUDA graphs (captured here) on CUDA."""
+    if not config.fast_decode:
+        return FastDecode(None, "off")
+    if kv_cache.device.type == "cuda":
+        from backend.engine.cuda_graph_decode import CudaGraphDecodeStep
+        step = CudaGraphDecodeStep.build(model, kv_cache, windows, None, config.max_num_seqs, max_model_len)
+    else:
+        from backend.engine.native_decode import NativeDecodeStep
+        step = NativeDecodeStep.build(model, kv_cache, windows, scale=None)
+    return FastDecode(None, f"off ({step})") if isinstance(step, str) else FastDecode(step, "")
 
 
 def build_speculator(config: EngineConfig, target_folder: Path, target: ModelConfig, num_blocks: int,

@@ -377,7 +377,8 @@ def build_telemetry(pb_utils, *, max_model_len: int, model: str, version: str, l
         sinks.append(LLMSpans(tracer))
     closers = [tracer.shutdown] if tracer is not None else []
     # the metric families must live as long as the telemetry that observes them
-    telemetry = RequestTelemetry(sinks, closers=closers, resources=(metrics, request_log, tracer)).start()
+    telemetry = RequestTelemetry(sinks, closers=closers, periodic=[metrics.publish],
+                                 resources=(metrics, request_log, tracer)).start()
     return telemetry, tracer
 
 

@@ -55,13 +55,8 @@ def log_record(rec: FinishedRequest, formats: Mapping[str, str] | None = None) -
     """The log line's fields, in a stable order; ``formats``: the weight / KV / compute formats serving it."""
     p, s = rec.params, rec.stats
     seed = s.seed if s is not None else p.seed
-    options: dict[str, Any] = {}
-    if rec.options:
-        try:
-            parsed = json.loads(rec.options)
-            options = {k: parsed[k] for k in LOGGED_OPTIONS if k in parsed}
-        except (ValueError, TypeError):
-            options = {"unparsed": True}
+    parsed = rec.output_options
+    options = {"unparsed": True} if parsed is None else {k: parsed[k] for k in LOGGED_OPTIONS if k in parsed}
     guide = p.guide
     return {
         "event": "request_finished",

@@ -99,3 +99,11 @@ def test_int8_kv_with_a_sliding_window_frees_blocks_behind_it(tmp_path):
     exact, _ = run(folder, prompts, max_num_batched_tokens=32)
     got, _ = run(folder, prompts, max_num_batched_tokens=32, kv_cache_dtype="int8")
     assert_agrees(got, exact, "sliding window")
+
+
+def test_the_fast_decode_step_leaves_a_quantized_cache_to_the_attention_backend(tiny_checkpoint):
+    """The native fused decode step reads fp32 K/V itself: with an int8 cache it stays off, saying why."""
+    parts = build_engine_parts(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", num_kv_blocks=100,
+                                            kv_cache_dtype="int8", fast_decode=True))
+    assert parts.runner.fast_decode is None
+    assert "fast decode off (an int8 KV cache (kv_cache_dtype) runs eagerly)" in parts.summary, parts.summary
