@@ -312,4 +312,5 @@ class LLMService(pb_grpc.LLMServiceServicer):
             vocab_size=facts.vocab_size, architecture=facts.architecture,
             supported_guide_types=[mapping.GUIDE_ENUM[g] for g in guides if g in mapping.GUIDE_ENUM],
             speculative_method=method.get(facts.speculative_method, pb.SPECULATIVE_METHOD_UNSPECIFIED),
-            num_speculative_tokens=facts.num_speculative_tokens)
+            num_speculative_tokens=facts.num_speculative_tokens, quantization=facts.quantization,
+            kv_cache_dtype=facts.kv_cache_dtype)

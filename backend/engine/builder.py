@@ -12,6 +12,7 @@ from backend.attention.selector import make_attention_backend
 from backend.attention.window import serving_windows, uniform_window
 from backend.config import EngineConfig
 from backend.core.kv_cache import KVCache, num_blocks_for_budget
+from backend.core.kv_quant import check_kv_format_device, kv_format
 from backend.core.scheduler import Scheduler
 from backend.engine.model_runner import ModelRunner
 from backend.model.config import ModelConfig
@@ -24,6 +25,19 @@ from backend.spec_decode.speculator import Speculator
 from backend.structured_output.manager import StructuredOutputManager
 
 
+@dataclass(frozen=True)
+class ServedFormats:
+    """The numeric formats that serve requests: named on the load line, ``/metrics``, each request's log line
+    and the gateway's GetModelInfo, so a quality change can be traced to a quantization flag."""
+
+    quantization: str = "none"     # weights: EngineConfig.quantization
+    kv_cache_dtype: str = "auto"   # KV storage: EngineConfig.kv_cache_dtype
+    dtype: str = "float32"         # compute dtype (what ``auto`` KV stores)
+
+    def labels(self) -> dict[str, str]:
+        return {"quantization": self.quantization, "kv_cache_dtype": self.kv_cache_dtype, "dtype": self.dtype}
+
+
 @dataclass
 class EngineParts:
     scheduler: Scheduler
@@ -32,6 +46,7 @@ class EngineParts:
     cpu_threads: int = 1      # intra-op threads the engine may use per step on the CPU (1 on CUDA: not its concern)
     summary: str = ""         # the one line logged at load (``load_summary``)
     structured_output: StructuredOutputManager | None = None   # grammar state of guided requests
+    formats: ServedFormats = ServedFormats()                    # weight / KV / compute formats serving requests
 
 
 @dataclass(frozen=True)
@@ -99,7 +114,7 @@ def num_kv_blocks(config: EngineConfig, model: LlamaForCausalLM, device: torch.d
     else:
         budget = config.kv_cache_bytes
     return num_blocks_for_budget(budget, cfg.num_hidden_layers, config.block_size, cfg.num_key_value_heads,
-                                 cfg.head_dim, dtype)
+                                 cfg.head_dim, dtype, config.kv_cache_dtype)
 
 
 def build_engine_parts(config: EngineConfig) -> EngineParts:
@@ -110,12 +125,13 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         torch.set_num_threads(config.cpu_threads)
     mcfg = ModelConfig.from_file(folder / "config.json")
     dtype = resolve_dtype(config.dtype, device, mcfg.dtype)
+    check_kv_format_device(kv_format(config.kv_cache_dtype, dtype), device)   # before the weights load
     max_model_len = config.resolve_max_model_len(mcfg.max_position_embeddings)
     model = load_model(folder, dtype=dtype, device=device, max_positions=max_model_len)
     quantize_model(model, config.quantization, config.quantization_group_size)
     blocks = num_kv_blocks(config, model, device, dtype)
     kv_cache = KVCache(mcfg.num_hidden_layers, blocks, config.block_size, mcfg.num_key_value_heads, mcfg.head_dim,
-                       dtype=dtype, device=device)
+                       dtype=dtype, device=device, kv_cache_dtype=config.kv_cache_dtype)
     eos = set(mcfg.eos_token_ids) | generation_eos_ids(folder)
     windows = serving_windows(mcfg.sliding_windows, mcfg.num_hidden_layers, max_model_len)
     scheduler = Scheduler(config, num_blocks=blocks, max_model_len=max_model_len, vocab_size=mcfg.vocab_size,
@@ -134,8 +150,9 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
                            type(attn).__name__, speculator) + f", fast decode {fast.describe()}"
     threads = (config.cpu_threads or torch.get_num_threads()) if device.type == "cpu" else 1
     scheduler.can_admit = structured.is_ready
+    formats = ServedFormats(config.quantization, config.kv_cache_dtype, str(dtype).replace("torch.", ""))
     return EngineParts(scheduler, runner, speculator, cpu_threads=threads, summary=summary,
-                       structured_output=structured)
+                       structured_output=structured, formats=formats)
 
 
 def load_summary(config: EngineConfig, mcfg: ModelConfig, model: LlamaForCausalLM, kv: KVCache,
@@ -157,9 +174,12 @@ def load_summary(config: EngineConfig, mcfg: ModelConfig, model: LlamaForCausalL
         spec = (f"{config.speculative_method} k={config.num_speculative_tokens}"
                 f"{' adaptive' if config.speculative_adaptive else ''}"
                 + (f" draft={config.draft_model_path}" if config.speculative_method == "draft" else ""))
+    kv_text = (f"{kv.format.name} (+ an fp16 scale per token and head)" if kv.format.quantized
+               else f"auto ({kv.format.label})")
     arch = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}.get(mcfg.family, mcfg.family)
     return (f"llm engine loaded: checkpoint {config.model_path} ({arch}, {mcfg.num_hidden_layers} layers, "
             f"{params / 1e6:.2f}M parameters) on {device} in {str(dtype).replace('torch.', '')}; "
+            f"weights quantization {config.quantization}; KV cache {kv_text}; "
             f"KV pool {kv.num_blocks} blocks x {kv.block_size} = {pool_tokens} tokens "
             f"({kv.nbytes / 2**20:.1f} MiB, {per_token} bytes per token); max_model_len {max_model_len}: "
             f"{kv.num_blocks // held_blocks} sequences at full context; sliding window {windows_text}; "

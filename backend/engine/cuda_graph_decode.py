@@ -43,6 +43,8 @@ def unsupported_reason(model: LlamaForCausalLM, kv_cache: KVCache, windows) -> s
         return "CUDA graphs need the KV cache on a CUDA device"
     if kv_cache.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return f"a {kv_cache.dtype} KV cache runs eagerly"
+    if kv_cache.format.quantized:
+        return f"an {kv_cache.format.name} KV cache (kv_cache_dtype) runs eagerly"
     if any(w is not None for w in windows):
         return "sliding-window layers run eagerly"
     for layer in model.layers:

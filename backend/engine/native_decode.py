@@ -28,6 +28,8 @@ def unsupported_reason(model: LlamaForCausalLM, kv_cache: KVCache, windows, scal
         return f"the native step runs on the CPU (the cache is on {kv_cache.device})"
     if kv_cache.dtype != torch.float32 or model.embed_tokens.weight.dtype != torch.float32:
         return "the native step needs float32 weights and KV cache"
+    if kv_cache.format.quantized:
+        return f"an {kv_cache.format.name} KV cache (kv_cache_dtype) runs eagerly"
     if any(w is not None for w in windows):
         return "sliding-window layers run eagerly"
     for layer in model.layers:
