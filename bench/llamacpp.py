@@ -147,7 +147,7 @@ def plot_comparison(rows: Sequence[dict], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(1.6 * len(rows) + 2, 4))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(rows) + 2), 4.2))
     xs = range(len(rows))
     ax.bar([x - 0.2 for x in xs], [r["ours_tok_s"] for r in rows], 0.4, label="ours (in-process LLMEngine)")
     ax.bar([x + 0.2 for x in xs], [r["llamacpp_tok_s"] for r in rows], 0.4, label="llama.cpp (llama-batched-bench)")
@@ -157,7 +157,7 @@ def plot_comparison(rows: Sequence[dict], path: Path, title: str) -> None:
     ax.set_xticks(list(xs), [f"{r['threads']} thr, B={r['batch']}" for r in rows])
     ax.set_yscale("log")
     ax.set_ylabel("decode tokens/s (log)")
-    ax.set_title(f"{title} (labels: ours / llama.cpp, same run)")
+    ax.set_title(f"{title}\n(labels: ours / llama.cpp, same run)", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
