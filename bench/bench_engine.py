@@ -18,6 +18,7 @@ Writes bench/results/engine.json (and engine_llamacpp.png).
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import statistics
@@ -135,45 +136,65 @@ def kv_capacity(model: str, tok: Tokenizer, num_blocks: int) -> dict:
             "ratio": peak / max(1, contiguous), "preemptions": engine.stats().num_preemptions}
 
 
-def llamacpp_comparison(model: str, tok: Tokenizer, llama: LlamaCpp, threads: list[int], *,
+def ours_decode(engine: LLMEngine, tok: Tokenizer, batch: int, waves: int) -> float:
+    """Our decode tok/s (``bench.llamacpp.decode_tok_per_s``) over ``waves`` waves of ``batch`` requests."""
+    got = []
+    for w in range(waves):
+        reqs = mixed_workload(tok, batch, seed=1000 * batch + w, prompt_range=(LLAMACPP_PROMPT, LLAMACPP_PROMPT),
+                              output_range=(LLAMACPP_GEN, LLAMACPP_GEN))
+        records, _ = run_engine_level(engine, reqs, batch, level_seconds=math.inf, request_timeout=REQUEST_TIMEOUT)
+        if any(r is None or r.error for r in records):
+            raise RuntimeError(f"engine requests failed at batch {batch}")
+        got.append(records)
+    return decode_tok_per_s(got)
+
+
+def llamacpp_comparison(model: str, tok: Tokenizer, llama: LlamaCpp, threads: list[int], *, repeats: int = 1,
                         waves_at_1: int = 3) -> list[dict]:
-    """Decode tok/s, ours (``LLMEngine.add_request``, greedy, EOS ignored) vs ``llama-batched-bench``, per
-    thread count and batch size; llama.cpp runs first at each thread count, then our engine built with
-    ``cpu_threads`` = that count. At batch 1, ``waves_at_1`` requests one after another; at B, one wave of B."""
+    """Decode tok/s, ours (``LLMEngine.add_request``, greedy, EOS ignored, engine built with ``cpu_threads`` = the
+    thread count) vs ``llama-batched-bench``, per thread count, batch size and repeat; the repeats alternate
+    which side goes first (llama.cpp first in the first). At batch 1, ``waves_at_1`` requests one after another;
+    at B, one wave of B. With several repeats, the medians are printed (and returned as ``repeat`` "median")."""
+    theirs = functools.partial(run_batched_bench, llama, prompt_tokens=LLAMACPP_PROMPT, gen_tokens=LLAMACPP_GEN,
+                               parallel=LLAMACPP_PARALLEL)
     rows = []
-    print(f"{'threads':>7} {'batch':>5} {'ours tok/s':>10} {'llama.cpp tok/s':>15} {'ours/llama.cpp':>14}")
+    print(f"{'threads':>7} {'batch':>5} {'repeat':>6} {'ours tok/s':>10} {'llama.cpp tok/s':>15} "
+          f"{'ours/llama.cpp':>14}")
     for t in threads:
-        base = run_batched_bench(llama, threads=t, prompt_tokens=LLAMACPP_PROMPT, gen_tokens=LLAMACPP_GEN,
-                                 parallel=LLAMACPP_PARALLEL)
         engine = LLMEngine(EngineConfig(model_path=model, kv_cache_bytes=512 << 20, max_num_seqs=64,
                                         cpu_threads=t)).start()
         run_engine(engine, mixed_workload(tok, 1, seed=99, prompt_range=(64, 64), output_range=(8, 8)), 1)  # warm-up
-        for b in LLAMACPP_PARALLEL:
-            waves = []
-            for w in range(waves_at_1 if b == 1 else 1):
-                reqs = mixed_workload(tok, b, seed=1000 * b + w, prompt_range=(LLAMACPP_PROMPT, LLAMACPP_PROMPT),
-                                      output_range=(LLAMACPP_GEN, LLAMACPP_GEN))
-                records, _ = run_engine_level(engine, reqs, b, level_seconds=math.inf, request_timeout=REQUEST_TIMEOUT)
-                if any(r is None or r.error for r in records):
-                    raise RuntimeError(f"engine requests failed at batch {b}, {t} threads")
-                waves.append(records)
-            ours = decode_tok_per_s(waves)
-            ref = base[b]
-            row = {"threads": t, "batch": b, "ours_tok_s": ours, "llamacpp_tok_s": ref.speed_tg,
-                   "ratio": ours / ref.speed_tg, "llamacpp": vars(ref)}
-            rows.append(row)
-            print(f"{t:>7} {b:>5} {ours:>10.0f} {ref.speed_tg:>15.0f} {row['ratio']:>14.2f}", flush=True)
+        for rep in range(repeats):
+            if rep % 2 == 0:
+                base = theirs(threads=t)
+            mine = {b: ours_decode(engine, tok, b, waves_at_1 if b == 1 else 1) for b in LLAMACPP_PARALLEL}
+            if rep % 2 == 1:
+                base = theirs(threads=t)
+            for b in LLAMACPP_PARALLEL:
+                ref = base[b]
+                rows.append({"threads": t, "batch": b, "repeat": rep, "ours_tok_s": mine[b],
+                             "llamacpp_tok_s": ref.speed_tg, "ratio": mine[b] / ref.speed_tg, "llamacpp": vars(ref)})
+                print(f"{t:>7} {b:>5} {rep:>6} {mine[b]:>10.0f} {ref.speed_tg:>15.0f} {rows[-1]['ratio']:>14.2f}",
+                      flush=True)
         engine.shutdown()
-    by = {(r["threads"], r["batch"]): r for r in rows}
+    if repeats > 1:
+        for t in threads:
+            for b in LLAMACPP_PARALLEL:
+                got = [r for r in rows if (r["threads"], r["batch"]) == (t, b)]
+                med = {k: statistics.median(r[k] for r in got) for k in ("ours_tok_s", "llamacpp_tok_s", "ratio")}
+                rows.append({"threads": t, "batch": b, "repeat": "median", **med})
+                print(f"{t:>7} {b:>5} {'median':>6} {med['ours_tok_s']:>10.0f} {med['llamacpp_tok_s']:>15.0f} "
+                      f"{med['ratio']:>14.2f}", flush=True)
+    summary = {(r["threads"], r["batch"]): r for r in rows if r["repeat"] == ("median" if repeats > 1 else 0)}
     for b in LLAMACPP_PARALLEL:
-        if (1, b) in by and (2, b) in by:
-            g = goal(by[2, b]["ours_tok_s"] / by[1, b]["ours_tok_s"], at_least=1.0)
+        if (1, b) in summary and (2, b) in summary:
+            g = goal(summary[2, b]["ours_tok_s"] / summary[1, b]["ours_tok_s"], at_least=1.0)
             print(f"ours at batch {b}: 2 threads / 1 thread = {g['ratio']:.2f}{verdict(g)}")
     return rows
 
 
 def llamacpp_section(model: str, tok: Tokenizer, threads: list[int], binary: str | None, gguf: str | None,
-                     out: Path) -> dict:
+                     out: Path, repeats: int = 1) -> dict:
     """The llama.cpp comparison and its plot, or the printed reason it is skipped (``{"skipped": reason}``)."""
     llama = locate(Path(model), binary, gguf)
     if isinstance(llama, Skipped):
@@ -181,9 +202,11 @@ def llamacpp_section(model: str, tok: Tokenizer, threads: list[int], binary: str
         return {"skipped": llama.reason}
     print(f"llama.cpp: {llama.binary} on {llama.gguf}; prompts of {LLAMACPP_PROMPT} tokens, {LLAMACPP_GEN} generated; "
           f"decode tok/s (llama.cpp: S_TG of llama-batched-bench)", flush=True)
-    rows = llamacpp_comparison(model, tok, llama, threads)
+    rows = llamacpp_comparison(model, tok, llama, threads, repeats=repeats)
     out.mkdir(parents=True, exist_ok=True)
-    plot_comparison(rows, out / "engine_llamacpp.png", title=f"{Path(model).name}: decode tok/s")
+    shown = [r for r in rows if r["repeat"] == ("median" if repeats > 1 else 0)]
+    plot_comparison(shown, out / "engine_llamacpp.png",
+                    title=f"{Path(model).name}: decode tok/s" + (f", median of {repeats}" if repeats > 1 else ""))
     return {"binary": str(llama.binary), "gguf": str(llama.gguf), "prompt_tokens": LLAMACPP_PROMPT,
             "gen_tokens": LLAMACPP_GEN, "rows": rows}
 
@@ -195,6 +218,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
     ap.add_argument("--llamacpp-threads", default="1,2", help="thread counts of the llama.cpp comparison")
+    ap.add_argument("--llamacpp-repeats", type=int, default=1,
+                    help="llama.cpp / ours pairs per thread count, alternating which goes first; medians printed")
     ap.add_argument("--llamacpp-bin", help="llama-batched-bench (default: $LLAMACPP_BIN, else .cache/llamacpp/)")
     ap.add_argument("--llamacpp-gguf", help="GGUF of --model (default: $LLAMACPP_GGUF, else .cache/llamacpp/gguf/)")
     args = ap.parse_args()
@@ -205,6 +230,8 @@ def main() -> None:
         llama_threads = [int(t) for t in args.llamacpp_threads.split(",")]
     except ValueError:
         ap.error(f"--llamacpp-threads: comma-separated integers, got {args.llamacpp_threads!r}")
+    if args.llamacpp_repeats < 1:
+        ap.error(f"--llamacpp-repeats: must be >= 1, got {args.llamacpp_repeats}")
     if any(t < 1 for t in llama_threads):
         ap.error(f"--llamacpp-threads: each must be >= 1, got {args.llamacpp_threads!r}")
     torch.set_num_threads(args.threads)
@@ -226,7 +253,7 @@ def main() -> None:
     out = Path(__file__).resolve().parent / "results"
     if "llamacpp" in sections:
         results["llamacpp"] = llamacpp_section(args.model, tok, llama_threads, args.llamacpp_bin, args.llamacpp_gguf,
-                                               out)
+                                               out, repeats=args.llamacpp_repeats)
     results["machine"], results["commit"] = machine(load_before), git_commit()
     write_json(out / "engine.json", results)
 
