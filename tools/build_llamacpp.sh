@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Build llama.cpp's llama-batched-bench from source and convert HF checkpoints to GGUF f32, for the optional
+# llama.cpp baseline of bench/bench_engine.py. Everything goes under .cache/llamacpp/ (git-ignored).
+#
+#   tools/build_llamacpp.sh [MODEL_DIR ...]        # e.g. models/demo-target .cache/models/random-82m
+#
+# Steps (each skipped when its output exists, so re-running is cheap):
+#   1. download the llama-cpp-python sdist (it vendors the llama.cpp sources) with pip;
+#   2. unpack it;
+#   3. configure (Release, native CPU flags, no CUDA/Metal/curl/OpenSSL, no tests/examples/server);
+#   4. build only the llama-batched-bench target, with at most $JOBS (default 2) jobs;
+#   5. make a converter venv at .cache/llamacpp/venv (gguf from the vendored gguf-py with the numpy it requires,
+#      sentencepiece) that sees torch/transformers of the project venv through a .pth file appended at the end of
+#      sys.path, so the venv's own numpy wins (nothing is installed into the project venv);
+#   6. make a scratch copy of convert_hf_to_gguf.py and its conversion/ package in which an unrecognised BPE
+#      pre-tokenizer hash (ours) falls back to "gpt-2" instead of raising (decode speed does not depend on it);
+#   7. convert each MODEL_DIR to .cache/llamacpp/gguf/<name>-f32.gguf.
+#
+# Environment: LLAMACPP_DIR (default <repo>/.cache/llamacpp), LLAMACPP_VERSION (pin the sdist version, default the
+# newest), JOBS (default 2), PY (project python, default <repo>/.venv/bin/python, else /work/main/.venv/bin/python).
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+DIR=${LLAMACPP_DIR:-$REPO/.cache/llamacpp}
+JOBS=${JOBS:-2}
+if [[ -z "${PY:-}" ]]; then
+    PY=$REPO/.venv/bin/python
+    [[ -x $PY ]] || PY=/work/main/.venv/bin/python
+fi
+mkdir -p "$DIR/sdist" "$DIR/gguf"
+say() { echo "[build_llamacpp] $*"; }
+
+# 1. sdist
+sdist=$(ls "$DIR"/sdist/llama_cpp_python-*.tar.gz 2>/dev/null | sort -V | tail -1 || true)
+if [[ -n "${LLAMACPP_VERSION:-}" ]]; then
+    sdist=$(ls "$DIR"/sdist/llama_cpp_python-"$LLAMACPP_VERSION".tar.gz 2>/dev/null || true)
+fi
+if [[ -z "$sdist" ]]; then
+    spec=llama-cpp-python${LLAMACPP_VERSION:+==$LLAMACPP_VERSION}
+    say "downloading the $spec sdist into $DIR/sdist"
+    "$PY" -m pip download --no-deps --no-binary :all: "$spec" -d "$DIR/sdist"
+    sdist=$(ls "$DIR"/sdist/llama_cpp_python-*.tar.gz | sort -V | tail -1)
+else
+    say "sdist present: $sdist"
+fi
+name=$(basename "$sdist" .tar.gz)
+
+# 2. unpack
+SRC=$DIR/$name/vendor/llama.cpp
+if [[ ! -f $SRC/CMakeLists.txt ]]; then
+    say "unpacking $sdist"
+    tar -xzf "$sdist" -C "$DIR"
+else
+    say "sources present: $SRC"
+fi
+
+# 3. configure
+BUILD=$DIR/build-$name
+if [[ ! -f $BUILD/build.ninja ]]; then
+    say "configuring $BUILD"
+    cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CUDA=OFF \
+        -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=OFF
+else
+    say "configured: $BUILD"
+fi
+
+# 4. build (ninja is a no-op when up to date)
+BIN=$BUILD/bin/llama-batched-bench
+if [[ ! -x $BIN ]]; then
+    say "building llama-batched-bench with $JOBS jobs (about 15 minutes on 2 cores)"
+    cmake --build "$BUILD" --target llama-batched-bench -j "$JOBS"
+else
+    say "binary present: $BIN"
+fi
+ln -sfn "$BIN" "$DIR/llama-batched-bench"
+
+# 5. converter venv
+VENV=$DIR/venv
+if [[ ! -f $VENV/.ready ]]; then
+    say "creating the converter venv $VENV"
+    "$PY" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install --quiet "$SRC/gguf-py" sentencepiece   # gguf brings its numpy (>= 2.2.6)
+    project_site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    venv_site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    # .pth lines are appended to sys.path, so the venv's own gguf/numpy win over the project's.
+    echo "$project_site" > "$venv_site/zz_project_torch.pth"
+    "$VENV/bin/python" -c 'import gguf, numpy, torch, transformers, sentencepiece'
+    touch "$VENV/.ready"
+else
+    say "converter venv present: $VENV"
+fi
+
+# 6. scratch copy of the converter with the unknown-hash fallback
+CONV=$DIR/convert-$name
+if [[ ! -f $CONV/.patched ]]; then
+    say "patching a scratch copy of convert_hf_to_gguf.py into $CONV"
+    rm -rf "$CONV"
+    mkdir -p "$CONV"
+    cp "$SRC/convert_hf_to_gguf.py" "$CONV/"
+    [[ -d $SRC/conversion ]] && cp -r "$SRC/conversion" "$CONV/"
+    "$VENV/bin/python" - "$CONV" <<'EOF'
+import pathlib, sys
+conv = pathlib.Path(sys.argv[1])
+needle = 'raise NotImplementedError("BPE pre-tokenizer was not recognized - update get_vocab_base_pre()")'
+fallback = 'res = "gpt-2"  # scratch-copy patch: unknown pre-tokenizer hash falls back to gpt-2'
+hits = [p for p in conv.rglob("*.py") if needle in p.read_text()]
+if len(hits) != 1:
+    sys.exit(f"expected the unknown-hash raise in exactly one file, found {len(hits)}: update this patch")
+hits[0].write_text(hits[0].read_text().replace(needle, fallback))
+print(f"[build_llamacpp] patched {hits[0]}")
+EOF
+    touch "$CONV/.patched"
+else
+    say "patched converter present: $CONV"
+fi
+
+# 7. conversions
+for model in "$@"; do
+    model=$(cd "$model" && pwd)
+    out=$DIR/gguf/$(basename "$model")-f32.gguf
+    if [[ -f $out ]]; then
+        say "GGUF present: $out"
+        continue
+    fi
+    say "converting $model -> $out"
+    "$VENV/bin/python" "$CONV/convert_hf_to_gguf.py" "$model" --outtype f32 --outfile "$out.part"
+    mv "$out.part" "$out"
+done
+say "done: binary $DIR/llama-batched-bench, GGUF files in $DIR/gguf"
