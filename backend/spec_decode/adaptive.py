@@ -1,37 +1,52 @@
 """Adaptive draft length: choose each request's ``k`` from what speculation measurably buys.
 
-For a sequence with per-position acceptance estimates ``a_1..a_K`` (exponential averages of "draft
-``j`` accepted, given ``1..j-1`` were"), proposing ``k`` drafts yields ``1 + E(k)`` tokens per step,
-``E(k) = sum_{i<=k} prod_{j<=i} a_j``. It costs its share of a plain decode step, ``t(B) / B`` with
-``B`` decoding sequences, plus ``k`` times the measured extra cost of a draft token in a verify step
-``m(B)`` and ``k`` times the proposer's cost per draft token ``d`` (about 0 for n-gram). The chosen
-``k`` maximises
+For a sequence with per-position acceptance estimates ``a_1..a_K`` ("draft ``j`` accepted, given
+``1..j-1`` were"), proposing ``k`` drafts yields ``1 + E(k)`` tokens per step,
+``E(k) = sum_{i<=k} prod_{j<=i} a_j``. With ``B`` decoding sequences, its share of a plain decode
+step is ``t(B) / B``, and speculating with ``k`` drafts adds ``x(B, k)`` seconds per speculating
+sequence: everything a step with drafts costs beyond a plain one (the proposer's time, the extra
+tokens in the forward, the rejection sampling), divided by the sequences that verified. The chosen
+``k`` maximises expected tokens per second,
 
-    (1 + E(k)) / (t(B) / B + k * (m(B) + d))
+    (1 + E(k)) / (t(B) / B + x(B, k)),
 
-``t`` and ``m`` are measured per batch-size bucket (powers of two): ``t`` from decode steps without
-drafts, ``m`` as (verify step time - ``t``) / drafts in the step, so it includes everything a verify
-step costs beyond a plain one (more tokens in the forward, the rejection sampling). Where a step is
-compute-bound (large batches) extra verify tokens cost as much as any other and ``k`` drops, possibly
-to 0. To keep ``t`` current while everyone speculates, the engine runs one step without drafts when
-a bucket's plain time is unknown or stale (``plain_step_due``). A sequence at ``k = 0`` is re-probed
-with the full ``k`` every ``PROBE_EVERY`` steps, so a change in acceptance is noticed.
+and ``k > 0`` only when that beats plain decoding by ``MARGIN``. ``t`` and ``x`` are measured per
+batch-size bucket (powers of two), ``x`` for each draft length (the longest draft run in the step),
+because neither is linear: a verify step has fixed costs per speculating sequence, a draft model
+costs one forward per draft position whatever the batch, and where a step is compute-bound (large
+batches) extra verify tokens cost as much as any other token and ``k`` drops, possibly to 0. An
+unmeasured ``x(B, k)`` is interpolated linearly in ``k`` between measured lengths (``x(B, 0) = 0``),
+which errs low, so an untried length that looks best is tried and then known; above the longest
+measured length it grows in proportion to ``k``; a bucket with no measurement borrows the nearest
+bucket's. Step times are exponential averages, with a step slower than ``OUTLIER`` times the estimate
+counted as that (a step descheduled by another process says nothing about speculation).
 
-A new sequence starts from the engine-wide acceptance estimates (exponential averages over every
-verification), which themselves start optimistic: the engine's first requests speculate with the
-full ``k``, and a workload where drafts fail stops paying for them from one request to the next
-instead of relearning it in every request.
+To keep ``t`` current while everyone speculates, the engine runs one step without drafts when a
+bucket's plain time is unknown or stale (``plain_step_due``); the first step with drafts in a bucket
+then measures ``x`` at the full ``k``, so a bucket's costs are known after two steps.
+
+Acceptance is learnt per position with a weight that starts at ``1 / (PRIOR_WEIGHT + 1)`` and falls
+to ``MIN_WEIGHT`` (an average while there are few observations, then an exponential one), starting
+from the engine-wide estimates, so a workload where drafts fail stops paying for them from one
+request to the next instead of relearning it in every request. A sequence at ``k = 0`` is re-probed
+with one draft after ``PROBE_EVERY`` steps, the interval doubling (up to ``PROBE_MAX``) while probes
+keep failing, so a change in acceptance is noticed at a bounded cost.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-PRIOR_ACCEPTANCE = 0.9     # optimistic start: k starts at the maximum
-ACCEPTANCE_DECAY = 0.3     # weight of a new acceptance observation (per sequence)
-GLOBAL_DECAY = 0.05        # the same, engine-wide
-COST_DECAY = 0.2           # weight of a new step-time observation
-PROBE_EVERY = 16           # steps at k = 0 before a probe with the full k
+PRIOR_ACCEPTANCE = 0.9     # optimistic engine-wide start: the first requests speculate with the full k
+PRIOR_WEIGHT = 2.0         # pseudo-observations behind a new sequence's start (the engine-wide estimate)
+MIN_WEIGHT = 0.25          # weight of a new acceptance observation once a position has a few
+GLOBAL_DECAY = 0.1         # weight of a new observation in the engine-wide estimates
+COST_DECAY = 0.25          # weight of a new step-time observation
+OUTLIER = 3.0              # a step time above OUTLIER x the estimate counts as OUTLIER x the estimate
+MARGIN = 0.05              # speculate only when expected tokens/s beats plain decoding by this fraction
+PROBE_EVERY = 16           # steps at k = 0 before a probe with one draft
+PROBE_MAX = 128            # the probe interval doubles up to this while probes fail
 PLAIN_EVERY = 64           # speculative steps in a bucket before its plain step time is measured again
+FORGET_AFTER = 512         # proposal rounds without a choice for a sequence before its state is dropped
 
 
 def expected_accepted(acceptance: list[float], k: int) -> float:
@@ -43,14 +58,18 @@ def expected_accepted(acceptance: list[float], k: int) -> float:
     return total
 
 
-def best_num_drafts(acceptance: list[float], k_max: int, step_share: float, cost_per_draft: float) -> int:
-    """The ``k`` in ``[0, k_max]`` maximising expected tokens per second (ties: the smaller ``k``)."""
-    best_k, best_rate = 0, 1.0 / step_share if step_share > 0 else float("inf")
-    for k in range(1, k_max + 1):
-        rate = (1.0 + expected_accepted(acceptance, k)) / (step_share + k * cost_per_draft)
+def best_num_drafts(acceptance: list[float], step_share: float, extra_seconds: list[float]) -> int:
+    """The ``k`` in ``[0, len(extra_seconds)]`` maximising ``(1 + E(k)) / (step_share + extra_seconds[k - 1])``.
+
+    ``k > 0`` only when its rate beats plain decoding (``1 / step_share``) by ``MARGIN``; ties: smaller ``k``.
+    """
+    step_share = max(step_share, 1e-12)
+    best_k, best_rate = 0, 0.0
+    for k in range(1, len(extra_seconds) + 1):
+        rate = (1.0 + expected_accepted(acceptance, k)) / (step_share + extra_seconds[k - 1])
         if rate > best_rate * (1 + 1e-6):
             best_k, best_rate = k, rate
-    return best_k
+    return best_k if best_rate * step_share > 1.0 + MARGIN else 0
 
 
 def bucket(num_seqs: int) -> int:
@@ -58,57 +77,94 @@ def bucket(num_seqs: int) -> int:
     return 1 << max(0, num_seqs - 1).bit_length()
 
 
+def interpolate_extra(measured: dict[int, float], k: int) -> float:
+    """``x(k)`` from the measured lengths: exact, else linear between neighbours (``x(0) = 0``), else
+    in proportion to ``k`` above the longest measured one. ``measured`` must not be empty."""
+    if k in measured:
+        return measured[k]
+    lo = max((j for j in measured if j < k), default=0)
+    hi = min((j for j in measured if j > k), default=None)
+    x_lo = measured.get(lo, 0.0)
+    if hi is None:
+        return x_lo * k / lo
+    return x_lo + (measured[hi] - x_lo) * (k - lo) / (hi - lo)
+
+
+def _ema(old: float | None, new: float) -> float:
+    if old is None:
+        return new
+    return old + COST_DECAY * (min(new, OUTLIER * old) - old)
+
+
 @dataclass
 class StepCosts:
-    """Measured step costs per batch-size bucket: plain decode steps, and the extra per draft token."""
+    """Measured step costs per batch-size bucket: plain decode steps, and the extra per speculating
+    sequence of a step with drafts, per draft length."""
 
-    plain: dict[int, float] = field(default_factory=dict)       # bucket -> seconds of a decode step without drafts
-    per_draft: dict[int, float] = field(default_factory=dict)   # bucket -> extra seconds per verified draft
-    since_plain: dict[int, int] = field(default_factory=dict)   # bucket -> speculative steps since a plain one
+    plain: dict[int, float] = field(default_factory=dict)              # bucket -> seconds of a step without drafts
+    extra: dict[int, dict[int, float]] = field(default_factory=dict)   # bucket -> {k: extra seconds per sequence}
+    since_plain: dict[int, int] = field(default_factory=dict)          # bucket -> speculative steps since a plain one
 
-    def observe(self, num_seqs: int, num_drafts: int, seconds: float) -> None:
+    def observe_plain(self, num_seqs: int, seconds: float) -> None:
         b = bucket(num_seqs)
-        if num_drafts == 0:
-            self.plain[b] = _ema(self.plain.get(b), seconds)
-            self.since_plain[b] = 0
-            return
+        self.plain[b] = _ema(self.plain.get(b), seconds)
+        self.since_plain[b] = 0
+
+    def observe_speculative(self, num_seqs: int, num_speculating: int, max_drafts: int, seconds: float) -> None:
+        """A step over ``num_seqs`` sequences, ``num_speculating`` of them verifying at most ``max_drafts``
+        drafts, took ``seconds`` (its proposal included)."""
+        b = bucket(num_seqs)
         self.since_plain[b] = self.since_plain.get(b, 0) + 1
-        if b in self.plain:
-            extra = max(0.0, seconds - self.plain[b]) / num_drafts
-            self.per_draft[b] = _ema(self.per_draft.get(b), extra)
+        if b in self.plain and num_speculating > 0 and max_drafts > 0:
+            per_seq = max(0.0, seconds - self.plain[b]) / num_speculating
+            by_k = self.extra.setdefault(b, {})
+            by_k[max_drafts] = _ema(by_k.get(max_drafts), per_seq)
 
     def plain_step_due(self, num_seqs: int) -> bool:
         b = bucket(num_seqs)
         return b not in self.plain or self.since_plain.get(b, 0) >= PLAIN_EVERY
 
-    def estimate(self, num_seqs: int) -> tuple[float, float] | None:
-        """(plain step seconds at ``num_seqs``, extra seconds per draft), or None while unmeasured."""
+    def plain_seconds(self, num_seqs: int) -> float | None:
+        return self.plain.get(bucket(num_seqs))
+
+    def extra_seconds(self, num_seqs: int, k: int) -> float | None:
+        """Estimated ``x(B, k)``; None while no bucket has a step with drafts measured."""
         b = bucket(num_seqs)
-        if b not in self.plain or b not in self.per_draft:
-            return None
-        return self.plain[b], self.per_draft[b]
-
-
-def _ema(old: float | None, new: float) -> float:
-    return new if old is None else old + COST_DECAY * (new - old)
+        if not self.extra.get(b):
+            known = [c for c, by_k in self.extra.items() if by_k]
+            if not known:
+                return None
+            b = min(known, key=lambda c: (abs(c.bit_length() - b.bit_length()), c))
+        return interpolate_extra(self.extra[b], k)
 
 
 @dataclass
 class _SeqState:
     acceptance: list[float]
+    observations: list[int]
+    last_seen: int = 0
     steps_at_zero: int = 0
+    probe_interval: int = PROBE_EVERY
 
 
 @dataclass
 class AdaptiveDraftLength:
-    """Per-sequence draft length from measured acceptance and costs; ``enabled=False``: always the maximum."""
+    """Per-sequence draft length from measured acceptance and costs; ``enabled=False``: always the maximum.
+
+    The engine's calls per step: ``observe_verify`` for each sequence that verified drafts and then, for
+    a decode-only step, ``observe_step``; then ``plain_step_due``, ``choose`` for each decoding sequence
+    and ``observe_draft`` with the proposer's time for the drafts of the next step.
+    """
 
     max_k: int
     enabled: bool = True
     costs: StepCosts = field(default_factory=StepCosts)
-    draft_seconds_per_token: float = 0.0    # exponential average, per sequence and draft token
     global_acceptance: list[float] = field(default_factory=list)   # engine-wide per-position estimates
     _seqs: dict[int, _SeqState] = field(default_factory=dict)
+    _round: int = 0                   # proposal rounds so far
+    _pending_draft_seconds: float = 0.0   # the proposer's time for the drafts the next step verifies
+    _step_speculating: int = 0        # sequences that verified drafts in the step being observed
+    _step_max_drafts: int = 0         # the longest draft run among them
 
     def __post_init__(self) -> None:
         if not self.global_acceptance:
@@ -117,51 +173,73 @@ class AdaptiveDraftLength:
     def _state(self, seq_id: int) -> _SeqState:
         st = self._seqs.get(seq_id)
         if st is None:
-            st = self._seqs[seq_id] = _SeqState(list(self.global_acceptance))
+            st = self._seqs[seq_id] = _SeqState(list(self.global_acceptance), [0] * self.max_k)
+        st.last_seen = self._round
         return st
 
     def choose(self, seq_id: int, k_max: int, num_decoding: int) -> int:
         """Drafts to propose for one sequence this step (``k_max``: its own cap)."""
+        k_max = min(k_max, self.max_k)
         if k_max <= 0:
             return 0
         if not self.enabled:
             return k_max
         st = self._state(seq_id)
-        est = self.costs.estimate(max(1, num_decoding))
-        if est is None:                                    # costs unknown: speculate fully to measure them
+        n = max(1, num_decoding)
+        plain = self.costs.plain_seconds(n)
+        extras = [self.costs.extra_seconds(n, k) for k in range(1, k_max + 1)]
+        if plain is None or extras[0] is None:           # costs unknown: speculate fully to measure them
             return k_max
-        plain, per_draft = est
-        k = best_num_drafts(st.acceptance, k_max, plain / max(1, num_decoding), per_draft + self.draft_seconds_per_token)
-        if k == 0:
-            st.steps_at_zero += 1
-            if st.steps_at_zero >= PROBE_EVERY:
-                st.steps_at_zero = 0
-                return k_max
-        else:
+        k = best_num_drafts(st.acceptance, plain / n, extras)
+        if k > 0:
+            st.steps_at_zero, st.probe_interval = 0, PROBE_EVERY
+            return k
+        st.steps_at_zero += 1
+        if st.steps_at_zero >= st.probe_interval:         # probe with one draft; back off while probes fail
             st.steps_at_zero = 0
-        return k
+            st.probe_interval = min(PROBE_MAX, 2 * st.probe_interval)
+            return 1
+        return 0
 
     def observe_verify(self, seq_id: int, num_drafts: int, num_accepted: int) -> None:
         """Draft ``j <= num_accepted`` was accepted; draft ``num_accepted + 1`` (if any) was rejected."""
-        acc = self._state(seq_id).acceptance
-        for j in range(min(num_drafts, num_accepted + 1, len(acc))):
+        st = self._state(seq_id)
+        for j in range(min(num_drafts, num_accepted + 1, self.max_k)):
             hit = 1.0 if j < num_accepted else 0.0
-            acc[j] += ACCEPTANCE_DECAY * (hit - acc[j])
+            weight = max(MIN_WEIGHT, 1.0 / (PRIOR_WEIGHT + st.observations[j] + 1))
+            st.acceptance[j] += weight * (hit - st.acceptance[j])
+            st.observations[j] += 1
             self.global_acceptance[j] += GLOBAL_DECAY * (hit - self.global_acceptance[j])
+        if num_drafts > 0:
+            self._step_speculating += 1
+            self._step_max_drafts = max(self._step_max_drafts, num_drafts)
 
     def observe_step(self, num_seqs: int, num_drafts: int, seconds: float) -> None:
         """A decode-only step (no prefill chunk) over ``num_seqs`` sequences verifying ``num_drafts`` took ``seconds``."""
-        self.costs.observe(num_seqs, num_drafts, seconds)
+        if num_drafts == 0:
+            self.costs.observe_plain(num_seqs, seconds)
+        else:
+            self.costs.observe_speculative(num_seqs, self._step_speculating, self._step_max_drafts,
+                                           seconds + self._pending_draft_seconds)
+        self._end_step()
 
     def plain_step_due(self, num_decoding: int) -> bool:
-        """Whether the next step should run without drafts, to measure a plain step at this batch size."""
+        """Whether the next step should run without drafts, to measure a plain step at this batch size.
+
+        Called once per proposal round: what was gathered about the last step is complete by now."""
+        self._end_step()
+        self._round += 1
+        if self._round % FORGET_AFTER == 0:               # sequences chosen for but never freed (k stayed 0)
+            self._seqs = {s: st for s, st in self._seqs.items() if self._round - st.last_seen < FORGET_AFTER}
         return self.enabled and self.costs.plain_step_due(max(1, num_decoding))
 
     def observe_draft(self, seconds: float, num_draft_tokens: int) -> None:
-        if num_draft_tokens > 0:
-            x = seconds / num_draft_tokens
-            self.draft_seconds_per_token += (x - self.draft_seconds_per_token) * (
-                1.0 if self.draft_seconds_per_token == 0.0 else ACCEPTANCE_DECAY)
+        """The proposer took ``seconds`` for the drafts (``num_draft_tokens`` in all) the next step verifies."""
+        self._pending_draft_seconds = seconds if num_draft_tokens > 0 else 0.0
+
+    def _end_step(self) -> None:
+        self._pending_draft_seconds = 0.0
+        self._step_speculating = self._step_max_drafts = 0
 
     def free(self, seq_ids: list[int]) -> None:
         for seq_id in seq_ids:
