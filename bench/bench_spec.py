@@ -117,6 +117,45 @@ def cost_summary(row: dict, bucket: int) -> str:
     return f"plain {plain:.2f} ms" + ("".join(f" +k{k} {v:.2f}" for k, v in extra.items()) + " ms/seq" if extra else "")
 
 
+def geometric_accepted(a: float, k: int) -> float:
+    """``E(k)`` with the same acceptance ``a`` at every position: ``a + a^2 + ... + a^k``."""
+    return sum(a ** i for i in range(1, k + 1))
+
+
+def solve_increasing(f, target: float) -> float | None:
+    """The ``a`` in [0, 1] with ``f(a) = target`` for ``f`` increasing on [0, 1]; None if out of reach."""
+    if f(1.0) < target:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
+    return hi
+
+
+def draft_goal_analysis(adaptive: dict, fixed: dict | None, k_max: int, goal: float) -> dict | None:
+    """Why a batch-1 cell misses ``goal`` from its measured costs and acceptance, and what would reach it.
+
+    Costs from the adaptive engine at bucket 1: ``r_k = x(1, k) / t(1)``, the extra seconds of speculating
+    with ``k`` drafts (proposer included) per plain step; the speed-up with per-position acceptance ``a`` is
+    ``(1 + E(k)) / (1 + r_k)``. Acceptance ``a`` from the fixed-k engine's mean accepted length.
+    """
+    plain = adaptive.get("plain_step_ms", {}).get(1)
+    extra = adaptive.get("extra_ms_per_seq", {}).get(1, {})
+    if not plain or not extra:
+        return None
+    ratio = {k: x / plain for k, x in extra.items()}
+    out: dict = {"plain_step_ms": plain, "extra_per_plain_step": ratio}
+    if fixed is not None and fixed["draft_tokens"]:
+        a = solve_increasing(lambda v: geometric_accepted(v, k_max), fixed["mean_accepted_length"] - 1) or 1.0
+        out["per_position_acceptance"] = a
+        out["predicted_speedup"] = {k: (1 + geometric_accepted(a, k)) / (1 + r) for k, r in ratio.items()}
+        out["max_extra_for_goal"] = {k: max(0.0, (1 + geometric_accepted(a, k)) / goal - 1) for k in ratio}
+    out["acceptance_for_goal"] = {k: solve_increasing(lambda v, k=k: 1 + geometric_accepted(v, k), goal * (1 + r))
+                                  for k, r in ratio.items()}
+    return out
+
+
 def plot(cells: list[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -215,8 +254,17 @@ def main(argv=None) -> int:
                          "met": min(adaptive) >= ADAPTIVE_FLOOR})
     for v in verdicts:
         print(f"goal {v['goal']}: {v['ratio']:.2f} {'met' if v['met'] else 'NOT met'}")
+    analysis = {}
+    for wl, temp in sorted({(c["workload"], c["temperature"]) for c in cells}):
+        at1 = {c["method"]: c for c in cells if (c["workload"], c["temperature"], c["concurrency"]) == (wl, temp, 1)}
+        if "draft" in at1:
+            found = draft_goal_analysis(at1["draft"], at1.get("draft-fixed"), args.k, GOALS[("draft", "mixed", 1,
+                                                                                               "greedy")])
+            if found:
+                analysis[f"draft {wl} T={temp:g} c=1"] = found
+                print(f"draft {wl} T={temp:g} c=1: {found}")
     plot(cells, out / "spec.png")
-    write_json(out / "spec.json", {"cells": cells, "goals": verdicts, "machine": machine(load),
+    write_json(out / "spec.json", {"cells": cells, "goals": verdicts, "draft_analysis": analysis, "machine": machine(load),
                                    "commit": git_commit(), "seconds": time.perf_counter() - t0})
     print(f"wrote {out / 'spec.json'} and {out / 'spec.png'}")
     return 0
