@@ -88,10 +88,9 @@ def measure(engine: LLMEngine, items: list[Item], concurrency: int) -> dict:
            "mean_accepted_length": 1 + accepted / verifies if verifies else 1.0, "errors": s["errors"],
            "verifies": verifies}
     if engine.speculator is not None:
-        costs = engine.speculator.policy.costs
-        row["plain_step_ms"] = {b: 1e3 * v for b, v in sorted(costs.plain.items())}
-        row["extra_ms_per_seq"] = {b: {k: 1e3 * v for k, v in sorted(by_k.items())}
-                                   for b, by_k in sorted(costs.extra.items())}
+        plain, extra = engine.speculator.policy.costs.snapshot()
+        row["plain_step_ms"] = {b: 1e3 * v for b, v in plain.items()}
+        row["extra_ms_per_seq"] = {b: {k: 1e3 * v for k, v in by_k.items()} for b, by_k in extra.items()}
     return row
 
 

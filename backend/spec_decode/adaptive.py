@@ -18,12 +18,15 @@ batches) extra verify tokens cost as much as any other token and ``k`` drops, po
 unmeasured ``x(B, k)`` is interpolated linearly in ``k`` between measured lengths (``x(B, 0) = 0``),
 which errs low, so an untried length that looks best is tried and then known; above the longest
 measured length it grows in proportion to ``k``; a bucket with no measurement borrows the nearest
-bucket's. Step times are exponential averages, with a step slower than ``OUTLIER`` times the estimate
-counted as that (a step descheduled by another process says nothing about speculation).
+bucket's. A cost's estimate is the median of its last ``WINDOW`` observations (the minimum while it has
+fewer than ``SETTLED``): on a shared machine other processes slow some steps down, and a step descheduled
+for a while says nothing about speculation. A length measured only a few times is taken at no more than
+what the other lengths imply, so one slow first step does not rule it out for good.
 
 To keep ``t`` current while everyone speculates, the engine runs one step without drafts when a
-bucket's plain time is unknown or stale (``plain_step_due``); the first step with drafts in a bucket
-then measures ``x`` at the full ``k``, so a bucket's costs are known after two steps.
+bucket's plain time is unknown or stale (``plain_step_due``: every ``PLAIN_EVERY`` speculative steps,
+``PLAIN_EVERY_UNSETTLED`` at first); the first step with drafts in a bucket then measures ``x`` at the full
+``k``, so a bucket's costs are known after two steps.
 
 Acceptance is learnt per position with a weight that starts at ``1 / (PRIOR_WEIGHT + 1)`` and falls
 to ``MIN_WEIGHT`` (an average while there are few observations, then an exponential one), starting
@@ -34,18 +37,20 @@ keep failing, so a change in acceptance is noticed at a bounded cost.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 PRIOR_ACCEPTANCE = 0.9     # optimistic engine-wide start: the first requests speculate with the full k
 PRIOR_WEIGHT = 2.0         # pseudo-observations behind a new sequence's start (the engine-wide estimate)
 MIN_WEIGHT = 0.25          # weight of a new acceptance observation once a position has a few
 GLOBAL_DECAY = 0.1         # weight of a new observation in the engine-wide estimates
-COST_DECAY = 0.25          # weight of a new step-time observation
-OUTLIER = 3.0              # a step time above OUTLIER x the estimate counts as OUTLIER x the estimate
+WINDOW = 7                 # step-time observations kept per cost (bucket, draft length)
+SETTLED = 3                # observations before a cost's estimate is their median rather than their minimum
 MARGIN = 0.05              # speculate only when expected tokens/s beats plain decoding by this fraction
 PROBE_EVERY = 16           # steps at k = 0 before a probe with one draft
 PROBE_MAX = 128            # the probe interval doubles up to this while probes fail
 PLAIN_EVERY = 64           # speculative steps in a bucket before its plain step time is measured again
+PLAIN_EVERY_UNSETTLED = 8  # the same while the plain estimate rests on fewer than SETTLED steps
 FORGET_AFTER = 512         # proposal rounds without a choice for a sequence before its state is dropped
 
 
@@ -90,10 +95,23 @@ def interpolate_extra(measured: dict[int, float], k: int) -> float:
     return x_lo + (measured[hi] - x_lo) * (k - lo) / (hi - lo)
 
 
-def _ema(old: float | None, new: float) -> float:
-    if old is None:
-        return new
-    return old + COST_DECAY * (min(new, OUTLIER * old) - old)
+@dataclass
+class RecentTimes:
+    """The last ``WINDOW`` observations of one cost. The estimate is their median, or their minimum while
+    there are fewer than ``SETTLED`` (other processes only ever slow a step down, never speed it up)."""
+
+    values: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+
+    def add(self, seconds: float) -> None:
+        self.values.append(seconds)
+
+    @property
+    def settled(self) -> bool:
+        return len(self.values) >= SETTLED
+
+    def estimate(self) -> float:
+        v = sorted(self.values)
+        return v[len(v) // 2] if self.settled else v[0]
 
 
 @dataclass
@@ -101,13 +119,13 @@ class StepCosts:
     """Measured step costs per batch-size bucket: plain decode steps, and the extra per speculating
     sequence of a step with drafts, per draft length."""
 
-    plain: dict[int, float] = field(default_factory=dict)              # bucket -> seconds of a step without drafts
-    extra: dict[int, dict[int, float]] = field(default_factory=dict)   # bucket -> {k: extra seconds per sequence}
-    since_plain: dict[int, int] = field(default_factory=dict)          # bucket -> speculative steps since a plain one
+    plain: dict[int, RecentTimes] = field(default_factory=dict)               # bucket -> step without drafts
+    extra: dict[int, dict[int, RecentTimes]] = field(default_factory=dict)    # bucket -> {k: extra per sequence}
+    since_plain: dict[int, int] = field(default_factory=dict)   # bucket -> speculative steps since a plain one
 
     def observe_plain(self, num_seqs: int, seconds: float) -> None:
         b = bucket(num_seqs)
-        self.plain[b] = _ema(self.plain.get(b), seconds)
+        self.plain.setdefault(b, RecentTimes()).add(seconds)
         self.since_plain[b] = 0
 
     def observe_speculative(self, num_seqs: int, num_speculating: int, max_drafts: int, seconds: float) -> None:
@@ -116,26 +134,44 @@ class StepCosts:
         b = bucket(num_seqs)
         self.since_plain[b] = self.since_plain.get(b, 0) + 1
         if b in self.plain and num_speculating > 0 and max_drafts > 0:
-            per_seq = max(0.0, seconds - self.plain[b]) / num_speculating
-            by_k = self.extra.setdefault(b, {})
-            by_k[max_drafts] = _ema(by_k.get(max_drafts), per_seq)
+            per_seq = max(0.0, seconds - self.plain[b].estimate()) / num_speculating
+            self.extra.setdefault(b, {}).setdefault(max_drafts, RecentTimes()).add(per_seq)
 
     def plain_step_due(self, num_seqs: int) -> bool:
+        """No plain step measured at this bucket, or ``PLAIN_EVERY`` speculative steps since the last one
+        (``PLAIN_EVERY_UNSETTLED`` while the plain estimate rests on few steps)."""
         b = bucket(num_seqs)
-        return b not in self.plain or self.since_plain.get(b, 0) >= PLAIN_EVERY
+        if b not in self.plain:
+            return True
+        every = PLAIN_EVERY if self.plain[b].settled else PLAIN_EVERY_UNSETTLED
+        return self.since_plain.get(b, 0) >= every
 
     def plain_seconds(self, num_seqs: int) -> float | None:
-        return self.plain.get(bucket(num_seqs))
+        t = self.plain.get(bucket(num_seqs))
+        return None if t is None else t.estimate()
 
     def extra_seconds(self, num_seqs: int, k: int) -> float | None:
-        """Estimated ``x(B, k)``; None while no bucket has a step with drafts measured."""
+        """Estimated ``x(B, k)``; None while no bucket has a step with drafts measured.
+
+        A length measured fewer than ``SETTLED`` times is taken at no more than what the other lengths
+        imply, so that one slow first step does not rule it out for good."""
         b = bucket(num_seqs)
         if not self.extra.get(b):
             known = [c for c, by_k in self.extra.items() if by_k]
             if not known:
                 return None
             b = min(known, key=lambda c: (abs(c.bit_length() - b.bit_length()), c))
-        return interpolate_extra(self.extra[b], k)
+        by_k = self.extra[b]
+        measured = {j: t.estimate() for j, t in by_k.items()}
+        x = interpolate_extra(measured, k)
+        if k in by_k and not by_k[k].settled and len(measured) > 1:
+            x = min(x, interpolate_extra({j: v for j, v in measured.items() if j != k}, k))
+        return x
+
+    def snapshot(self) -> tuple[dict[int, float], dict[int, dict[int, float]]]:
+        """(bucket -> plain step seconds, bucket -> {k: extra seconds per speculating sequence})."""
+        return ({b: t.estimate() for b, t in sorted(self.plain.items())},
+                {b: {k: t.estimate() for k, t in sorted(by_k.items())} for b, by_k in sorted(self.extra.items())})
 
 
 @dataclass

@@ -6,8 +6,10 @@ import pytest
 from backend.spec_decode.adaptive import (
     FORGET_AFTER,
     PLAIN_EVERY,
+    PLAIN_EVERY_UNSETTLED,
     PROBE_EVERY,
     PROBE_MAX,
+    SETTLED,
     AdaptiveDraftLength,
     StepCosts,
     best_num_drafts,
@@ -53,12 +55,35 @@ def test_step_costs_per_bucket_and_per_length():
     costs.observe_speculative(8, 8, 2, 0.020)                    # 8 sequences x 2 drafts: 2 ms each
     assert costs.extra_seconds(5, 2) == pytest.approx(0.002) and costs.extra_seconds(8, 4) == pytest.approx(0.004)
     assert costs.extra_seconds(2, 4) == pytest.approx(0.002)     # bucket 2 unmeasured: the nearest (1) lends
-    assert not costs.plain_step_due(1)
-    for _ in range(PLAIN_EVERY):
-        costs.observe_speculative(1, 1, 4, 0.004)
-    assert costs.plain_step_due(1)                                # stale: measure a plain step again
-    costs.observe_speculative(1, 1, 4, 1.0)                       # a descheduled step counts as 3x at most
-    assert costs.extra_seconds(1, 4) < 0.005
+    assert costs.snapshot() == ({1: 0.002, 8: 0.004}, {1: {4: pytest.approx(0.002)}, 8: {2: pytest.approx(0.002)}})
+
+
+def test_plain_step_is_remeasured_sooner_while_unsettled():
+    costs = StepCosts()
+    costs.observe_plain(1, 0.002)
+    ks = []
+    for _ in range(3 * PLAIN_EVERY):
+        ks.append(costs.plain_step_due(1))
+        if ks[-1]:
+            costs.observe_plain(1, 0.002)
+        else:
+            costs.observe_speculative(1, 1, 4, 0.004)
+    due = [i for i, d in enumerate(ks) if d]
+    assert due[:2] == [PLAIN_EVERY_UNSETTLED, 2 * PLAIN_EVERY_UNSETTLED + 1]
+    assert due[2] - due[1] == PLAIN_EVERY + 1                    # settled after SETTLED plain steps
+
+
+def test_slow_steps_from_other_processes_do_not_move_the_estimates():
+    costs = StepCosts()
+    for t in (0.009, 0.002, 0.002, 0.002, 0.030, 0.002, 0.002):  # two descheduled steps among seven
+        costs.observe_plain(1, t)
+    assert costs.plain_seconds(1) == 0.002
+    costs.observe_speculative(1, 1, 3, 0.003)
+    costs.observe_speculative(1, 1, 4, 0.050)                    # a first measurement at k = 4, descheduled
+    assert costs.extra_seconds(1, 4) == pytest.approx(0.001 * 4 / 3)   # unsettled: no more than k = 3 implies
+    for _ in range(SETTLED):
+        costs.observe_speculative(1, 1, 4, 0.0035)
+    assert costs.extra_seconds(1, 4) == pytest.approx(0.0015)
 
 
 class Sim:
