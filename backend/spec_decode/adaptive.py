@@ -33,10 +33,13 @@ to ``MIN_WEIGHT`` (an average while there are few observations, then an exponent
 from the engine-wide estimates, so a workload where drafts fail stops paying for them from one
 request to the next instead of relearning it in every request. A sequence at ``k = 0`` is re-probed
 with one draft after ``PROBE_EVERY`` steps, the interval doubling (up to ``PROBE_MAX``) while probes
-keep failing, so a change in acceptance is noticed at a bounded cost.
+keep failing and never shorter than what keeps all sequences' probes within ``PROBE_BUDGET`` of the
+plain step time (at large batches a probing sequence costs nearly a whole share of the step), so a
+change in acceptance is noticed at a bounded cost.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -49,6 +52,7 @@ SETTLED = 3                # observations before a cost's estimate is their medi
 MARGIN = 0.05              # speculate only when expected tokens/s beats plain decoding by this fraction
 PROBE_EVERY = 16           # steps at k = 0 before a probe with one draft
 PROBE_MAX = 128            # the probe interval doubles up to this while probes fail
+PROBE_BUDGET = 0.02        # and is at least long enough for all probes to cost <= 2% of the plain step time
 PLAIN_EVERY = 64           # speculative steps in a bucket before its plain step time is measured again
 PLAIN_EVERY_UNSETTLED = 8  # the same while the plain estimate rests on fewer than SETTLED steps
 FORGET_AFTER = 512         # proposal rounds without a choice for a sequence before its state is dropped
@@ -75,6 +79,14 @@ def best_num_drafts(acceptance: list[float], step_share: float, extra_seconds: l
         if rate > best_rate * (1 + 1e-6):
             best_k, best_rate = k, rate
     return best_k if best_rate * step_share > 1.0 + MARGIN else 0
+
+
+def probe_interval_for_budget(num_seqs: int, plain_seconds: float, probe_seconds: float) -> int:
+    """Steps between one sequence's probes so that the probes of ``num_seqs`` sequences cost at most
+    ``PROBE_BUDGET`` of the plain step time: ``num_seqs * x(B, 1) / (PROBE_BUDGET * t(B))``. At large
+    batches a single draft costs a verifying sequence nearly a whole share of the step (its own
+    multi-token attention, its rejection), so probing every few steps would be most of the loss."""
+    return math.ceil(num_seqs * probe_seconds / (PROBE_BUDGET * max(plain_seconds, 1e-12)))
 
 
 def bucket(num_seqs: int) -> int:
@@ -150,11 +162,11 @@ class StepCosts:
         t = self.plain.get(bucket(num_seqs))
         return None if t is None else t.estimate()
 
-    def extra_seconds(self, num_seqs: int, k: int) -> float | None:
+    def extra_seconds(self, num_seqs: int, k: int, optimistic: bool = True) -> float | None:
         """Estimated ``x(B, k)``; None while no bucket has a step with drafts measured.
 
-        A length measured fewer than ``SETTLED`` times is taken at no more than what the other lengths
-        imply, so that one slow first step does not rule it out for good."""
+        ``optimistic``: a length measured fewer than ``SETTLED`` times is taken at no more than what the
+        other lengths imply, so that one slow first step does not rule it out for good."""
         b = bucket(num_seqs)
         if not self.extra.get(b):
             known = [c for c, by_k in self.extra.items() if by_k]
@@ -164,7 +176,7 @@ class StepCosts:
         by_k = self.extra[b]
         measured = {j: t.estimate() for j, t in by_k.items()}
         x = interpolate_extra(measured, k)
-        if k in by_k and not by_k[k].settled and len(measured) > 1:
+        if optimistic and k in by_k and not by_k[k].settled and len(measured) > 1:
             x = min(x, interpolate_extra({j: v for j, v in measured.items() if j != k}, k))
         return x
 
@@ -231,7 +243,8 @@ class AdaptiveDraftLength:
             st.steps_at_zero, st.probe_interval = 0, PROBE_EVERY
             return k
         st.steps_at_zero += 1
-        if st.steps_at_zero >= st.probe_interval:         # probe with one draft; back off while probes fail
+        probe_cost = self.costs.extra_seconds(n, 1, optimistic=False)
+        if st.steps_at_zero >= max(st.probe_interval, probe_interval_for_budget(n, plain, probe_cost)):
             st.steps_at_zero = 0
             st.probe_interval = min(PROBE_MAX, 2 * st.probe_interval)
             return 1

@@ -1,6 +1,8 @@
 """Adaptive draft length: k from measured acceptance and step costs (synthetic timings, no engine)."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from backend.spec_decode.adaptive import (
@@ -16,6 +18,7 @@ from backend.spec_decode.adaptive import (
     bucket,
     expected_accepted,
     interpolate_extra,
+    probe_interval_for_budget,
 )
 
 
@@ -110,19 +113,37 @@ class Sim:
         return ks
 
 
-def test_k_drops_to_zero_within_a_few_steps_when_drafts_fail_then_reprobes_with_backoff():
+def test_k_drops_to_zero_within_a_few_steps_when_drafts_fail():
     pol = AdaptiveDraftLength(4)
     sim = Sim(pol, plain=lambda n: 0.002, fixed=0.0005, per_token=0.0002, draft_step=0.0013)   # a draft model
-    history = [sim.step([1], lambda s, k: 0)[0] for _ in range(8)]
+    history = [sim.step([1], lambda s, k: 0)[0] for _ in range(40)]
     assert history[:2] == [0, 4]                  # a plain step, then the full k to measure costs
-    assert history[4:] == [0, 0, 0, 0]            # off after a couple of rejected runs
-    ks = [sim.step([1], lambda s, k: 0)[0] for _ in range(PROBE_EVERY + 2 * PROBE_EVERY + 2)]
+    assert set(history[4:]) == {0}                # off after a couple of rejected runs; a probe (one draft:
+    assert probe_interval_for_budget(1, 0.002, 0.002) == 50      # 2 ms) may come only every 50 steps
+
+
+def test_reprobes_with_backoff_and_within_the_budget_at_large_batches():
+    pol = AdaptiveDraftLength(4)
+    sim = Sim(pol, plain=lambda n: 0.002, fixed=0.0002, per_token=0.0001)    # n-gram at batch 1
+    for _ in range(10):
+        sim.step([1], lambda s, k: 0)
+    assert pol.choose(1, 4, 1) == 0
+    ks = [sim.step([1], lambda s, k: 0)[0] for _ in range(8 * PROBE_MAX)]
     probes = [i for i, k in enumerate(ks) if k]
     assert all(ks[i] == 1 for i in probes)        # a probe is a single draft
-    assert len(probes) == 2 and probes[1] - probes[0] >= 2 * PROBE_EVERY - 1   # the interval doubles
-    for _ in range(20 * PROBE_MAX):
-        sim.step([1], lambda s, k: 0)
-    assert pol._seqs[1].probe_interval == PROBE_MAX
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
+    assert gaps[0] >= 2 * PROBE_EVERY and gaps[1] >= 4 * PROBE_EVERY     # the interval doubles while probes fail
+    assert min(gaps[-2:]) >= PROBE_MAX and pol._seqs[1].probe_interval == PROBE_MAX
+    # 32 sequences, where one draft costs a verifying sequence 1.5 ms against a 13.5 ms step: probes of all
+    # of them within 2% of the step time means one probe per sequence in 178 steps
+    big = Sim(AdaptiveDraftLength(4), plain=lambda n: 0.0135, fixed=0.0015, per_token=0.0)
+    seqs = list(range(32))
+    steps = [big.step(seqs, lambda s, k: 0) for _ in range(500)]
+    assert steps[1] == [4] * 32 and not any(any(ks) for ks in steps[2:40])   # measured at k = 4, then off
+    for i in range(32):
+        probes = [t for t, ks in enumerate(steps) if t >= 2 and ks[i]]
+        # the first probe's cost is interpolated (a quarter of k = 4's), then it is measured
+        assert 2 <= len(probes) <= 3 and all(b - a >= 178 for a, b in itertools.pairwise(probes))
 
 
 def test_k_rises_when_drafts_are_accepted():
