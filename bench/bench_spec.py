@@ -7,12 +7,15 @@ held-out code:
   (so the continuation the model is about to write is already in its context);
 - ``mixed``: ``bench_engine.py``'s mixed workload (prompts cut anywhere, no planted repetition).
 
-Prints, per cell, tokens/s and the ratio to ``none`` in the same run, the mean accepted length
-(tokens per verified step), the acceptance rate, and the measured costs behind them (the adaptive
-policy's plain decode step time and extra cost per verified draft per batch-size bucket, and the
-proposer's time per draft token). Writes bench/results/spec.json and spec.png.
+Prints, per cell, tokens/s and the ratio to ``none`` (with ``--rounds N``, every method runs N times in
+alternating order, and the ratio is the median of the per-round ratios, their range in brackets), the
+mean accepted length (tokens per verified step), the acceptance rate, and the measured costs behind
+them (the adaptive policy's plain decode step time and extra seconds per speculating sequence for each
+draft length at the cell's batch-size bucket). For the draft model at batch 1 it also works out, from
+those costs and the fixed-k acceptance, the speed-up to expect and the acceptance that would reach the
+1.3x goal. Writes bench/results/spec.json and spec.png.
 
-    .venv/bin/python bench/bench_spec.py [--quick] [--levels 1,8,32]
+    .venv/bin/python bench/bench_spec.py [--quick] [--levels 1,8,32] [--rounds 5] [--workloads repeat] [--temperatures 0]
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import argparse
 import dataclasses
 import os
 import random
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -229,12 +233,17 @@ def main(argv=None) -> int:
                     rows = {m: combine(rs) for m, rs in runs.items()}
                     base = rows["none"]["tok_per_s"] if "none" in rows else None
                     for m, r in rows.items():
+                        # per round, the ratio to none measured next to it (the same round); their median
+                        # is robust to another process slowing one run down
+                        paired = [x["tok_per_s"] / b["tok_per_s"] for x, b in zip(runs[m], runs.get("none", []))]
                         r.update(method=m, workload=wl, temperature=temp, concurrency=c,
-                                 ratio=r["tok_per_s"] / base if base else None)
+                                 ratio=statistics.median(paired) if paired else None, round_ratios=paired,
+                                 pooled_ratio=r["tok_per_s"] / base if base else None)
                         cells.append(r)
                         acc = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
+                        spread = f"[{min(r['round_ratios']):.2f}-{max(r['round_ratios']):.2f}]" if r["round_ratios"] else ""
                         print(f"{wl:6s} T={temp:.1f} c={c:<3d} {m:12s} {r['tok_per_s']:8.1f} tok/s  "
-                              f"x{(r['ratio'] or 0):5.2f}  accepted len {r['mean_accepted_length']:.2f}  "
+                              f"x{(r['ratio'] or 0):5.2f} {spread:11s} accepted len {r['mean_accepted_length']:.2f}  "
                               f"acceptance {acc}  steps {r['steps']}  {cost_summary(r, bucket(c))}",
                               flush=True)
     finally:
