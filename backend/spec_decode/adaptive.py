@@ -213,6 +213,7 @@ class AdaptiveDraftLength:
     _pending_draft_seconds: float = 0.0   # the proposer's time for the drafts the next step verifies
     _step_speculating: int = 0        # sequences that verified drafts in the step being observed
     _step_max_drafts: int = 0         # the longest draft run among them
+    _round_estimates: dict = field(default_factory=dict)   # (num_decoding, k_max) -> costs, for this round
 
     def __post_init__(self) -> None:
         if not self.global_acceptance:
@@ -234,8 +235,7 @@ class AdaptiveDraftLength:
             return k_max
         st = self._state(seq_id)
         n = max(1, num_decoding)
-        plain = self.costs.plain_seconds(n)
-        extras = [self.costs.extra_seconds(n, k) for k in range(1, k_max + 1)]
+        plain, extras, probe_every = self._estimates(n, k_max)
         if plain is None or extras[0] is None:           # costs unknown: speculate fully to measure them
             return k_max
         k = best_num_drafts(st.acceptance, plain / n, extras)
@@ -243,12 +243,23 @@ class AdaptiveDraftLength:
             st.steps_at_zero, st.probe_interval = 0, PROBE_EVERY
             return k
         st.steps_at_zero += 1
-        probe_cost = self.costs.extra_seconds(n, 1, optimistic=False)
-        if st.steps_at_zero >= max(st.probe_interval, probe_interval_for_budget(n, plain, probe_cost)):
+        if st.steps_at_zero >= max(st.probe_interval, probe_every):
             st.steps_at_zero = 0
             st.probe_interval = min(PROBE_MAX, 2 * st.probe_interval)
             return 1
         return 0
+
+    def _estimates(self, n: int, k_max: int) -> tuple[float | None, list[float | None], int]:
+        """(plain step seconds, ``x(n, 1..k_max)``, probe interval for the budget), computed once per round."""
+        key = (n, k_max)
+        if key not in self._round_estimates:
+            plain = self.costs.plain_seconds(n)
+            extras = [self.costs.extra_seconds(n, k) for k in range(1, k_max + 1)]
+            probe_every = 0
+            if plain is not None and extras[0] is not None:
+                probe_every = probe_interval_for_budget(n, plain, self.costs.extra_seconds(n, 1, optimistic=False))
+            self._round_estimates[key] = (plain, extras, probe_every)
+        return self._round_estimates[key]
 
     def observe_verify(self, seq_id: int, num_drafts: int, num_accepted: int) -> None:
         """Draft ``j <= num_accepted`` was accepted; draft ``num_accepted + 1`` (if any) was rejected."""
@@ -287,6 +298,7 @@ class AdaptiveDraftLength:
         self._pending_draft_seconds = seconds if num_draft_tokens > 0 else 0.0
 
     def _end_step(self) -> None:
+        self._round_estimates = {}
         self._pending_draft_seconds = 0.0
         self._step_speculating = self._step_max_drafts = 0
 
