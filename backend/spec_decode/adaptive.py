@@ -32,10 +32,12 @@ Acceptance is learnt per position with a weight that starts at ``1 / (PRIOR_WEIG
 to ``MIN_WEIGHT`` (an average while there are few observations, then an exponential one), starting
 from the engine-wide estimates, so a workload where drafts fail stops paying for them from one
 request to the next instead of relearning it in every request. A sequence at ``k = 0`` is re-probed
-with one draft after ``PROBE_EVERY`` steps, the interval doubling (up to ``PROBE_MAX``) while probes
-keep failing and never shorter than what keeps all sequences' probes within ``PROBE_BUDGET`` of the
-plain step time (at large batches a probing sequence costs nearly a whole share of the step), so a
-change in acceptance is noticed at a bounded cost.
+with its full ``k`` (one probe then measures every position: a repetitive request among unrepetitive
+ones is recognised from one probe) after ``PROBE_EVERY`` steps, the interval doubling (up to
+``PROBE_MAX``) while probes keep failing and never shorter than what keeps all sequences' probes within
+``PROBE_BUDGET`` of the plain step time (at large batches a probing sequence costs nearly a whole share
+of the step; a draft model's probe costs ``k`` draft forwards), so a change in acceptance is noticed at
+a bounded cost.
 """
 from __future__ import annotations
 
@@ -44,13 +46,13 @@ from collections import deque
 from dataclasses import dataclass, field
 
 PRIOR_ACCEPTANCE = 0.9     # optimistic engine-wide start: the first requests speculate with the full k
-PRIOR_WEIGHT = 2.0         # pseudo-observations behind a new sequence's start (the engine-wide estimate)
+PRIOR_WEIGHT = 1.0         # pseudo-observations behind a new sequence's start (the engine-wide estimate)
 MIN_WEIGHT = 0.25          # weight of a new acceptance observation once a position has a few
 GLOBAL_DECAY = 0.1         # weight of a new observation in the engine-wide estimates
 WINDOW = 7                 # step-time observations kept per cost (bucket, draft length)
 SETTLED = 3                # observations before a cost's estimate is their median rather than their minimum
 MARGIN = 0.05              # speculate only when expected tokens/s beats plain decoding by this fraction
-PROBE_EVERY = 16           # steps at k = 0 before a probe with one draft
+PROBE_EVERY = 16           # steps at k = 0 before a probe with the full k
 PROBE_MAX = 128            # the probe interval doubles up to this while probes fail
 PROBE_BUDGET = 0.02        # and is at least long enough for all probes to cost <= 2% of the plain step time
 PLAIN_EVERY = 64           # speculative steps in a bucket before its plain step time is measured again
@@ -83,9 +85,9 @@ def best_num_drafts(acceptance: list[float], step_share: float, extra_seconds: l
 
 def probe_interval_for_budget(num_seqs: int, plain_seconds: float, probe_seconds: float) -> int:
     """Steps between one sequence's probes so that the probes of ``num_seqs`` sequences cost at most
-    ``PROBE_BUDGET`` of the plain step time: ``num_seqs * x(B, 1) / (PROBE_BUDGET * t(B))``. At large
-    batches a single draft costs a verifying sequence nearly a whole share of the step (its own
-    multi-token attention, its rejection), so probing every few steps would be most of the loss."""
+    ``PROBE_BUDGET`` of the plain step time: ``num_seqs * x(B, k) / (PROBE_BUDGET * t(B))``. At large
+    batches drafts cost a verifying sequence about a whole share of the step (its own multi-token
+    attention, its rejection), so probing every few steps would be most of the loss."""
     return math.ceil(num_seqs * probe_seconds / (PROBE_BUDGET * max(plain_seconds, 1e-12)))
 
 
@@ -243,10 +245,10 @@ class AdaptiveDraftLength:
             st.steps_at_zero, st.probe_interval = 0, PROBE_EVERY
             return k
         st.steps_at_zero += 1
-        if st.steps_at_zero >= max(st.probe_interval, probe_every):
+        if st.steps_at_zero >= max(st.probe_interval, probe_every):   # probe: learns every position at once
             st.steps_at_zero = 0
             st.probe_interval = min(PROBE_MAX, 2 * st.probe_interval)
-            return 1
+            return k_max
         return 0
 
     def _estimates(self, n: int, k_max: int) -> tuple[float | None, list[float | None], int]:
@@ -257,7 +259,7 @@ class AdaptiveDraftLength:
             extras = [self.costs.extra_seconds(n, k) for k in range(1, k_max + 1)]
             probe_every = 0
             if plain is not None and extras[0] is not None:
-                probe_every = probe_interval_for_budget(n, plain, self.costs.extra_seconds(n, 1, optimistic=False))
+                probe_every = probe_interval_for_budget(n, plain, self.costs.extra_seconds(n, k_max, optimistic=False))
             self._round_estimates[key] = (plain, extras, probe_every)
         return self._round_estimates[key]
 
