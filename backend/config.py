@@ -22,6 +22,7 @@ SPECULATIVE_METHODS = ("none", "ngram", "draft")
 MAX_SPECULATIVE_TOKENS = 16
 MAX_NGRAM = 64
 QUANTIZATION_MODES = ("none", "int8", "int4", "fp8")
+KV_CACHE_DTYPES = ("auto", "int8", "fp8")   # backend/core/kv_quant.py
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,13 @@ class EngineConfig:
     speculative_adaptive: bool = True          # choose k per request from measured acceptance and step costs
     quantization: str = "none"                 # weight-only: none | int8 | int4 | fp8 (CUDA); backend/model/quant.py
     quantization_group_size: int = 128         # int4: input columns per scale
+    kv_cache_dtype: str = "auto"               # KV storage: auto (compute dtype) | int8 | fp8 (CUDA); + fp16 scales
     seed: int = 0
     cpu_threads: int = 0                       # torch intra-op threads on CPU (0: torch's default, one per core)
     guided_compile_timeout_s: float = 10.0     # a guided request fails when its grammar takes longer to compile
     guided_compile_workers: int = 2            # grammar compile threads (a timed-out compile keeps its thread)
     guided_jump_forward: bool = False          # append the tokens a grammar forces without a forward pass each
+    fast_decode: bool = False                  # decode/verify steps through the native fused forward (CPU fp32)
 
     def __post_init__(self) -> None:
         _check_str("model_path", self.model_path)
@@ -95,6 +98,8 @@ class EngineConfig:
         if self.quantization not in QUANTIZATION_MODES:
             raise ValueError(f"quantization: expected one of {QUANTIZATION_MODES}, got {self.quantization!r}")
         _check_int("quantization_group_size", self.quantization_group_size, lo=2, hi=1 << 16)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype: expected one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         _check_int("seed", self.seed, lo=0, hi=2**63 - 1)
         _check_int("cpu_threads", self.cpu_threads, lo=0, hi=1024)
         t = self.guided_compile_timeout_s
@@ -103,6 +108,8 @@ class EngineConfig:
         _check_int("guided_compile_workers", self.guided_compile_workers, lo=1, hi=64)
         if not isinstance(self.guided_jump_forward, bool):
             raise ValueError(f"guided_jump_forward: expected a boolean, got {self.guided_jump_forward!r}")
+        if not isinstance(self.fast_decode, bool):
+            raise ValueError(f"fast_decode: expected a boolean, got {self.fast_decode!r}")
 
     @property
     def speculative(self) -> bool:
@@ -203,8 +210,9 @@ _PARSERS = {
     "stream_interval": _parse_int, "stream_responses_per_s": _parse_float, "device": _parse_str, "dtype": _parse_str,
     "num_speculative_tokens": _parse_int, "speculative_method": _parse_str, "ngram_min": _parse_int,
     "ngram_max": _parse_int, "speculative_adaptive": _parse_bool, "seed": _parse_int, "cpu_threads": _parse_int,
-    "quantization": _parse_str, "quantization_group_size": _parse_int,
+    "quantization": _parse_str, "quantization_group_size": _parse_int, "kv_cache_dtype": _parse_str,
     "guided_compile_timeout_s": _parse_float, "guided_compile_workers": _parse_int, "guided_jump_forward": _parse_bool,
+    "fast_decode": _parse_bool,
 }
 
 

@@ -102,6 +102,7 @@ def main() -> None:
     ap.add_argument("--model", default="models/demo-target")
     ap.add_argument("--quick", action="store_true", help="fewer requests (smoke run)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--fast-decode", choices=("on", "off"), default="on", help="EngineConfig.fast_decode (shipped: on)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
@@ -110,7 +111,8 @@ def main() -> None:
     tok = Tokenizer.from_file(str(Path(args.model) / "tokenizer.json"))
     pad = tok.token_to_id("<|pad|>") or 0
     hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    engine = LLMEngine(EngineConfig(model_path=args.model, kv_cache_bytes=512 << 20, max_num_seqs=64)).start()
+    engine = LLMEngine(EngineConfig(model_path=args.model, kv_cache_bytes=512 << 20, max_num_seqs=64,
+                                    fast_decode=args.fast_decode == "on")).start()
     results = {"throughput": []}
     plan = [(1, 3 if args.quick else 6), (8, 8 if args.quick else 16), (32, 32 if args.quick else 64)]
     print(f"{'conc':>4} {'ours tok/s':>10} {'HF tok/s':>9} {'ratio':>6} {'TTFT p50/p90 ms':>16} {'TPOT p50/p90 ms':>16}")

@@ -87,7 +87,8 @@ def timed(obj, name: str, acc: dict) -> None:
     setattr(obj, name, wrapper)
 
 
-def bench_concurrency(engine, tokenizer, c: int, max_tokens: int, rounds: int, seed: int) -> dict:
+def bench_concurrency(engine, tokenizer, c: int, max_tokens: int, rounds: int, seed: int,
+                      compare_fill: bool = False) -> dict:
     prompts = [tokenizer.encode(PROMPTS[i % len(PROMPTS)], add_special_tokens=True) for i in range(c)]
     so = engine.structured
     acc: dict[str, float] = {}
@@ -102,9 +103,10 @@ def bench_concurrency(engine, tokenizer, c: int, max_tokens: int, rounds: int, s
             passes[sc.seq.request_id] = passes.get(sc.seq.request_id, 0) + 1
         return plan
     engine.scheduler.schedule = counting_schedule
-    steps = {"guided": 0, "plain": 0}
+    steps: dict[str, int] = {}
     calibration_steps = 0                       # guided too: the grammar timers run in them
     g_tpot, u_tpot, g_ttft, lengths, stops, ratios, g_passes, u_passes = [], [], [], [], 0, [], [], []
+    other_ratios: list[float] = []             # guided with the other bitmask fill (worker vs loop thread) / plain
     for r in range(rounds):
         gparams = [SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed + 1000 * r + i,
                                   guide=GuideSpec("json_schema", SCHEMA)) for i in range(c)]
@@ -116,11 +118,18 @@ def bench_concurrency(engine, tokenizer, c: int, max_tokens: int, rounds: int, s
         uparams = [SamplingParams(max_tokens=n, temperature=1.0, seed=seed + 1000 * r + i, ignore_eos=True)
                    for i, n in enumerate(lens)]
         timed_runs = {}
-        for kind in (("guided", "plain") if r % 2 == 0 else ("plain", "guided")):
+        kinds = ["guided", "plain"] + (["guided_other_fill"] if compare_fill else [])
+        default_fill = so.fill_on_worker
+        for kind in (kinds if r % 2 == 0 else kinds[::-1]):
             s0 = engine.stats().steps
-            timed_runs[kind] = run_round(engine, prompts, gparams if kind == "guided" else uparams)
-            steps[kind] += engine.stats().steps - s0
+            so.fill_on_worker = default_fill != (kind == "guided_other_fill")
+            timed_runs[kind] = run_round(engine, prompts, uparams if kind == "plain" else gparams)
+            so.fill_on_worker = default_fill
+            steps[kind] = steps.get(kind, 0) + engine.stats().steps - s0
         guided, plain = timed_runs["guided"], timed_runs["plain"]
+        if compare_fill:
+            other = [g["tpot"] for g in timed_runs["guided_other_fill"] if g["tpot"]]
+            other_ratios.append(statistics.mean(other) / statistics.mean([u["tpot"] for u in plain if u["tpot"]]))
         assert all(g.get("error") is None for g in guided), [g.get("error") for g in guided]
         assert [g["tokens"] for g in guided] == lens == [u["tokens"] for u in plain]
         g_passes += [passes[g["rid"]] for g in guided]
@@ -137,15 +146,25 @@ def bench_concurrency(engine, tokenizer, c: int, max_tokens: int, rounds: int, s
     for name in ("fill_bitmask", "accept"):
         delattr(so, name)
     gt, ut = statistics.mean(g_tpot), statistics.mean(u_tpot)
+    guided_steps = max(1, steps["guided"] + steps.get("guided_other_fill", 0) + calibration_steps)
     return {"concurrency": c, "rounds": rounds, "requests": c * rounds, "finished_stop": stops,
             "mean_output_tokens": statistics.mean(lengths), "tpot_guided_ms": 1e3 * gt, "tpot_unguided_ms": 1e3 * ut,
             "tpot_ratio": gt / ut, "tpot_ratio_per_round": ratios, "tpot_ratio_median": statistics.median(ratios),
             "steps_guided": steps["guided"], "steps_unguided": steps["plain"],
-            "fill_bitmask_ms_per_step": 1e3 * acc.get("fill_bitmask", 0) / max(1, steps["guided"] + calibration_steps),
-            "accept_ms_per_step": 1e3 * acc.get("accept", 0) / max(1, steps["guided"] + calibration_steps),
+            "fill_bitmask_ms_per_step": 1e3 * acc.get("fill_bitmask", 0) / guided_steps,
+            "accept_ms_per_step": 1e3 * acc.get("accept", 0) / guided_steps,
             "mean_ttft_guided_ms": 1e3 * statistics.mean(g_ttft),
             "forward_passes_per_request_guided": statistics.mean(g_passes),
-            "forward_passes_per_request_unguided": statistics.mean(u_passes)}
+            "forward_passes_per_request_unguided": statistics.mean(u_passes),
+            "fill_on_worker": so.fill_on_worker,
+            "tpot_ratio_other_fill_per_round": other_ratios,
+            "spec_accepted_per_draft": spec_rate(engine)}
+
+
+def spec_rate(engine) -> float | None:
+    """Accepted drafts per verified draft so far (None without speculation)."""
+    spec = engine.scheduler.spec_counters
+    return spec.num_accepted_tokens / spec.num_draft_tokens if spec.num_draft_tokens else None
 
 
 def bench_compile(model_path: Path) -> list[dict]:
@@ -175,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu-threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-jump-forward", action="store_true", help="skip the guided_jump_forward=true run")
+    ap.add_argument("--speculative-method", default="none", choices=["none", "ngram", "draft"])
+    ap.add_argument("--num-speculative-tokens", type=int, default=4)
+    ap.add_argument("--draft-model", default=str(REPO / "models" / "demo-draft"))
+    ap.add_argument("--compare-fill", action="store_true",
+                    help="also time guided rounds with the other bitmask fill (worker thread vs loop thread)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
@@ -182,9 +206,14 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = load_tokenizer(args.model)
     def make_engine(jump_forward: bool) -> LLMEngine:
+        spec = {} if args.speculative_method == "none" else {
+            # adaptive k follows timings, and a seeded request must reproduce its length across the rounds
+            "speculative_method": args.speculative_method, "num_speculative_tokens": args.num_speculative_tokens,
+            "speculative_adaptive": False,
+            **({"draft_model_path": args.draft_model} if args.speculative_method == "draft" else {})}
         return LLMEngine(EngineConfig(model_path=args.model, device=args.device, cpu_threads=args.cpu_threads,
                                       kv_cache_bytes=64 << 20, max_num_seqs=max(64, max(args.concurrency)),
-                                      guided_jump_forward=jump_forward))
+                                      guided_jump_forward=jump_forward, **spec))
 
     engine = make_engine(False)
     t = time.perf_counter()
@@ -196,8 +225,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                                                      SCHEMA))])
         results = {"model": args.model, "device": args.device, "cpu_threads": args.cpu_threads,
                    "grammar_layer_start_s": warm,
-                   "tpot": [bench_concurrency(engine, tokenizer, c, args.max_tokens, args.rounds, args.seed)
-                            for c in args.concurrency],
+                   "speculative_method": args.speculative_method,
+                   "tpot": [bench_concurrency(engine, tokenizer, c, args.max_tokens, args.rounds, args.seed,
+                                              compare_fill=args.compare_fill) for c in args.concurrency],
                    "compile": bench_compile(Path(args.model))}
     finally:
         engine.shutdown()
@@ -218,6 +248,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['tpot_guided_ms']:>10.2f}ms {r['tpot_unguided_ms']:>9.2f}ms {r['tpot_ratio']:>6.3f} "
               f"{r['tpot_ratio_median']:>6.3f} "
               f"{r['fill_bitmask_ms_per_step']:>8.3f}ms {r['accept_ms_per_step']:>9.3f}ms")
+    for r in results["tpot"]:
+        if r["tpot_ratio_other_fill_per_round"]:
+            modes = ("on a worker during the forward", "on the loop thread after the forward")
+            first, second = modes if r["fill_on_worker"] else modes[::-1]
+            print(f"  c={r['concurrency']}: ratio per round, bitmask filled {first} (default here) "
+                  f"{[round(x, 3) for x in r['tpot_ratio_per_round']]}, {second} "
+                  f"{[round(x, 3) for x in r['tpot_ratio_other_fill_per_round']]}")
+        if r["spec_accepted_per_draft"] is not None:
+            print(f"  c={r['concurrency']}: {args.speculative_method} speculation, accepted per draft so far "
+                  f"{r['spec_accepted_per_draft']:.2f}")
     print("forward passes per request (guided / its unguided twin of the same length):")
     for r in results["tpot"]:
         print(f"  c={r['concurrency']}: {r['forward_passes_per_request_guided']:.1f} / "

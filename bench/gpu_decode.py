@@ -5,8 +5,10 @@
    tokens/s <= bandwidth / weight bytes. Also batch 8 and 32.
 2. The paged decode kernel's achieved bandwidth at an 8,192-token context (K and V bytes read / time),
    for 1 and 16 sequences, against the same HBM bandwidth.
-3. Eager vs captured step: not measured. CUDA-graph capture of the decode step is not built yet (see
-   docs/benchmarks.md); the engine runs eager on CUDA.
+3. The Triton int8/int4 weight-only GEMV (backend/model/quant_triton.py) against bf16 F.linear.
+4. Eager vs captured step (``fast_decode``: CUDA graphs per batch bucket, backend/engine/cuda_graph_decode.py):
+   the logits of one decode step both ways (max abs difference), greedy tokens with capture on and off,
+   and decode tokens/s at batch 1, 8 and 32 each way, with the capture time the load line reports.
 
 Prints one line per measurement and writes bench/results/gpu_decode.json. Nothing here runs on CPU.
 """
@@ -23,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backend.attention.kernels.paged_decode import paged_decode_attention  # noqa: E402
 from backend.config import EngineConfig  # noqa: E402
-from backend.engine.llm_engine import LLMEngine  # noqa: E402
+from backend.engine.llm_engine import LLMEngine, output_token_ids  # noqa: E402
 from backend.model.config import ModelConfig  # noqa: E402
 from backend.model.llama import LlamaForCausalLM  # noqa: E402
 from backend.model.loader import save_model  # noqa: E402
@@ -54,9 +56,13 @@ def make_checkpoint(folder: Path) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def engine_decode(folder: Path, weight_bytes: int, out: dict) -> None:
-    eng = LLMEngine(EngineConfig(model_path=str(folder), device="cuda", dtype="bfloat16",
-                                 max_num_seqs=64, gpu_memory_utilization=0.5)).start()
+def engine_decode(folder: Path, weight_bytes: int, out: dict, fast_decode: bool = False) -> None:
+    # a fixed KV pool (1 MiB a block here): engines built one after another in this process must not size
+    # theirs from the memory an earlier one still holds
+    eng = LLMEngine(EngineConfig(model_path=str(folder), device="cuda", dtype="bfloat16", fast_decode=fast_decode,
+                                 max_num_seqs=64, num_kv_blocks=2048, max_model_len=2048)).start()
+    tag = "captured" if fast_decode else "eager"
+    print(f"{tag}: {eng.parts.summary.rsplit(', ', 1)[-1]}", flush=True)
     try:
         roof = bandwidth_gbps() * 1e9 / weight_bytes
         for batch in (1, 8, 32):
@@ -69,12 +75,49 @@ def engine_decode(folder: Path, weight_bytes: int, out: dict) -> None:
             torch.cuda.synchronize()
             dt = time.perf_counter() - t
             tps = batch * 256 / dt
-            out[f"decode_b{batch}_tok_per_s"] = tps
-            print(f"decode batch {batch}: {tps:,.0f} tok/s ({dt / 256 * 1e3:.2f} ms/step); "
+            out[f"{tag}_decode_b{batch}_tok_per_s"] = tps
+            print(f"{tag} decode batch {batch}: {tps:,.0f} tok/s ({dt / 256 * 1e3:.2f} ms/step); "
                   f"batch-1 roofline {roof:,.0f} tok/s -> {tps / batch / roof:.1%} of it per sequence", flush=True)
         out["roofline_tok_per_s"] = roof
     finally:
         eng.shutdown()
+
+
+@torch.inference_mode()
+def captured_vs_eager(folder: Path, out: dict) -> None:
+    """One decode step through the captured graph and through the eager runner (the same K/V slots are
+    written both ways), then greedy tokens of a whole generation with capture on and off."""
+    kw = {"model_path": str(folder), "device": "cuda", "dtype": "bfloat16", "max_num_seqs": 64,
+          "num_kv_blocks": 2048, "max_model_len": 2048}
+    prompts = [[1] + list(range(200 + 7 * i, 260 + 7 * i)) for i in range(8)]
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    fast_eng = LLMEngine(EngineConfig(**kw, fast_decode=True))
+    fast = fast_eng.runner.fast_decode
+    if fast is None:
+        print(f"captured step unavailable: {fast_eng.parts.summary.rsplit(', ', 1)[-1]}", flush=True)
+        return
+    for i, p in enumerate(prompts):
+        fast_eng.add_request(f"c{i}", p, params, lambda o: None)
+    fast_eng.step()                                   # prefill (eager)
+    plan = fast_eng.scheduler.schedule()
+    captured = fast.run(plan).logits.float()
+    fast_eng.runner.fast_decode = None
+    eager = fast_eng.runner.execute(plan).logits.float()
+    fast_eng.runner.fast_decode = fast
+    diff = (captured - eager).abs().max().item()
+    same_argmax = bool((captured.argmax(-1) == eager.argmax(-1)).all())
+    out["captured_vs_eager_max_abs_logit_diff"] = diff
+    out["captured_vs_eager_same_argmax"] = same_argmax
+    print(f"captured vs eager, one decode step of {len(plan.scheduled)}: max |logit diff| {diff:.3g}, "
+          f"same argmax {same_argmax}", flush=True)
+    for rid in list(fast_eng.scheduler.request_ids()):
+        fast_eng.scheduler.abort(rid)
+    toks = {}
+    for fast_on in (False, True):
+        eng = fast_eng if fast_on else LLMEngine(EngineConfig(**kw))
+        toks[fast_on] = [output_token_ids(o) for o in eng.generate(prompts, params)]
+    out["captured_vs_eager_same_tokens"] = toks[True] == toks[False]
+    print(f"greedy tokens, capture on vs off: identical {toks[True] == toks[False]}", flush=True)
 
 
 def kernel_bandwidth(out: dict) -> None:
@@ -102,16 +145,49 @@ def kernel_bandwidth(out: dict) -> None:
                   f"({gbps / bandwidth_gbps():.0%} of {bandwidth_gbps():,.0f} GB/s)", flush=True)
 
 
+def quant_gemv(out: dict) -> None:
+    """The Triton int8/int4 weight-only GEMV on a 4096 x 4096 bf16 layer, 1 token: error against the
+    dequantized matmul and time against bf16 F.linear (weights 32 MB: out of L2)."""
+    from backend.model.quant import QuantLinear
+    from backend.model.quant_triton import triton_quant_gemv
+    lin = torch.nn.Linear(4096, 4096, bias=False, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    for mode in ("int8", "int4"):
+        q = QuantLinear.from_linear(lin, mode, 128, {})
+        ref = torch.nn.functional.linear(x.float(), q.dequantized().float())
+        y = triton_quant_gemv(x, q.qweight, q.scale, q.zeros, None, mode)
+        err = float((y.float() - ref).abs().max() / ref.abs().max())
+        times = {}
+        for name, fn in (("bf16", lambda: torch.nn.functional.linear(x, lin.weight)),
+                         (mode, lambda q=q, mode=mode: triton_quant_gemv(x, q.qweight, q.scale, q.zeros, None,
+                                                                         mode))):
+            for _ in range(5):
+                fn()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(200):
+                fn()
+            torch.cuda.synchronize()
+            times[name] = (time.perf_counter() - t) / 200
+        out[f"quant_gemv_{mode}"] = {"rel_err": err, "us": times[mode] * 1e6, "bf16_us": times["bf16"] * 1e6}
+        print(f"triton {mode} GEMV 4096x4096, 1 token: {times[mode] * 1e6:.1f} us vs bf16 {times['bf16'] * 1e6:.1f} us "
+              f"(x{times['bf16'] / times[mode]:.2f}), max rel err {err:.1e}", flush=True)
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("bench/gpu_decode.py needs CUDA")
         return 2
     out: dict = {"device": torch.cuda.get_device_name()}
     kernel_bandwidth(out)
+    quant_gemv(out)
     with tempfile.TemporaryDirectory() as tmp:
         weight_bytes = make_checkpoint(Path(tmp))
         out["weight_bytes"] = weight_bytes
-        engine_decode(Path(tmp), weight_bytes, out)
+        captured_vs_eager(Path(tmp), out)
+        for fast_decode in (False, True):
+            torch.cuda.empty_cache()
+            engine_decode(Path(tmp), weight_bytes, out, fast_decode)
     res = Path(__file__).resolve().parent / "results"
     res.mkdir(exist_ok=True)
     (res / "gpu_decode.json").write_text(json.dumps(out, indent=2))

@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing shared by the three Python models and the launcher (torch-free).
+"""OpenTelemetry tracing shared by the three Python models, the gateway and the launcher (torch-free).
 
 Turned on by the standard environment: ``OTEL_EXPORTER_OTLP_ENDPOINT`` (OTLP over HTTP, e.g.
 ``http://localhost:4318``; ``/v1/traces`` is appended) or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
@@ -68,9 +68,9 @@ class TracingSettings:
     resource_attributes: tuple[tuple[str, str], ...] = ()
     sampler: str = "parentbased_always_on"
     ratio: float = 1.0                    # share of requests traced (from the sampler)
-    max_queue_size: int = 2048            # spans buffered per model process; more are dropped
-    max_export_batch_size: int = 512
-    schedule_delay_ms: int = 500
+    max_queue_size: int = 2048            # spans buffered per process (OTEL_BSP_MAX_QUEUE_SIZE); more are dropped
+    max_export_batch_size: int = 512      # OTEL_BSP_MAX_EXPORT_BATCH_SIZE: a full batch is exported at once
+    schedule_delay_ms: int = 5000         # OTEL_BSP_SCHEDULE_DELAY (the spec's default): the longest a span waits
     export_timeout_s: float = 3.0         # one export, retries included
 
     @classmethod
@@ -109,6 +109,22 @@ class TracingSettings:
                 kwargs["export_timeout_s"] = float(timeout) / 1000.0   # the spec's unit: milliseconds
             except ValueError:
                 raise TracingConfigError(f"OTEL_EXPORTER_OTLP_TIMEOUT: expected milliseconds, got {timeout!r}") from None
+        for var, name in (("OTEL_BSP_MAX_QUEUE_SIZE", "max_queue_size"),
+                          ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "max_export_batch_size"),
+                          ("OTEL_BSP_SCHEDULE_DELAY", "schedule_delay_ms")):
+            raw = env.get(var, "").strip()
+            if raw:
+                try:
+                    kwargs[name] = int(raw)
+                except ValueError:
+                    raise TracingConfigError(f"{var}: expected a whole number, got {raw!r}") from None
+                if kwargs[name] <= 0:
+                    raise TracingConfigError(f"{var}: must be > 0, got {raw!r}")
+        queue_size = kwargs.get("max_queue_size", cls.max_queue_size)
+        batch_size = kwargs.get("max_export_batch_size", cls.max_export_batch_size)
+        if batch_size > queue_size:
+            raise TracingConfigError(f"OTEL_BSP_MAX_EXPORT_BATCH_SIZE: {batch_size} is more than the queue "
+                                     f"(OTEL_BSP_MAX_QUEUE_SIZE {queue_size})")
         return cls(url, service, resource, sampler, ratio, **kwargs)
 
     @property
@@ -165,6 +181,40 @@ def trace_id_of(trace_context: str | None) -> str | None:
     carrier = _carrier(trace_context)
     parts = (carrier or {}).get("traceparent", "").split("-")
     return parts[1] if len(parts) == 4 and len(parts[1]) == 32 else None
+
+
+@dataclass(frozen=True)
+class TraceParent:
+    """A parsed W3C ``traceparent`` header."""
+
+    trace_id: int
+    span_id: int
+    sampled: bool
+
+
+def parse_traceparent(value: str | None) -> TraceParent | None:
+    """``00-<32 hex trace id>-<16 hex span id>-<2 hex flags>`` (later versions may append fields), or None
+    when absent or malformed (version ff, all-zero ids, wrong lengths)."""
+    parts = (value or "").strip().split("-")
+    if len(parts) < 4 or len(parts[0]) != 2 or parts[0] == "ff" or len(parts[1]) != 32 or len(parts[2]) != 16 \
+            or len(parts[3]) < 2 or (parts[0] == "00" and len(parts) != 4):
+        return None
+    try:
+        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3][:2], 16)
+    except ValueError:
+        return None
+    if not trace_id or not span_id:
+        return None
+    return TraceParent(trace_id, span_id, bool(flags & 1))
+
+
+def format_traceparent(trace_id: int, span_id: int, sampled: bool = True) -> str:
+    return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
+
+
+def ratio_samples(trace_id: int, ratio: float) -> bool:
+    """The spec's TraceIdRatioBased decision for a new trace: its trace id's low 64 bits below ratio * 2**64."""
+    return (trace_id & 0xFFFFFFFFFFFFFFFF) < int(ratio * 2**64)
 
 
 def _carrier(trace_context: Any) -> dict[str, str] | None:
@@ -251,10 +301,13 @@ class ModelTracer:
     batch processor, instead of going through ``Tracer.start_span``: the SDK's per-attribute validation
     made that ~530 us of CPU for the llm's four spans, on the process that runs the engine. The
     attributes are ours and of valid types (``_clean``); sampling is parent-based by construction (a
-    span needs a sampled parent, ``parent()``), so no sampler runs either.
+    span needs a sampled parent, ``parent()``), so no sampler runs either. The gateway, the one place a
+    trace may start, uses the same class for its server span (``gateway/tracing.py``: ``new_context`` and
+    ``span(..., context=)``), sampling a new trace by ``ratio_samples``.
     """
 
-    def __init__(self, settings: TracingSettings, model_name: str, exporter=None):
+    def __init__(self, settings: TracingSettings, model_name: str, exporter=None, *,
+                 resource_key: str = "triton.model_name"):
         from opentelemetry import trace
         from opentelemetry.sdk import trace as sdk_trace
         from opentelemetry.sdk.resources import Resource
@@ -271,7 +324,7 @@ class ModelTracer:
             exporter = OTLPSpanExporter(endpoint=settings.traces_url, timeout=settings.export_timeout_s)
             _limit_sdk_logging()
         self.resource = Resource.create({**dict(settings.resource_attributes), "service.name": settings.service_name,
-                                         "triton.model_name": model_name})
+                                         resource_key: model_name})
         self.scope = InstrumentationScope("triton_llm." + model_name)
         self.processor = BatchSpanProcessor(exporter, max_queue_size=settings.max_queue_size,
                                             schedule_delay_millis=settings.schedule_delay_ms,
@@ -297,27 +350,30 @@ class ModelTracer:
         from opentelemetry.trace import SpanContext, TraceFlags
 
         carrier = _carrier(trace_context)
-        parts = (carrier or {}).get("traceparent", "").strip().split("-")
-        if len(parts) < 4 or len(parts[0]) != 2 or parts[0] == "ff" or len(parts[1]) != 32 or len(parts[2]) != 16:
+        parsed = parse_traceparent((carrier or {}).get("traceparent", ""))
+        if parsed is None or not parsed.sampled:
             return None
-        try:
-            trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3][:2], 16)
-        except ValueError:
-            return None
-        if not trace_id or not span_id or not flags & TraceFlags.SAMPLED:
-            return None
-        return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+        return SpanContext(parsed.trace_id, parsed.span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+
+    def new_context(self, parent=None):
+        """A fresh sampled span context: a child of ``parent`` (a span context), or a new trace's root without
+        one. For a span whose id must be known before it ends (``span(..., context=)``), e.g. to forward it."""
+        trace_id = parent.trace_id if parent is not None else (self._ids.getrandbits(128) or 1)
+        return self._api.SpanContext(trace_id, self._ids.getrandbits(64) or 1, is_remote=False,
+                                     trace_flags=self._api.TraceFlags(self._api.TraceFlags.SAMPLED))
 
     def span(self, name: str, parent, start_ns: int, end_ns: int, attributes: Mapping[str, Any] | None = None,
-             events: Iterable[Event] = (), kind: str = "INTERNAL", error: str | None = None):
+             events: Iterable[Event] = (), kind: str = "INTERNAL", error: str | None = None, context=None):
         """Record a finished span under ``parent`` (a span context from ``parent()`` or from another
-        ``span()``; nothing is recorded without one), with status ERROR and ``error`` as its description
-        when given. Returns the new span's context, to parent further spans on."""
-        if parent is None:
+        ``span()``; nothing is recorded without one, unless ``context`` from ``new_context()`` is given: then
+        that is the span's own context, and ``parent`` None makes it a root), with status ERROR and ``error``
+        as its description when given. Returns the new span's context, to parent further spans on."""
+        if parent is None and context is None:
             return None
         api, sdk = self._api, self._sdk
-        context = api.SpanContext(parent.trace_id, self._ids.getrandbits(64) or 1, is_remote=False,
-                                  trace_flags=parent.trace_flags)
+        if context is None:
+            context = api.SpanContext(parent.trace_id, self._ids.getrandbits(64) or 1, is_remote=False,
+                                      trace_flags=parent.trace_flags)
         span = sdk.ReadableSpan(
             name=name, context=context, parent=parent, resource=self.resource, attributes=_clean(attributes),
             events=tuple(sdk.Event(n, _clean(a), ts) for n, ts, a in events), kind=self._kinds[kind],

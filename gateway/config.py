@@ -14,6 +14,7 @@
 | ``--tokenizer-path PATH`` | ``GATEWAY_TOKENIZER_PATH`` | the ``preprocess`` model's ``tokenizer_path`` |
 | ``--model-root PATH`` | ``GATEWAY_MODEL_ROOT`` | (relative model paths: tried under it, the cwd, the repository) |
 | ``--log-level LEVEL`` | ``GATEWAY_LOG_LEVEL`` | ``INFO`` |
+| (tracing) | the standard ``OTEL_*`` variables (``contracts/tracing.py``) | off |
 
 Auth is on when any token is configured (file and/or variable). A flag beats its variable.
 """
@@ -27,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
+
+from contracts.tracing import TracingConfigError, TracingSettings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,6 +53,7 @@ class GatewayConfig:
     tokenizer_path: Path | None = None
     model_root: Path | None = None
     log_level: str = "INFO"
+    tracing: TracingSettings | None = None   # the server span (gateway/tracing.py); None: off
 
     def __post_init__(self) -> None:
         if ":" not in self.listen:
@@ -129,11 +133,15 @@ def from_args(argv: list[str] | None = None, env: Mapping[str, str] | None = Non
     except ValueError as e:  # a malformed numeric environment variable
         raise ConfigError(f"gateway environment: {e}") from None
     tokens = tuple(t.strip() for t in (env.get("GATEWAY_AUTH_TOKENS") or "").split(",") if t.strip())
+    try:
+        tracing = TracingSettings.from_env(env)
+    except TracingConfigError as e:   # names the OTEL_* variable
+        raise ConfigError(str(e)) from None
     return GatewayConfig(listen=args.listen, triton_url=args.triton_url, triton_model=args.triton_model,
                          auth_token_file=args.auth_token_file, auth_tokens=tokens, tls_cert=args.tls_cert,
                          tls_key=args.tls_key, max_inflight=args.max_inflight, grace_period_s=args.grace_period_s,
                          health_interval_s=args.health_interval_s, tokenizer_path=args.tokenizer_path,
-                         model_root=args.model_root, log_level=args.log_level)
+                         model_root=args.model_root, log_level=args.log_level, tracing=tracing)
 
 
 # ---- bearer tokens -------------------------------------------------------------------------------------

@@ -212,6 +212,7 @@ class UpstreamError(Exception):
 @dataclass
 class _Sequence:
     output_tokens: int = 0
+    finish_reason: str = ""        # the ensemble's, once it says one
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
 
@@ -256,6 +257,8 @@ class ResponseAssembler:
             reason = reason_raw[0].decode("utf-8", "replace") if isinstance(reason_raw[0], bytes) else str(reason_raw[0])
             if reason == "error":
                 raise UpstreamError(grpc.StatusCode.INTERNAL, "the engine reported an error")
+            if reason:
+                seq.finish_reason = reason
             text = b"".join(values.get("text_output") or ()).decode("utf-8", "replace")
             msg = pb.GenerateResponse(text=text, sequence_index=idx, request_id=self.request_id,
                                       finish_reason=FINISH_REASONS.get(reason, pb.FINISH_REASON_UNSPECIFIED),

@@ -21,6 +21,7 @@ from triton_llm.v1 import llm_service_pb2_grpc as pb_grpc
 
 from .config import GatewayConfig, TokenSet
 from .service import LLMService
+from .tracing import GatewayTracing
 from .upstream import TritonUpstream
 
 log = logging.getLogger("gateway")
@@ -56,6 +57,8 @@ class Gateway:
         log.info("shutting down: %d Generate call(s) in flight, grace period %.0fs", self.service.inflight, grace)
         await self.server.stop(grace)
         await self.upstream.close()
+        if self.service.tracing is not None:   # flush the last spans (bounded: a hanging collector is left behind)
+            await asyncio.to_thread(self.service.tracing.shutdown)
 
 
 def _credentials(config: GatewayConfig) -> grpc.ServerCredentials | None:
@@ -64,12 +67,14 @@ def _credentials(config: GatewayConfig) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(config.tls_key.read_bytes(), config.tls_cert.read_bytes())])
 
 
-async def start(config: GatewayConfig) -> Gateway:
-    """Build and start the server (the caller runs the event loop); raises if the port cannot be bound."""
+async def start(config: GatewayConfig, *, span_exporter=None) -> Gateway:
+    """Build and start the server (the caller runs the event loop); raises if the port cannot be bound.
+    ``span_exporter`` replaces the OTLP exporter of the server spans (tests)."""
     upstream = TritonUpstream(config.triton_url, config.triton_model, poll_interval_s=config.health_interval_s,
                               roots=config.roots, tokenizer_path=config.tokenizer_path)
     tokens = TokenSet(config.auth_tokens, config.auth_token_file)
-    service = LLMService(upstream, tokens=tokens, max_inflight=config.max_inflight)
+    tracing = GatewayTracing.from_settings(config.tracing, span_exporter)
+    service = LLMService(upstream, tokens=tokens, max_inflight=config.max_inflight, tracing=tracing)
     server = grpc.aio.server(options=SERVER_OPTIONS)
     pb_grpc.add_LLMServiceServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
@@ -80,11 +85,20 @@ async def start(config: GatewayConfig) -> Gateway:
     gw = Gateway(config, server, upstream, service, health_servicer, port)
     await gw.set_serving(False)
     upstream.on_readiness_change(gw.set_serving)
+    if tracing is not None:   # the served checkpoint's name for gen_ai.request.model, read once per readiness period
+        async def read_facts(ready: bool) -> None:
+            if ready:
+                try:
+                    await upstream.facts()
+                except grpc.aio.AioRpcError:
+                    pass   # read again by the next call that needs them
+        upstream.on_readiness_change(read_facts)
     await upstream.poll_once()
     upstream.start()
     await server.start()
-    log.info("gateway listening on %s (port %d, %s, auth %s) -> Triton %s model %r (%s)", config.listen, port,
-             "TLS" if creds else "plaintext", "on" if tokens.enabled else "off", config.triton_url,
+    log.info("gateway listening on %s (port %d, %s, auth %s, tracing %s) -> Triton %s model %r (%s)", config.listen,
+             port, "TLS" if creds else "plaintext", "on" if tokens.enabled else "off",
+             f"to {config.tracing.traces_url}" if tracing is not None else "off", config.triton_url,
              config.triton_model, "ready" if upstream.ready else "not ready yet")
     return gw
 

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import time
 import uuid
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from triton_llm.v1 import llm_service_pb2_grpc as pb_grpc
 
 from . import mapping
 from .config import TokenSet
+from .tracing import GatewayTracing, generate_attributes, usage_attributes
 from .upstream import TritonUpstream
 
 log = logging.getLogger("gateway")
@@ -44,9 +47,30 @@ def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
     return out
 
 
+def traced_unary(method: str):
+    """A unary handler with the gateway's server span around it when tracing is on (gateway/tracing.py)."""
+    def wrap(handler):
+        @functools.wraps(handler)
+        async def traced(self: LLMService, request, context: grpc.aio.ServicerContext):
+            span = self.tracing.start(method, _metadata(context), time.time_ns()) if self.tracing is not None else None
+            if span is None:
+                return await handler(self, request, context)
+            try:
+                return await handler(self, request, context)
+            except BaseException as e:
+                span.failed(e, context)
+                raise
+            finally:
+                span.end()
+        return traced
+    return wrap
+
+
 class LLMService(pb_grpc.LLMServiceServicer):
-    def __init__(self, upstream: TritonUpstream, *, tokens: TokenSet | None = None, max_inflight: int = 256) -> None:
+    def __init__(self, upstream: TritonUpstream, *, tokens: TokenSet | None = None, max_inflight: int = 256,
+                 tracing: GatewayTracing | None = None) -> None:
         self.upstream = upstream
+        self.tracing = tracing        # the server spans when OTEL_* turns tracing on (gateway/tracing.py), else None
         self.tokens = tokens
         self.max_inflight = max_inflight
         self.inflight = 0
@@ -70,65 +94,82 @@ class LLMService(pb_grpc.LLMServiceServicer):
     # ---- Generate ---------------------------------------------------------------------------------
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         # One generator (no nested one): each streamed message costs one yield, not two.
-        md = await self._authorize(context)
-        if self.inflight >= self.max_inflight:
-            await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"too many Generate calls in flight (limit {self.max_inflight}); retry later")
-        self.inflight += 1
+        span = self.tracing.start("Generate", _metadata(context), time.time_ns()) if self.tracing is not None else None
         try:
+            md = await self._authorize(context)
+            if self.inflight >= self.max_inflight:
+                await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"too many Generate calls in flight (limit {self.max_inflight}); retry later")
+            self.inflight += 1
             try:
-                if request.request_id:
-                    mapping.validate_request_id(request.request_id)
-                rid = request.request_id or uuid.uuid4().hex
-                infer_request = mapping.build_infer_request(request, rid, self.upstream.model)
-            except mapping.FieldError as e:
-                await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e), e.field)
-                return
-            if not self.upstream.ready:
-                await abort(context, grpc.StatusCode.UNAVAILABLE,
-                            f"Triton's {self.upstream.model!r} model at {self.upstream.url} is not ready; retry")
-            upstream_md = tuple((k, md[k]) for k in TRACE_HEADERS if k in md)
-            remaining = context.time_remaining()
-            call = self.upstream.stub.ModelStreamInfer(metadata=upstream_md or None, timeout=remaining)
-            assembler = mapping.ResponseAssembler(rid)
-            error: mapping.UpstreamError | None = None
-            ended = False  # Triton has ended the request (final response or error response)
-            try:
-                await call.write(infer_request)
-                while not assembler.finished:
-                    resp = await call.read()
-                    if resp is grpc.aio.EOF:
-                        error = mapping.UpstreamError(grpc.StatusCode.UNAVAILABLE,
-                                                      f"Triton closed the stream early; retry (request id {rid})")
-                        break
-                    if resp.error_message:
-                        ended = True
-                        error = mapping.map_triton_error(resp.error_message, request, rid)
-                        if error.code == grpc.StatusCode.INTERNAL:
-                            log.error("request %s: ensemble error: %s", rid, resp.error_message)
-                        break
-                    out = assembler.on_response(resp.infer_response)
-                    ended = assembler.finished
-                    if out is not None:
-                        yield out
-            except mapping.UpstreamError as e:
-                log.error("request %s: %s", rid, e.message)
-                error = e
-            except grpc.aio.AioRpcError as e:
-                error = mapping.map_rpc_error(e.code(), e.details() or "", rid, self.upstream.url)
-                if error.code == grpc.StatusCode.INTERNAL:
-                    log.error("request %s: upstream gRPC error %s: %s", rid, e.code().name, e.details())
+                try:
+                    if request.request_id:
+                        mapping.validate_request_id(request.request_id)
+                    rid = request.request_id or uuid.uuid4().hex
+                    infer_request = mapping.build_infer_request(request, rid, self.upstream.model)
+                except mapping.FieldError as e:
+                    await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e), e.field)
+                    return
+                if span is not None:
+                    span.attributes.update(generate_attributes(request, rid, self.upstream.served_name,
+                                                               self.upstream.model))
+                if not self.upstream.ready:
+                    await abort(context, grpc.StatusCode.UNAVAILABLE,
+                                f"Triton's {self.upstream.model!r} model at {self.upstream.url} is not ready; retry")
+                if span is None:
+                    upstream_md = tuple((k, md[k]) for k in TRACE_HEADERS if k in md)
+                else:   # Triton's spans become children of the gateway's
+                    upstream_md = span.upstream_metadata()
+                remaining = context.time_remaining()
+                call = self.upstream.stub.ModelStreamInfer(metadata=upstream_md or None, timeout=remaining)
+                assembler = mapping.ResponseAssembler(rid)
+                error: mapping.UpstreamError | None = None
+                ended = False  # Triton has ended the request (final response or error response)
+                try:
+                    await call.write(infer_request)
+                    while not assembler.finished:
+                        resp = await call.read()
+                        if resp is grpc.aio.EOF:
+                            error = mapping.UpstreamError(grpc.StatusCode.UNAVAILABLE,
+                                                          f"Triton closed the stream early; retry (request id {rid})")
+                            break
+                        if resp.error_message:
+                            ended = True
+                            error = mapping.map_triton_error(resp.error_message, request, rid)
+                            if error.code == grpc.StatusCode.INTERNAL:
+                                log.error("request %s: ensemble error: %s", rid, resp.error_message)
+                            break
+                        out = assembler.on_response(resp.infer_response)
+                        ended = assembler.finished
+                        if out is not None:
+                            yield out
+                except mapping.UpstreamError as e:
+                    log.error("request %s: %s", rid, e.message)
+                    error = e
+                except grpc.aio.AioRpcError as e:
+                    error = mapping.map_rpc_error(e.code(), e.details() or "", rid, self.upstream.url)
+                    if error.code == grpc.StatusCode.INTERNAL:
+                        log.error("request %s: upstream gRPC error %s: %s", rid, e.code().name, e.details())
+                finally:
+                    if ended:
+                        self._release(call)
+                    elif not call.done():
+                        # Deadline, client cancellation or a broken stream: cancelling the upstream stream makes
+                        # Triton cancel the request, and the engine frees its KV blocks.
+                        call.cancel()
+                    if span is not None:
+                        span.attributes.update(usage_attributes(assembler))
+                if error is not None:
+                    await abort(context, error.code, error.message, error.field)
             finally:
-                if ended:
-                    self._release(call)
-                elif not call.done():
-                    # Deadline, client cancellation or a broken stream: cancelling the upstream stream makes
-                    # Triton cancel the request, and the engine frees its KV blocks.
-                    call.cancel()
-            if error is not None:
-                await abort(context, error.code, error.message, error.field)
+                self.inflight -= 1
+        except BaseException as e:
+            if span is not None:
+                span.failed(e, context)
+            raise
         finally:
-            self.inflight -= 1
+            if span is not None:
+                span.end()
 
     def _release(self, call) -> None:
         """Close a finished request's upstream stream in the background, without delaying the caller."""
@@ -167,6 +208,7 @@ class LLMService(pb_grpc.LLMServiceServicer):
             tok = self._tokenizers[path] = load_tokenizer(path)
         return tok
 
+    @traced_unary("Tokenize")
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
         await self._authorize(context)
         case = request.WhichOneof("input")
@@ -251,6 +293,7 @@ class LLMService(pb_grpc.LLMServiceServicer):
             else:
                 call.cancel()
 
+    @traced_unary("GetModelInfo")
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
         await self._authorize(context)
         if not self.upstream.ready:
@@ -269,4 +312,5 @@ class LLMService(pb_grpc.LLMServiceServicer):
             vocab_size=facts.vocab_size, architecture=facts.architecture,
             supported_guide_types=[mapping.GUIDE_ENUM[g] for g in guides if g in mapping.GUIDE_ENUM],
             speculative_method=method.get(facts.speculative_method, pb.SPECULATIVE_METHOD_UNSPECIFIED),
-            num_speculative_tokens=facts.num_speculative_tokens)
+            num_speculative_tokens=facts.num_speculative_tokens, quantization=facts.quantization,
+            kv_cache_dtype=facts.kv_cache_dtype)

@@ -65,6 +65,8 @@ class ModelFacts:
     architecture: str = ""
     speculative_method: str | None = None    # "" = none, None = unknown
     num_speculative_tokens: int = 0
+    quantization: str = ""                   # weights: none | int8 | int4 | fp8 ("" = unknown)
+    kv_cache_dtype: str = ""                 # KV storage: auto | int8 | fp8 ("" = unknown)
     errors: list[str] = field(default_factory=list)
 
 
@@ -79,6 +81,8 @@ def model_facts(engine_cfg: dict | None, pre_cfg: dict | None, roots: list[Path]
     facts.model_path = resolve_path(raw_model, roots)
     facts.name = Path(raw_model).name if raw_model else ""
     if engine_cfg is not None:
+        facts.quantization = ep.get("quantization", "").strip() or "none"        # EngineConfig's defaults
+        facts.kv_cache_dtype = ep.get("kv_cache_dtype", "").strip() or "auto"
         facts.speculative_method = ep.get("speculative_method", "") or ""
         if facts.speculative_method in ("none", "None"):
             facts.speculative_method = ""
@@ -183,6 +187,11 @@ class TritonUpstream:
                 raise
             return None
         return json_format.MessageToDict(resp.config, preserving_proto_field_name=True)
+
+    @property
+    def served_name(self) -> str:
+        """The served checkpoint's name once its facts were read (GetModelInfo, Tokenize), else Triton's model."""
+        return self._facts.name if self._facts is not None and self._facts.name else self.model
 
     async def facts(self) -> ModelFacts:
         """The served model's facts, read once per readiness period."""

@@ -170,7 +170,7 @@ def parse_protobuf(body: bytes) -> list[Span]:
 
 def _service(resource: dict[str, Any]) -> str:
     service = str(resource.get("service.name", "?"))
-    model = resource.get("triton.model_name")
+    model = resource.get("triton.model_name") or resource.get("triton_llm.component")   # a model, or the gateway
     return f"{service}/{model}" if model else service
 
 

@@ -11,6 +11,11 @@ head. Sequences with several query tokens (prefill chunks, prefix hits, drafts) 
 SDPA each over exactly their own context: padding them to the longest one in a batched call
 cost ~3x the attention FLOPs on mixed prompt lengths, and a fresh prompt gets the flash
 ``is_causal`` path with no mask at all. Those few calls per step are compute-bound.
+
+A quantized cache (``kv_cache_dtype`` int8) is written through ``quantize_per_token_head`` (codes and
+one fp16 scale per token and head) and read by ``gather_dequantized``: the blocks' codes and scales
+are gathered into staging buffers and dequantized into the same workspace the unquantized path
+gathers into, so attention itself never sees the format.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from backend.attention.base import AttentionBackend
 from backend.attention.metadata import AttentionMetadata
 from backend.attention.window import causal_mask, decode_mask
 from backend.core.kv_cache import KVCache
+from backend.core.kv_quant import KVFormat, as_bytes, dequantize_into, quantize_per_token_head
 
 
 @dataclass
@@ -96,6 +102,37 @@ def write_kv(
 ) -> None:
     """Store each new token's K (or V) in its slot."""
     cache_flat.index_copy_(0, slot_mapping, new if new.dtype == cache_flat.dtype else new.to(cache_flat.dtype))
+
+
+def write_kv_quantized(
+    codes: torch.Tensor,         # [2, num_blocks * block_size, num_kv_heads, head_dim] int8 / float8: one layer's K, V
+    scales: torch.Tensor,        # [2, num_blocks * block_size, num_kv_heads] fp16
+    k: torch.Tensor,             # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,             # [num_tokens, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64
+    fmt: KVFormat,
+) -> None:
+    """Store each new token's quantized K and V and their per-head scales in its slot (K and V in one pass:
+    on the CPU a decode step's tensors are tiny and each op's fixed cost dominates)."""
+    q, scale = quantize_per_token_head(torch.stack((k, v)), fmt)   # [2, T, KVH, D], [2, T, KVH]
+    as_bytes(codes).index_copy_(1, slot_mapping, as_bytes(q))
+    scales.index_copy_(1, slot_mapping, scale)
+
+
+def gather_dequantized(
+    codes: torch.Tensor,          # [2, num_blocks, block_size, num_kv_heads, head_dim] int8 / float8: a layer's K, V
+    scales: torch.Tensor,         # [2, num_blocks, block_size, num_kv_heads] fp16
+    gather_blocks: torch.Tensor,  # [num_gathered] int64
+    out: torch.Tensor,            # [2, num_gathered, block_size, num_kv_heads, head_dim] compute dtype
+    staged_codes: torch.Tensor,   # [2, num_gathered, block_size, num_kv_heads, head_dim] staging, cache dtype
+    staged_scales: torch.Tensor,  # [2, num_gathered, block_size, num_kv_heads] staging, fp16
+) -> torch.Tensor:                # out
+    """The gathered K and V blocks of a quantized cache, dequantized into ``out`` (gathered along the block axis
+    of K and of V separately: torch's index_select along a later axis is ~15x slower on the CPU)."""
+    for i in range(2):
+        torch.index_select(as_bytes(codes[i]), 0, gather_blocks, out=as_bytes(staged_codes[i]))
+        torch.index_select(scales[i], 0, gather_blocks, out=staged_scales[i])
+    return dequantize_into(out, staged_codes, staged_scales)
 
 
 def context_view(
@@ -194,6 +231,14 @@ class TorchPagedAttention(AttentionBackend):
         self._v_flat = [v.view(-1, c.num_kv_heads, c.head_dim) for v in c.v]
         self._workspace = torch.empty(0, dtype=c.dtype, device=c.device)
         self._bufs: list[tuple[torch.Tensor, ...]] = []  # per group: k_blocks, v_blocks, keys, values
+        self._quantized = c.format.quantized
+        if self._quantized:
+            # per layer, K and V together: codes [2, num_blocks, block_size, KVH, D], scales [2, num_blocks, bs, KVH]
+            self._layer_codes = [c.data[:, layer] for layer in range(c.num_layers)]
+            self._layer_scales = [c.scales[:, layer] for layer in range(c.num_layers)]
+            self._codes = torch.empty(0, dtype=c.format.storage, device=c.device)   # staging of gathered codes
+            self._code_scales = torch.empty(0, dtype=c.scales.dtype, device=c.device)
+            self._staging: list[tuple[torch.Tensor, ...]] = []  # per group: K+V blocks out, codes, scales views
 
     def _step_buffers(self, plan: PagedPlan) -> list[tuple[torch.Tensor, ...]]:
         c = self.kv_cache
@@ -210,7 +255,29 @@ class TorchPagedAttention(AttentionBackend):
             at += 2 * n
             bufs.append((k_blocks, v_blocks, context_view(k_blocks, g.num_seqs, g.ctx_len),
                          context_view(v_blocks, g.num_seqs, g.ctx_len)))
+        if self._quantized:
+            self._staging = self._staging_buffers(plan)
         return bufs
+
+    def _staging_buffers(self, plan: PagedPlan) -> list[tuple[torch.Tensor, ...]]:
+        """Per group: the K+V view of its gather workspace (K blocks then V blocks, adjacent), and where a
+        layer's gathered codes and scales land before dequantization."""
+        c = self.kv_cache
+        per_block = c.block_size * c.num_kv_heads * c.head_dim
+        most = max(g.gather_blocks.numel() for g in plan.groups)
+        if self._codes.numel() < 2 * most * per_block:
+            self._codes = torch.empty(2 * most * per_block, dtype=self._codes.dtype, device=c.device)
+            self._code_scales = torch.empty(2 * most * c.block_size * c.num_kv_heads, dtype=self._code_scales.dtype,
+                                            device=c.device)
+        out, at = [], 0
+        for g in plan.groups:
+            n = g.gather_blocks.numel()
+            shape = (2, n, c.block_size, c.num_kv_heads, c.head_dim)
+            out.append((self._workspace[at:at + 2 * n * per_block].view(shape),
+                        self._codes[:2 * n * per_block].view(shape),
+                        self._code_scales[:2 * n * c.block_size * c.num_kv_heads].view(shape[:-1])))
+            at += 2 * n * per_block
+        return out
 
     def prepare(self, metadata: AttentionMetadata) -> None:
         if metadata.block_size and metadata.block_size != self.kv_cache.block_size:
@@ -227,11 +294,22 @@ class TorchPagedAttention(AttentionBackend):
         plan = self.plan if window is None else self._window_plans.get(window)
         if plan is None:
             raise RuntimeError("TorchPagedAttention.forward before prepare()")
-        write_kv(self._k_flat[layer_idx], k, plan.slot_mapping)
-        write_kv(self._v_flat[layer_idx], v, plan.slot_mapping)
-        k_cache, v_cache = self.kv_cache.k[layer_idx], self.kv_cache.v[layer_idx]
-        for group, (k_blocks, v_blocks, _, _) in zip(plan.groups, self._bufs):
-            torch.index_select(k_cache, 0, group.gather_blocks, out=k_blocks)
-            torch.index_select(v_cache, 0, group.gather_blocks, out=v_blocks)
+        if self._quantized:
+            self._write_and_gather_quantized(layer_idx, k, v, plan)
+        else:
+            write_kv(self._k_flat[layer_idx], k, plan.slot_mapping)
+            write_kv(self._v_flat[layer_idx], v, plan.slot_mapping)
+            k_cache, v_cache = self.kv_cache.k[layer_idx], self.kv_cache.v[layer_idx]
+            for group, (k_blocks, v_blocks, _, _) in zip(plan.groups, self._bufs):
+                torch.index_select(k_cache, 0, group.gather_blocks, out=k_blocks)
+                torch.index_select(v_cache, 0, group.gather_blocks, out=v_blocks)
         out = attend_groups(q, plan, [(keys, values) for _, _, keys, values in self._bufs], self.scale)
         return out if out.dtype == q.dtype else out.to(q.dtype)
+
+    def _write_and_gather_quantized(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor, plan: PagedPlan) -> None:
+        # k, v: [num_tokens, num_kv_heads, head_dim]
+        c = self.kv_cache
+        codes, scales = self._layer_codes[layer_idx], self._layer_scales[layer_idx]
+        write_kv_quantized(codes.flatten(1, 2), scales.flatten(1, 2), k, v, plan.slot_mapping, c.format)
+        for group, (kv_blocks, staged_codes, staged_scales) in zip(plan.groups, self._staging):
+            gather_dequantized(codes, scales, group.gather_blocks, kv_blocks, staged_codes, staged_scales)

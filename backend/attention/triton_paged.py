@@ -5,6 +5,10 @@ A pure-decode step (every sequence has one new token) uses the GQA decode kernel
 into context partitions (flash-decoding) when the batch alone cannot fill the GPU; any
 step with a longer query (prefill chunks, prefix hits, draft verification, mixed batches)
 uses the multi-query prefill kernel for every sequence.
+
+A quantized cache (``kv_cache_dtype`` int8 / fp8) is written with its per-token scales by
+``reshape_and_cache`` and dequantized on load by both attention kernels; queries and outputs stay in
+the compute dtype.
 """
 from __future__ import annotations
 
@@ -70,14 +74,16 @@ class TritonPagedAttention(AttentionBackend):
         md = self.md
         if md is None:
             raise RuntimeError("TritonPagedAttention.forward before prepare()")
-        k_cache, v_cache = self.kv_cache.k[layer_idx], self.kv_cache.v[layer_idx]
-        reshape_and_cache(k, v, k_cache, v_cache, md.slot_mapping)
-        qc = q.to(k_cache.dtype)
+        c = self.kv_cache
+        k_cache, v_cache = c.k[layer_idx], c.v[layer_idx]
+        scales = {"k_scale": c.k_scale[layer_idx], "v_scale": c.v_scale[layer_idx]}   # None when not quantized
+        reshape_and_cache(k, v, k_cache, v_cache, md.slot_mapping, **scales)
+        qc = q.to(c.dtype)
         if md.is_pure_decode:
             out = paged_decode_attention(qc, k_cache, v_cache, md.block_tables, md.seq_lens, md.max_seq_len,
-                                         self.scale, self._decode_bpp, window=self.windows[layer_idx])
+                                         self.scale, self._decode_bpp, window=self.windows[layer_idx], **scales)
         else:
             out = paged_prefill_attention(qc, k_cache, v_cache, md.block_tables, md.seq_lens, md.query_start_loc,
                                           md.max_query_len, self.scale, self.prefill_block_m,
-                                          window=self.windows[layer_idx])
+                                          window=self.windows[layer_idx], **scales)
         return out.to(q.dtype)

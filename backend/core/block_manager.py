@@ -12,8 +12,9 @@ Follows vLLM v1's ``BlockPool`` / ``KVCacheManager``:
   A sequence's blocks are freed in reverse order, so its tail blocks are evicted first.
 - Prefix caching: block ``i`` of a sequence is named by a chained hash
   ``sha256(parent_hash, token_ids of block i, extra_key)``, where ``extra_key`` digests the
-  model + tokenizer identity given at construction (a changed checkpoint or chat template
-  never hits stale K/V). Only full blocks whose K/V are computed get a hash.
+  model + tokenizer identity and the KV storage format given at construction (a changed checkpoint,
+  chat template or ``kv_cache_dtype`` never hits stale K/V). Only full blocks whose K/V are computed
+  get a hash.
 - Sliding windows: when every layer attends within a window, blocks wholly before the window of
   the next position a sequence computes are never read again. ``free_outside_window`` releases
   them (cached ones stay hittable in the free queue) and leaves ``NULL_BLOCK`` in the table, so
@@ -42,9 +43,10 @@ NULL_BLOCK = -1     # block-table entry of a block freed because it fell out of 
 _HASH_VERSION = b"kv-block-hash-v1"
 
 
-def make_extra_key(cache_key: str) -> bytes:
-    """Digest of the model + tokenizer identity; part of every block hash."""
-    return hashlib.sha256(_HASH_VERSION + b"\0" + cache_key.encode("utf-8")).digest()
+def make_extra_key(cache_key: str, kv_cache_dtype: str = "auto") -> bytes:
+    """Digest of the model + tokenizer identity and the KV storage format; part of every block hash."""
+    kv = b"\0kv=" + kv_cache_dtype.encode("utf-8")
+    return hashlib.sha256(_HASH_VERSION + b"\0" + cache_key.encode("utf-8") + kv).digest()
 
 
 def hash_block_tokens(parent: BlockHash | None, token_ids: Seq[int], extra_key: bytes) -> BlockHash:
@@ -77,7 +79,7 @@ def _cdiv(a: int, b: int) -> int:
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True,
-                 cache_key: str = ""):
+                 cache_key: str = "", kv_cache_dtype: str = "auto"):
         if num_blocks < 1:
             raise ValueError(f"num_kv_blocks: must be >= 1, got {num_blocks}")
         if block_size < 1:
@@ -85,7 +87,7 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.extra_key = make_extra_key(cache_key)
+        self.extra_key = make_extra_key(cache_key, kv_cache_dtype)
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         # free blocks in eviction order (head = next to allocate / evict)
         self._free: OrderedDict[int, KVBlock] = OrderedDict((b.block_id, b) for b in self.blocks)

@@ -97,7 +97,8 @@ class Scheduler:
         self.vocab_size = vocab_size
         self.eos_token_ids = frozenset(eos_token_ids)
         self.block_manager = BlockManager(num_blocks, config.block_size,
-                                          enable_prefix_caching=config.enable_prefix_caching, cache_key=cache_key)
+                                          enable_prefix_caching=config.enable_prefix_caching, cache_key=cache_key,
+                                          kv_cache_dtype=config.kv_cache_dtype)
         self.watermark_blocks = int(config.watermark * num_blocks)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []          # admission order (oldest first)

@@ -12,6 +12,7 @@ from backend.attention.selector import make_attention_backend
 from backend.attention.window import serving_windows, uniform_window
 from backend.config import EngineConfig
 from backend.core.kv_cache import KVCache, num_blocks_for_budget
+from backend.core.kv_quant import check_kv_format_device, kv_format
 from backend.core.scheduler import Scheduler
 from backend.engine.model_runner import ModelRunner
 from backend.model.config import ModelConfig
@@ -24,6 +25,19 @@ from backend.spec_decode.speculator import Speculator
 from backend.structured_output.manager import StructuredOutputManager
 
 
+@dataclass(frozen=True)
+class ServedFormats:
+    """The numeric formats that serve requests: named on the load line, ``/metrics``, each request's log line
+    and the gateway's GetModelInfo, so a quality change can be traced to a quantization flag."""
+
+    quantization: str = "none"     # weights: EngineConfig.quantization
+    kv_cache_dtype: str = "auto"   # KV storage: EngineConfig.kv_cache_dtype
+    dtype: str = "float32"         # compute dtype (what ``auto`` KV stores)
+
+    def labels(self) -> dict[str, str]:
+        return {"quantization": self.quantization, "kv_cache_dtype": self.kv_cache_dtype, "dtype": self.dtype}
+
+
 @dataclass
 class EngineParts:
     scheduler: Scheduler
@@ -32,6 +46,19 @@ class EngineParts:
     cpu_threads: int = 1      # intra-op threads the engine may use per step on the CPU (1 on CUDA: not its concern)
     summary: str = ""         # the one line logged at load (``load_summary``)
     structured_output: StructuredOutputManager | None = None   # grammar state of guided requests
+    formats: ServedFormats = ServedFormats()                    # weight / KV / compute formats serving requests
+
+
+@dataclass(frozen=True)
+class FastDecode:
+    step: object | None    # NativeDecodeStep, or None (every step eager)
+    reason: str            # why None
+
+    def describe(self) -> str:
+        if self.step is None:
+            return self.reason
+        kind = "CUDA graphs" if type(self.step).__name__ == "CudaGraphDecodeStep" else "native"
+        return f"{kind} (ready in {self.step.build_seconds:.1f} s)"
 
 
 def resolve_device(name: str) -> torch.device:
@@ -87,7 +114,7 @@ def num_kv_blocks(config: EngineConfig, model: LlamaForCausalLM, device: torch.d
     else:
         budget = config.kv_cache_bytes
     return num_blocks_for_budget(budget, cfg.num_hidden_layers, config.block_size, cfg.num_key_value_heads,
-                                 cfg.head_dim, dtype)
+                                 cfg.head_dim, dtype, config.kv_cache_dtype)
 
 
 def build_engine_parts(config: EngineConfig) -> EngineParts:
@@ -98,12 +125,13 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         torch.set_num_threads(config.cpu_threads)
     mcfg = ModelConfig.from_file(folder / "config.json")
     dtype = resolve_dtype(config.dtype, device, mcfg.dtype)
+    check_kv_format_device(kv_format(config.kv_cache_dtype, dtype), device)   # before the weights load
     max_model_len = config.resolve_max_model_len(mcfg.max_position_embeddings)
     model = load_model(folder, dtype=dtype, device=device, max_positions=max_model_len)
     quantize_model(model, config.quantization, config.quantization_group_size)
     blocks = num_kv_blocks(config, model, device, dtype)
     kv_cache = KVCache(mcfg.num_hidden_layers, blocks, config.block_size, mcfg.num_key_value_heads, mcfg.head_dim,
-                       dtype=dtype, device=device)
+                       dtype=dtype, device=device, kv_cache_dtype=config.kv_cache_dtype)
     eos = set(mcfg.eos_token_ids) | generation_eos_ids(folder)
     windows = serving_windows(mcfg.sliding_windows, mcfg.num_hidden_layers, max_model_len)
     scheduler = Scheduler(config, num_blocks=blocks, max_model_len=max_model_len, vocab_size=mcfg.vocab_size,
@@ -111,17 +139,20 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
                           sliding_window=uniform_window(windows))
     sampler = Sampler(vocab_size=mcfg.vocab_size, device=device, seed=config.seed, eos_token_ids=sorted(eos))
     attn = make_attention_backend(kv_cache, windows=windows)
-    runner = ModelRunner(model, kv_cache, attn, sampler, device)
-    speculator = build_speculator(config, folder, mcfg, blocks, device, dtype, max_model_len)
-    summary = load_summary(config, mcfg, model, kv_cache, device, dtype, max_model_len, windows,
-                           type(attn).__name__, speculator)
-    threads = (config.cpu_threads or torch.get_num_threads()) if device.type == "cpu" else 1
+    fast = build_fast_decode(config, model, kv_cache, windows, max_model_len)
+    runner = ModelRunner(model, kv_cache, attn, sampler, device, fast_decode=fast.step)
     structured = StructuredOutputManager(
-        lambda: xgrammar_backend(folder, mcfg.vocab_size, eos), vocab_size=mcfg.vocab_size,
-        compile_timeout_s=config.guided_compile_timeout_s, max_workers=config.guided_compile_workers, device=device)
+        lambda: xgrammar_backend(folder, mcfg.vocab_size, eos, device), vocab_size=mcfg.vocab_size,
+        compile_timeout_s=config.guided_compile_timeout_s, max_workers=config.guided_compile_workers, device=device,
+        jump_forward=config.guided_jump_forward)
+    speculator = build_speculator(config, folder, mcfg, blocks, device, dtype, max_model_len, grammar=structured)
+    summary = load_summary(config, mcfg, model, kv_cache, device, dtype, max_model_len, windows,
+                           type(attn).__name__, speculator) + f", fast decode {fast.describe()}"
+    threads = (config.cpu_threads or torch.get_num_threads()) if device.type == "cpu" else 1
     scheduler.can_admit = structured.is_ready
+    formats = ServedFormats(config.quantization, config.kv_cache_dtype, str(dtype).replace("torch.", ""))
     return EngineParts(scheduler, runner, speculator, cpu_threads=threads, summary=summary,
-                       structured_output=structured)
+                       structured_output=structured, formats=formats)
 
 
 def load_summary(config: EngineConfig, mcfg: ModelConfig, model: LlamaForCausalLM, kv: KVCache,
@@ -143,9 +174,12 @@ def load_summary(config: EngineConfig, mcfg: ModelConfig, model: LlamaForCausalL
         spec = (f"{config.speculative_method} k={config.num_speculative_tokens}"
                 f"{' adaptive' if config.speculative_adaptive else ''}"
                 + (f" draft={config.draft_model_path}" if config.speculative_method == "draft" else ""))
+    kv_text = (f"{kv.format.name} (+ an fp16 scale per token and head)" if kv.format.quantized
+               else f"auto ({kv.format.label})")
     arch = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}.get(mcfg.family, mcfg.family)
     return (f"llm engine loaded: checkpoint {config.model_path} ({arch}, {mcfg.num_hidden_layers} layers, "
             f"{params / 1e6:.2f}M parameters) on {device} in {str(dtype).replace('torch.', '')}; "
+            f"weights quantization {config.quantization}; KV cache {kv_text}; "
             f"KV pool {kv.num_blocks} blocks x {kv.block_size} = {pool_tokens} tokens "
             f"({kv.nbytes / 2**20:.1f} MiB, {per_token} bytes per token); max_model_len {max_model_len}: "
             f"{kv.num_blocks // held_blocks} sequences at full context; sliding window {windows_text}; "
@@ -154,8 +188,24 @@ def load_summary(config: EngineConfig, mcfg: ModelConfig, model: LlamaForCausalL
             f"{config.stream_interval}, attention {attention}, speculation {spec}")
 
 
+def build_fast_decode(config: EngineConfig, model: LlamaForCausalLM, kv_cache: KVCache, windows,
+                      max_model_len: int) -> FastDecode:
+    """When ``config.fast_decode`` asks for it and it can serve this model: the native decode step on the
+    CPU, CUDA graphs (captured here) on CUDA."""
+    if not config.fast_decode:
+        return FastDecode(None, "off")
+    if kv_cache.device.type == "cuda":
+        from backend.engine.cuda_graph_decode import CudaGraphDecodeStep
+        step = CudaGraphDecodeStep.build(model, kv_cache, windows, None, config.max_num_seqs, max_model_len)
+    else:
+        from backend.engine.native_decode import NativeDecodeStep
+        step = NativeDecodeStep.build(model, kv_cache, windows, scale=None)
+    return FastDecode(None, f"off ({step})") if isinstance(step, str) else FastDecode(step, "")
+
+
 def build_speculator(config: EngineConfig, target_folder: Path, target: ModelConfig, num_blocks: int,
-                     device: torch.device, dtype: torch.dtype, max_model_len: int) -> Speculator | None:
+                     device: torch.device, dtype: torch.dtype, max_model_len: int,
+                     grammar: StructuredOutputManager | None = None) -> Speculator | None:
     """The proposer the config names, inside the adaptive driver; None when speculation is off."""
     if config.speculative_method == "none":
         return None
@@ -166,11 +216,14 @@ def build_speculator(config: EngineConfig, target_folder: Path, target: ModelCon
         proposer = DraftModelProposer.load(Path(config.draft_model_path), target_folder, target, config,
                                            num_blocks=num_blocks, device=device, dtype=dtype,
                                            max_model_len=max_model_len)
-    return Speculator(proposer, config.num_speculative_tokens, config.speculative_adaptive)
+    return Speculator(proposer, config.num_speculative_tokens, config.speculative_adaptive, grammar=grammar)
 
 
-def xgrammar_backend(folder: Path, vocab_size: int, eos_token_ids: set[int]):
-    """The grammar layer for this checkpoint; built on the first guided request (on a compile thread)."""
+def xgrammar_backend(folder: Path, vocab_size: int, eos_token_ids: set[int], device: torch.device):
+    """The grammar layer for this checkpoint; built on the first guided request (on a compile thread).
+    Batched bitmask fills use xgrammar's threads (half the cores) on CUDA, one thread on the CPU, whose
+    cores the forward uses."""
     from postprocess.grammar import XGrammarBackend
 
-    return XGrammarBackend.from_folder(folder, vocab_size, sorted(eos_token_ids))
+    return XGrammarBackend.from_folder(folder, vocab_size, sorted(eos_token_ids),
+                                       fill_threads="auto" if device.type == "cuda" else 1)

@@ -2,7 +2,9 @@
 
 Threading: callers (the Triton adapter, tests, benchmarks) only touch the inbox
 under a lock; the loop thread alone owns the scheduler, block manager and model.
-``on_output`` callbacks run on the loop thread and must not block. Every request
+Once ``start()`` runs the loop, ``on_output`` callbacks run on one output thread
+(``OutputEmitter``), in order, overlapped with the next step; without the loop
+(``step()`` called directly) they run inline. They must not block. Every request
 gets exactly one output with ``request_finished=True``, whatever happens to it.
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ from backend.core.scheduler import SpecDecodeCounters
 from backend.core.timeline import mark_scheduled, mark_step_done
 from backend.engine.builder import EngineParts, build_engine_parts
 from backend.engine.inbox import AbortRequest, AddRequest, InboxMessage
+from backend.engine.output_emitter import OutputEmitter
 from backend.engine.stream_pacer import StreamPacer
 from backend.engine.thread_policy import ThreadPolicy
 from backend.sampling.batch import GREEDY_EPS
@@ -65,6 +68,7 @@ class LLMEngine:
         self._inbox: deque[InboxMessage] = deque()
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._emitter: OutputEmitter | None = None          # the loop's output thread (None: inline callbacks)
         self._stopping = False
         self._steps = 0
         self._seeds = random.Random(config.seed)   # seeds for unseeded sampled requests (under _cv)
@@ -123,6 +127,7 @@ class LLMEngine:
     # ---- the loop (one thread) ---------------------------------------------------
     def start(self) -> "LLMEngine":
         if self._thread is None:
+            self._emitter = self._emitter or OutputEmitter()
             self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
             self._thread.start()
         return self
@@ -134,6 +139,9 @@ class LLMEngine:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
+        if self._emitter is not None:   # the loop's outputs first, then the final ones below (inline), in order
+            self._emitter.stop()
+            self._emitter = None
         self._drain_inbox()
         self._finish_all(FinishReason.ABORT, "engine shut down")
         if self.structured is not None:
@@ -150,6 +158,7 @@ class LLMEngine:
 
     def step(self) -> None:
         """One iteration: take new requests and aborts, schedule, run the forward, sample, apply, stream."""
+        step_start = time.perf_counter()
         self._drain_inbox()
         if self.speculator is not None:
             self.speculator.release_gone(self.scheduler)
@@ -167,9 +176,9 @@ class LLMEngine:
             started = time.monotonic()
             marks = mark_scheduled(plan, started)
             spec = self.speculator
+            pending = so.begin_fill(plan) if so is not None else None   # grammar bitmask, filled meanwhile
             forward = self.runner.execute(plan)
-            # between the forward and the sampler (on CUDA the forward is still running meanwhile)
-            bitmask = so.fill_bitmask(plan, forward.rows) if so is not None else None
+            bitmask = pending.result(forward.rows) if pending is not None else None
             output = self.runner.sample(plan, forward, grammar_bitmask=bitmask,
                                         draft_probs=spec.draft_probs if spec else None)
             if so is not None:
@@ -177,9 +186,10 @@ class LLMEngine:
             now = time.perf_counter()
             seconds = now - t0
             mark_step_done(plan, marks, output.sampled_token_ids, started, time.monotonic())
-            self.threads.observe(plan.num_batched_tokens, threads, seconds)
             self.scheduler.stream_interval = self.pacer.observe(now, sum(map(len, output.sampled_token_ids)))
             self._dispatch(self.scheduler.update_from_output(plan, output))
+            # the whole iteration: a second OpenMP thread that spins after the forward slows the Python around it
+            self.threads.observe(plan.num_batched_tokens, threads, time.perf_counter() - step_start)
             if so is not None and self.config.guided_jump_forward:
                 self._jump_forward(plan)
             self._steps += 1
@@ -263,14 +273,20 @@ class LLMEngine:
                                       error=error) for rid in leftover])
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        calls = []
         for out in outputs:
             if out.request_finished and self.structured is not None:
                 self.structured.drop(out.request_id)
             with self._cv:
                 cb = self._callbacks.pop(out.request_id, None) if out.request_finished \
                     else self._callbacks.get(out.request_id)
-            if cb is None:
-                continue
+            if cb is not None:
+                calls.append((cb, out))
+        emitter = self._emitter
+        if emitter is not None and threading.current_thread() is self._thread:
+            emitter.submit(calls)   # off the loop's critical path, in order
+            return
+        for cb, out in calls:
             try:
                 cb(out)
             except Exception:  # a broken consumer must not take the engine down

@@ -39,14 +39,32 @@ def flat_input_ids(plan: SchedulerOutput) -> np.ndarray:
     return np.fromiter((t for c in chunks for t in c), dtype=np.int64, count=plan.num_batched_tokens)
 
 
+def greedy_verify(argmax: list[int],         # the argmax of every row: a sequence's k + 1 rows, then the next's
+                  drafts: list[list[int]],   # per sequence, its k drafts
+                  ) -> list[list[int]]:
+    """The rejection rule for a greedy target (one-hot at its argmax, whatever the draft distribution): the
+    drafts that equal the argmax before them are accepted, then the argmax after the last accepted one."""
+    out, row = [], 0
+    for d in drafts:
+        a = 0
+        while a < len(d) and d[a] == argmax[row + a]:
+            a += 1
+        out.append(d[:a] + [argmax[row + a]])
+        row += len(d) + 1
+    return out
+
+
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, attn: AttentionBackend, sampler: Sampler,
-                 device: torch.device):
+                 device: torch.device, fast_decode=None):
+        """``fast_decode``: the step for the decode plans it ``accepts`` (``NativeDecodeStep`` on the CPU,
+        ``CudaGraphDecodeStep`` on CUDA), or None (every step eager)."""
         self.model = model
         self.kv_cache = kv_cache
         self.attn = attn
         self.sampler = sampler
         self.device = device
+        self.fast_decode = fast_decode
 
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> ForwardOutput:
@@ -54,6 +72,11 @@ class ModelRunner:
         self.sampler.drop(plan.finished_seq_ids)
         if plan.blocks_to_copy:
             self.kv_cache.copy_blocks(plan.blocks_to_copy)
+        fast = self.fast_decode
+        if fast is not None:
+            fast.batch.forget_plan(plan)   # every plan, so that rows never outlive their sequences
+            if fast.accepts(plan):
+                return fast.run(plan)
         sched = plan.scheduled
         meta = build_attention_metadata(
             [s.seq.num_computed_tokens for s in sched], [s.num_new_tokens for s in sched],
@@ -106,6 +129,10 @@ class ModelRunner:
             return ModelRunnerOutput(sampled, logprobs)
         seqs = [sched[i].seq for i in order]
         drafts = [sched[i].seq.draft_token_ids[:sched[i].num_draft_tokens] for i in order]
+        if grammar_bitmask is None and all(is_plain_greedy(s) for s in seqs):   # no batch, no probabilities
+            for i, tokens in zip(order, greedy_verify(forward.logits.argmax(dim=-1).tolist(), drafts)):
+                sampled[i] = tokens
+            return ModelRunnerOutput(sampled, logprobs)
         qs = [draft_probs.get(s.seq_id) for s in seqs] if draft_probs else None
         result = self.sampler.verify(forward.logits, seqs, drafts, qs, grammar_bitmask)
         for j, i in enumerate(order):

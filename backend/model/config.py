@@ -183,8 +183,10 @@ def check_supported_fields(d: dict, family: str, source: str = "config.json") ->
     if d.get("quantization_config"):
         method = (d["quantization_config"] or {}).get("quant_method", "?") \
             if isinstance(d["quantization_config"], dict) else "?"
-        raise CheckpointError(f"{source}: quantized checkpoints are not supported (quantization_config, "
-                              f"quant_method {method!r}); use a float16 / bfloat16 / float32 checkpoint")
+        if method not in ("gptq", "awq"):   # read (and their settings checked) by backend/model/gptq.py, awq.py
+            raise CheckpointError(f"{source}: quantized checkpoints other than GPTQ and AWQ are not supported "
+                                  f"(quantization_config, quant_method {method!r}); use a float16 / bfloat16 / "
+                                  "float32 checkpoint")
     for where in (d, d.get("rope_scaling") or {}, d.get("rope_parameters") or {}):
         prf = where.get("partial_rotary_factor", 1.0) if isinstance(where, dict) else 1.0
         if prf not in (None, 1, 1.0):

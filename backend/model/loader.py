@@ -15,7 +15,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from backend.model.config import CheckpointError, ModelConfig
+from backend.model.gptq import read_gptq_config
 from backend.model.llama import LlamaForCausalLM
+from backend.model.quant import QuantizedWeight, QuantLinear, native_ops_for
 
 _LAYER = "model.layers.{i}."
 
@@ -63,9 +65,11 @@ def _safetensor_files(folder: Path) -> list[Path]:
     raise CheckpointError(f"{folder}: missing file model.safetensors (or model.safetensors.index.json)")
 
 
-def read_hf_tensors(folder: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Read and shape-check every tensor the config needs; extra tensors (rotary caches) are ignored."""
-    expected = hf_tensor_shapes(cfg)
+def read_hf_tensors(folder: Path, cfg: ModelConfig, expected: dict[str, tuple[int, ...]] | None = None,
+                    optional: frozenset[str] | set[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """Read and shape-check every tensor the config needs (``expected``: default ``hf_tensor_shapes``;
+    ``optional`` names may be absent); extra tensors (rotary caches) are ignored."""
+    expected = expected or hf_tensor_shapes(cfg)
     tensors: dict[str, torch.Tensor] = {}
     where: dict[str, Path] = {}
     for f in _safetensor_files(folder):
@@ -79,6 +83,8 @@ def read_hf_tensors(folder: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
             raise CheckpointError(f"{f}: unreadable safetensors file ({e})") from e
     for name, shape in expected.items():
         if name not in tensors:
+            if name in optional:
+                continue
             raise CheckpointError(f"{folder}: missing tensor {name!r}")
         if tuple(tensors[name].shape) != shape:
             raise CheckpointError(
@@ -158,17 +164,42 @@ def load_model(folder: str | Path, dtype: torch.dtype | None = None, device: str
     if vocab > cfg.vocab_size:
         raise CheckpointError(
             f"{folder / 'tokenizer.json'}: tokenizer has {vocab} ids but the embedding has {cfg.vocab_size} rows")
-    hf = read_hf_tensors(folder, cfg)
+    prequantized = read_gptq_config(folder, json.loads((folder / "config.json").read_text()))
+    quantized: dict[str, QuantizedWeight] = {}
+    if prequantized is None:
+        hf = read_hf_tensors(folder, cfg)
+    else:  # projections arrive quantized (GPTQ, AWQ): read their tensors, stand meta placeholders in for the float weights
+        expected, optional = prequantized.tensor_shapes(hf_tensor_shapes(cfg))
+        hf = read_hf_tensors(folder, cfg, expected, optional)
+        quantized = prequantized.weights(cfg.num_hidden_layers, hf)
+        hf.update({k: torch.empty(v, device="meta") for k, v in hf_tensor_shapes(cfg).items() if k not in hf})
     if dtype is None:
         dtype = torch.float32 if torch.device(device).type == "cpu" else cfg.dtype
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg, max_positions=max_positions)
     model = model.to_empty(device=device)
-    state = {k: v.to(dtype) for k, v in hf_to_internal(cfg, hf).items()}
-    model.load_state_dict(state, strict=True, assign=False)
+    state = {k: v.to(dtype) for k, v in hf_to_internal(cfg, hf).items() if not v.is_meta}
+    missing, _ = model.load_state_dict(state, strict=not quantized, assign=False)
+    if set(missing) != {f"{name}.weight" for name in quantized}:
+        raise CheckpointError(f"{folder}: tensors missing for {sorted(set(missing))[:4]}")
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    return model.to(dtype).eval().requires_grad_(False)
+    model = model.to(dtype).eval().requires_grad_(False)
+    install_quantized(model, quantized, dtype, torch.device(device))
+    return model
+
+
+def install_quantized(model: LlamaForCausalLM, quantized: dict[str, QuantizedWeight], dtype: torch.dtype,
+                      device: torch.device) -> None:
+    """Replace the named ``nn.Linear`` projections by ``QuantLinear`` layers holding the given weights."""
+    workspace: dict = {}
+    native = native_ops_for(device) if quantized else None
+    for name, qw in quantized.items():
+        parent, attr = model.get_submodule(name.rsplit(".", 1)[0]), name.rsplit(".", 1)[1]
+        old = getattr(parent, attr)
+        qw = QuantizedWeight(qw.mode, qw.qweight.to(device), qw.scale.to(device), qw.group_size,
+                             None if qw.zeros is None else qw.zeros.to(device), qw.origin)
+        setattr(parent, attr, QuantLinear(qw, old.bias, dtype, workspace, native))
 
 
 def save_model(model: LlamaForCausalLM, folder: str | Path, config_dict: dict, dtype: torch.dtype = torch.float32) -> None:

@@ -21,18 +21,39 @@ def unpack_bitmask(
     return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
 
+def byte_penalty_table() -> torch.Tensor:   # [256, 8] fp32
+    """Row ``b``: 0 where bit ``j`` of byte ``b`` is set (token allowed), ``-inf`` where it is clear."""
+    bits = (torch.arange(256)[:, None] >> torch.arange(8)) & 1
+    return torch.where(bits.bool(), 0.0, NEG_INF)
+
+
+BYTE_PENALTY = byte_penalty_table()   # a constant, never written
+
+
+def bitmask_penalty(
+    bitmask: torch.Tensor,  # [num_rows, ceil(vocab / 32)] int32, on the CPU
+    vocab_size: int,
+) -> torch.Tensor:          # [num_rows, vocab] fp32: 0 where allowed, -inf where not
+    """One gather from the byte table (the int32 words read as their little-endian bytes, the layout of
+    every host we run on): bits ``8i..8i+7`` of a row are its byte ``i``."""
+    idx = bitmask.contiguous().view(torch.uint8).reshape(-1).long()
+    return BYTE_PENALTY.index_select(0, idx).view(bitmask.shape[0], -1)[:, :vocab_size]
+
+
 def apply_token_bitmask(
     logits: torch.Tensor,   # [num_rows, vocab]
     bitmask: torch.Tensor,  # [num_rows, ceil(vocab / 32)] int32 (xgrammar layout; all bits set = no constraint)
 ) -> torch.Tensor:          # [num_rows, vocab]
-    """Grammar mask: tokens whose bit is clear get ``-inf``. On the CPU only rows with a clear bit are
-    touched (unguided rows of a mixed batch are all ones, and masking a row costs ~20 us)."""
+    """Grammar mask: tokens whose bit is clear get ``-inf``. On the CPU the mask is added as a 0 / -inf
+    penalty from a byte table (several times faster there than unpacking bits into a boolean mask for
+    ``masked_fill``), and only rows with a clear bit are touched (unguided rows of a mixed batch are all ones)."""
     if bitmask.device.type == "cpu":
         rows = (bitmask != -1).any(dim=-1).nonzero().squeeze(1)
-        if rows.numel() < bitmask.shape[0]:
-            if rows.numel():
-                logits[rows] = logits[rows].masked_fill_(~unpack_bitmask(bitmask[rows], logits.shape[-1]), NEG_INF)
-            return logits
+        if rows.numel() == bitmask.shape[0]:
+            return logits.add_(bitmask_penalty(bitmask, logits.shape[-1]))
+        if rows.numel():
+            logits[rows] += bitmask_penalty(bitmask[rows], logits.shape[-1])
+        return logits
     return logits.masked_fill_(~unpack_bitmask(bitmask, logits.shape[-1]), NEG_INF)
 
 

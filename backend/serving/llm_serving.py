@@ -110,10 +110,11 @@ class LLMServing:
             engine.structured.warm_up()    # the grammar layer at load time, not on the first guided request
         engine.start()
         name = model_config.get("name", "llm")
+        formats = engine.parts.formats.labels()     # weight / KV / compute formats: /metrics and the log line
         metrics = EngineMetrics(pb_utils, engine.stats, max_num_seqs=engine.config.max_num_seqs,
-                                model=name, version=model_version, interval_s=interval).start()
+                                model=name, version=model_version, interval_s=interval, model_info=formats).start()
         telemetry, tracer = build_telemetry(pb_utils, max_model_len=engine.scheduler.max_model_len, model=name,
-                                            version=model_version, log_level=log_level)
+                                            version=model_version, log_level=log_level, formats=formats)
         log_load_summary(pb_utils, getattr(engine.parts, "summary", ""))
         llm = cls(engine, pb_utils, cancel_poll_interval_s=poll, metrics=metrics, telemetry=telemetry,
                   tracing=tracer is not None, model_name=os.path.basename(os.path.normpath(engine.config.model_path)))
@@ -354,7 +355,8 @@ class LLMServing:
             wall_offset=monotonic_offset())
 
 
-def build_telemetry(pb_utils, *, max_model_len: int, model: str, version: str, log_level: str = "info"):
+def build_telemetry(pb_utils, *, max_model_len: int, model: str, version: str, log_level: str = "info",
+                    formats: dict[str, str] | None = None):
     """(RequestTelemetry started, ModelTracer or None): histograms, the request log, and spans when the
     OTEL_* environment turns tracing on."""
     from backend.serving.request_log import RequestLog
@@ -363,7 +365,7 @@ def build_telemetry(pb_utils, *, max_model_len: int, model: str, version: str, l
     from contracts.tracing import ModelTracer
 
     metrics = RequestMetrics(pb_utils, max_model_len=max_model_len, model=model, version=version)
-    request_log = RequestLog(log_level)
+    request_log = RequestLog(log_level, formats=formats)
 
     def record_metrics(rec: FinishedRequest) -> None:
         metrics.record(rec.stats, rec.finish_reason)
@@ -375,7 +377,8 @@ def build_telemetry(pb_utils, *, max_model_len: int, model: str, version: str, l
         sinks.append(LLMSpans(tracer))
     closers = [tracer.shutdown] if tracer is not None else []
     # the metric families must live as long as the telemetry that observes them
-    telemetry = RequestTelemetry(sinks, closers=closers, resources=(metrics, request_log, tracer)).start()
+    telemetry = RequestTelemetry(sinks, closers=closers, periodic=[metrics.publish],
+                                 resources=(metrics, request_log, tracer)).start()
     return telemetry, tracer
 
 

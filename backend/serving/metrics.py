@@ -9,6 +9,9 @@ Speculative decoding, as counters (vLLM's names with a ``triton_llm_`` prefix):
 ``triton_llm_spec_decode_num_accepted_tokens_total``,
 ``triton_llm_spec_decode_num_accepted_tokens_per_pos_total{position="0".."k-1"}``.
 
+What serves requests, as an info gauge (always 1; backend/engine/builder.py ``ServedFormats``):
+``triton_llm_model_info{quantization="int8",kv_cache_dtype="int8",dtype="float32"} 1``.
+
 A small thread reads ``engine.stats()`` every ``interval_s`` and sets the gauges through Triton's
 custom metrics API (``pb_utils.MetricFamily``), passed in so the module is testable without a server.
 """
@@ -16,13 +19,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 KV_FAMILY = "nv_trt_llm_kv_cache_block_metrics"
 REQUEST_FAMILY = "nv_trt_llm_request_metrics"
 GENERAL_FAMILY = "nv_trt_llm_general_metrics"
+MODEL_INFO_FAMILY = "triton_llm_model_info"
 SPEC_PREFIX = "triton_llm_spec_decode_"
 SPEC_COUNTERS: dict[str, Callable[[Any], int]] = {     # family suffix -> cumulative value in EngineStats.spec
     "num_drafts_total": lambda c: c.num_drafts,
@@ -57,7 +62,8 @@ class EngineMetrics:
     """Publishes ``stats_fn()`` as gauges; ``update()`` once, or ``start()`` a periodic thread."""
 
     def __init__(self, pb_utils, stats_fn: Callable[[], Any], *, max_num_seqs: int, model: str = "llm",
-                 version: str = "1", interval_s: float = 1.0):
+                 version: str = "1", interval_s: float = 1.0, model_info: Mapping[str, str] | None = None):
+        """``model_info``: the labels of ``triton_llm_model_info`` (the formats serving requests), or None."""
         self._stats_fn = stats_fn
         self._interval = interval_s
         self._stop = threading.Event()
@@ -81,6 +87,13 @@ class EngineMetrics:
             self._gauges.append((gen.Metric(labels={**base, "general_type": label}), read))
         self._max_seqs = req.Metric(labels={**base, "request_type": "max"})  # keep a reference: metrics die with it
         self._max_seqs.set(float(max_num_seqs))
+        self._info = None
+        if model_info is not None:
+            self._info_family = pb_utils.MetricFamily(
+                name=MODEL_INFO_FAMILY, kind=gauge,
+                description="What serves requests: weight quantization, KV cache dtype, compute dtype (always 1)")
+            self._info = self._info_family.Metric(labels={**base, **model_info})
+            self._info.set(1.0)
         self._base = base
         counter = pb_utils.MetricFamily.COUNTER
         self._spec = [(pb_utils.MetricFamily(name=SPEC_PREFIX + name, kind=counter,

@@ -4,7 +4,8 @@ The line carries the request's ids (the client's, the engine's, the trace's), a 
 token ids (``prompt_sha256``: ``sha256(int32 little-endian bytes)``, see ``token_sha256``), the token
 counts, the whole sampling tuple with the seed it was sampled with (drawn by the engine when the
 client gave none: ``seed_drawn``), the output options postprocess applies (stop strings, ...), the
-finish reason, the latencies, and a SHA-256 of each sequence's output token ids. Sending the same
+finish reason, the latencies, a SHA-256 of each sequence's output token ids, and the formats that served
+it (``quantization`` of the weights, ``kv_cache_dtype``, ``dtype``: backend/engine/builder.py ``ServedFormats``). Sending the same
 prompt with the same tuple (seed included) gives the same tokens, which the output hash confirms
 (with speculative decoding, only greedy replays are exact). The prompt itself is never logged.
 
@@ -19,6 +20,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from typing import IO, Any, Sequence
 
 import numpy as np
@@ -49,17 +51,12 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 6)
 
 
-def log_record(rec: FinishedRequest) -> dict[str, Any]:
-    """The log line's fields, in a stable order."""
+def log_record(rec: FinishedRequest, formats: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The log line's fields, in a stable order; ``formats``: the weight / KV / compute formats serving it."""
     p, s = rec.params, rec.stats
     seed = s.seed if s is not None else p.seed
-    options: dict[str, Any] = {}
-    if rec.options:
-        try:
-            parsed = json.loads(rec.options)
-            options = {k: parsed[k] for k in LOGGED_OPTIONS if k in parsed}
-        except (ValueError, TypeError):
-            options = {"unparsed": True}
+    parsed = rec.output_options
+    options = {"unparsed": True} if parsed is None else {k: parsed[k] for k in LOGGED_OPTIONS if k in parsed}
     guide = p.guide
     return {
         "event": "request_finished",
@@ -97,13 +94,16 @@ def log_record(rec: FinishedRequest) -> dict[str, Any]:
         "prefill_chunks": s.num_prefill_chunks if s else 0,
         "decode_steps": s.num_decode_steps if s else 0,
         "preemptions": s.num_preemptions if s else 0,
+        **(formats or {}),
     }
 
 
 class RequestLog:
     """Writes ``log_record`` as one JSON line at INFO on ``triton_llm.requests`` (stderr by default)."""
 
-    def __init__(self, level: int | str = logging.INFO, stream: IO[str] | None = None):
+    def __init__(self, level: int | str = logging.INFO, stream: IO[str] | None = None,
+                 formats: Mapping[str, str] | None = None):
+        self.formats = dict(formats) if formats else None   # quantization, kv_cache_dtype, dtype of every line
         self.logger = logging.getLogger(LOGGER_NAME)
         self.logger.propagate = False
         self.logger.setLevel(parse_level(level) if isinstance(level, str) else level)
@@ -119,4 +119,4 @@ class RequestLog:
 
     def write(self, rec: FinishedRequest) -> None:
         if self.enabled:
-            self.logger.info(json.dumps(log_record(rec), separators=(",", ":"), ensure_ascii=False))
+            self.logger.info(json.dumps(log_record(rec, self.formats), separators=(",", ":"), ensure_ascii=False))

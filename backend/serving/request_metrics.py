@@ -1,10 +1,13 @@
 """Per-request latency and token histograms and counters on Triton's metrics port.
 
 Named after vLLM's (``vllm:`` becomes ``triton_llm_``) with vLLM's bucket boundaries, so dashboards
-and alerts carry over. Observed once per finished request (``inter_token_latency`` once per token)
-through Triton's custom metrics API (``pb_utils.MetricFamily``, passed in so this is testable
-without a server). Each ``observe``/``increment`` is a round trip to the server process (~30 us), so
-``RequestMetrics.record`` runs on the llm model's telemetry thread, never on the engine loop.
+and alerts carry over. Observed once per finished request through Triton's custom metrics API
+(``pb_utils.MetricFamily``, passed in so this is testable without a server). Each ``observe`` /
+``increment`` is a round trip to the server process (~20 us of CPU), so ``RequestMetrics.record`` runs
+on the llm model's telemetry thread, never on the engine loop. The inter-token latency, one value per
+token, is the exception: its values are counted locally and published as a histogram's
+``_bucket``/``_sum``/``_count`` counters in batches (``publish``, at most every half second), a few
+round trips per batch instead of one per token (``counted_histogram.py``).
 
 Labels: ``model``, ``version`` (and ``finish_reason`` on ``triton_llm_request_success_total``).
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from backend.core.timeline import RequestStats
+from backend.serving.counted_histogram import CountedHistogram
 
 PREFIX = "triton_llm_"
 
@@ -41,12 +45,13 @@ TIME_HISTOGRAMS = {
     "time_to_first_token_seconds": ("Time from arrival at the engine to the first generated token", TTFT_BUCKETS),
     "time_per_output_token_seconds": ("Mean inter-token time of a request with at least 2 output tokens "
                                       "(decode time / (output tokens - 1))", TOKEN_LATENCY_BUCKETS),
-    "inter_token_latency_seconds": ("Time between consecutive output tokens of a sequence (one per token)",
-                                    TOKEN_LATENCY_BUCKETS),
     "e2e_request_latency_seconds": ("Time from arrival at the engine to the request's end",
                                     REQUEST_LATENCY_BUCKETS),
     "request_queue_time_seconds": ("Time from arrival at the engine to first scheduling", REQUEST_LATENCY_BUCKETS),
 }
+# Observed once per token: kept as counters, published in batches (backend/serving/counted_histogram.py).
+INTER_TOKEN_LATENCY = ("inter_token_latency_seconds",
+                       "Time between consecutive output tokens of a sequence (one per token after the first)")
 TOKEN_HISTOGRAMS = {
     "request_prompt_tokens": "Prompt tokens of a finished request",
     "request_generation_tokens": "Generated tokens of a finished request (all its sequences)",
@@ -83,6 +88,9 @@ class RequestMetrics:
             self._count[name] = family(name, description, kinds.COUNTER).Metric(labels=labels)
         success = family(SUCCESS_COUNTER, "Finished requests by finish reason", kinds.COUNTER)
         self._success = {r: success.Metric(labels={**labels, "finish_reason": r}) for r in FINISH_REASONS}
+        name, description = INTER_TOKEN_LATENCY
+        self.inter_token = CountedHistogram(pb_utils, PREFIX + name, description, labels, TOKEN_LATENCY_BUCKETS)
+        self._families += self.inter_token.families
 
     def record(self, stats: RequestStats | None, finish_reason: str) -> None:
         """One finished request. ``stats`` is None for a request the engine never queued (an error)."""
@@ -103,6 +111,8 @@ class RequestMetrics:
             h["time_to_first_token_seconds"].observe(stats.time_to_first_token)
         if stats.time_per_output_token is not None:
             h["time_per_output_token_seconds"].observe(stats.time_per_output_token)
-        itl = h["inter_token_latency_seconds"]
-        for gap in stats.inter_token_latencies:
-            itl.observe(gap)
+        self.inter_token.add(stats.inter_token_latencies)   # counted here, published by publish()
+
+    def publish(self) -> None:
+        """Publish the inter-token latencies counted since the last call (the telemetry thread's periodic work)."""
+        self.inter_token.publish()

@@ -3,11 +3,15 @@
 The llm model's engine callback builds a ``FinishedRequest`` for each request's final output and
 hands it to ``RequestTelemetry.submit`` (a non-blocking put). One telemetry thread then records the
 metrics (each observation is a round trip to the server process), writes the JSON log line and,
-when the request was traced, makes its spans. The queue is bounded: if the thread ever falls that
-far behind, records are dropped and counted (``dropped``) rather than slowing the engine.
+when the request was traced, makes its spans; and, at most every ``period_s`` while requests finish,
+it runs the periodic work (publishing the inter-token histogram's accumulated counts). The queue is
+bounded: if the thread ever falls that far behind, records are dropped and counted (``dropped``)
+rather than slowing the engine.
 """
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import queue
 import sys
@@ -51,12 +55,25 @@ class FinishedRequest:
     def trace_id(self) -> str | None:
         return trace_id_of(self.trace_context)
 
+    @functools.cached_property
+    def output_options(self) -> dict[str, Any] | None:
+        """``options`` parsed, once for the log line and the spans ({} when empty, None when unreadable)."""
+        if not self.options:
+            return {}
+        try:
+            parsed = json.loads(self.options)
+        except (ValueError, TypeError):
+            return None
+        return parsed if isinstance(parsed, dict) else None
+
 
 Sink = Callable[[FinishedRequest], Any]
 
 
+@functools.lru_cache(maxsize=1024)
 def f32(x: float) -> float:
-    """An FP32 ensemble input as the number the client sent (0.7, not 0.699999988079071)."""
+    """An FP32 ensemble input as the number the client sent (0.7, not 0.699999988079071). Cached: a request's
+    six sampling floats take few distinct values, and numpy's shortest repr costs ~5 us each."""
     return float(str(np.float32(x)))
 
 
@@ -66,6 +83,8 @@ class RequestTelemetry:
 
     sinks: list[Sink]
     closers: list[Callable[[], Any]] = field(default_factory=list)   # run at shutdown (the tracer's flush)
+    periodic: list[Callable[[], Any]] = field(default_factory=list)  # run at most every period_s while records
+    period_s: float = 0.5                                            # come in, and on flush() / shutdown
     resources: tuple = ()          # objects kept alive with the telemetry (Triton metric families)
     max_pending: int = 10_000
     dropped: int = 0
@@ -92,14 +111,35 @@ class RequestTelemetry:
                 log.warning("telemetry queue full: %d finished requests not recorded", self.dropped)
 
     def _run(self) -> None:
+        due = None   # when the periodic work is due: period_s after the first record since it last ran
         while True:
-            rec = self._queue.get()
+            try:
+                rec = self._queue.get(timeout=None if due is None else max(0.0, due - time.monotonic()))
+            except queue.Empty:
+                self._run_periodic()
+                due = None
+                continue
             try:
                 if rec is None:
                     return
                 self.process(rec)
+                now = time.monotonic()
+                if due is None:
+                    due = now + self.period_s
+                elif now >= due:
+                    self._run_periodic()
+                    due = None
             finally:
                 self._queue.task_done()
+
+    def _run_periodic(self) -> None:
+        start = time.thread_time()
+        for work in self.periodic:
+            try:
+                work()
+            except Exception:   # telemetry must never take serving down
+                log.exception("telemetry: %s failed", getattr(work, "__name__", work))
+        self.cpu_seconds += time.thread_time() - start
 
     def process(self, rec: FinishedRequest) -> None:
         start = time.thread_time()
@@ -115,20 +155,19 @@ class RequestTelemetry:
                 log.exception("telemetry: %s failed for request %s", getattr(sink, "__name__", sink), rec.engine_id)
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until every submitted record is processed (tests, shutdown)."""
+        """Wait until every submitted record is processed, then run the periodic work (tests, shutdown)."""
         done = threading.Event()
 
         def waiter():
             self._queue.join()
             done.set()
         threading.Thread(target=waiter, daemon=True).start()
-        return done.wait(timeout)
+        if not done.wait(timeout):
+            return False
+        self._run_periodic()
+        return True
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        if self.processed:   # one line on stderr (the server log): what recording cost, measured
-            print(f"telemetry: {self.processed} finished requests recorded, "
-                  f"{1e6 * self.cpu_seconds / self.processed:.0f} us of CPU each on the telemetry thread",
-                  file=sys.stderr, flush=True)
         if self._thread is not None:
             self.flush(timeout)
             try:
@@ -137,6 +176,12 @@ class RequestTelemetry:
                 pass
             self._thread.join(timeout)
             self._thread = None
+        else:
+            self._run_periodic()
+        if self.processed:   # one line on stderr (the server log): what recording cost, measured
+            print(f"telemetry: {self.processed} finished requests recorded, "
+                  f"{1e6 * self.cpu_seconds / self.processed:.0f} us of CPU each on the telemetry thread",
+                  file=sys.stderr, flush=True)
         for close in self.closers:
             try:
                 close()

@@ -16,7 +16,6 @@ semantic conventions where one exists, ``triton_llm.*`` otherwise.
 """
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from backend.serving.telemetry import FinishedRequest, f32
@@ -24,12 +23,9 @@ from contracts import tracing as t
 from contracts.tracing import ModelTracer, unix_nanos
 
 
-def _stop_sequences(options: str) -> list[str] | None:
-    try:
-        stop = json.loads(options).get("stop") if options else None
-    except (ValueError, AttributeError):
-        return None
-    return list(stop) if stop else None
+def _stop_sequences(options: dict[str, Any] | None) -> list[str] | None:
+    stop = (options or {}).get("stop")
+    return list(stop) if isinstance(stop, list) and stop else None
 
 
 def generate_attributes(rec: FinishedRequest) -> dict[str, Any]:
@@ -45,7 +41,7 @@ def generate_attributes(rec: FinishedRequest) -> dict[str, Any]:
         t.GEN_AI_REQUEST_PRESENCE_PENALTY: f32(p.presence_penalty),
         t.GEN_AI_REQUEST_SEED: s.seed if s is not None else p.seed,
         t.GEN_AI_REQUEST_CHOICE_COUNT: p.n,
-        t.GEN_AI_REQUEST_STOP_SEQUENCES: _stop_sequences(rec.options),
+        t.GEN_AI_REQUEST_STOP_SEQUENCES: _stop_sequences(rec.output_options),
         t.GEN_AI_RESPONSE_ID: rec.engine_id,
         t.GEN_AI_RESPONSE_FINISH_REASONS: list(rec.finish_reasons) or [rec.finish_reason],
         t.ATTR_PREFIX + "request_id": rec.client_id,

@@ -35,7 +35,7 @@ from backend.model.loader import load_model
 from backend.sampling.batch import GREEDY_EPS
 from backend.sampling.ops import inverse_cdf_draw
 from backend.sampling.sampler import Sampler, compute_probs
-from backend.spec_decode.proposer import Proposal, Proposer
+from backend.spec_decode.proposer import DraftGrammar, DraftMasks, Proposal, Proposer
 
 DRAFT_SEED_SALT = 0x9E3779B97F4A7C15   # seeded requests: the draft's RNG stream differs from the target's
 
@@ -142,7 +142,7 @@ class DraftModelProposer(Proposer):
 
     # ---- proposing ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def propose(self, seqs: list[Sequence], num_drafts: list[int]) -> Proposal:
+    def propose(self, seqs: list[Sequence], num_drafts: list[int], grammar: DraftGrammar | None = None) -> Proposal:
         active: list[tuple[_DraftState, int]] = []
         for seq, k in zip(seqs, num_drafts):
             if k <= 0:
@@ -154,13 +154,22 @@ class DraftModelProposer(Proposer):
         out = Proposal()
         if not active:
             return out
+        masks = grammar.draft_session([st.shadow for st, _ in active]) if grammar is not None else None
+        try:
+            self._draft(active, out, masks)
+        finally:
+            if masks is not None:
+                masks.close()
+        return out
+
+    def _draft(self, active: list[tuple[_DraftState, int]], out: Proposal, masks: DraftMasks | None) -> None:
         drafts: list[list[int]] = [[] for _ in active]
         probs: list[list[torch.Tensor]] = [[] for _ in active]
         # step 1: catch up on the known tokens; the last position proposes draft 1
         starts = [st.shadow.num_computed_tokens for st, _ in active]
         news = [st.shadow.num_tokens - s for (st, _), s in zip(active, starts)]
         ids = [t for (st, _), s in zip(active, starts) for t in st.shadow.all_token_ids[s:]]
-        self._forward_and_draw(active, list(range(len(active))), starts, news, ids, drafts, probs)
+        self._forward_and_draw(active, list(range(len(active))), starts, news, ids, drafts, probs, masks)
         for (st, _), n in zip(active, news):
             st.fed_base = st.shadow.num_tokens
             st.shadow.num_computed_tokens += n
@@ -169,7 +178,7 @@ class DraftModelProposer(Proposer):
             rows = [i for i, (_, k) in enumerate(active) if k > step]
             starts = [active[i][0].shadow.num_computed_tokens for i in rows]
             self._forward_and_draw(active, rows, starts, [1] * len(rows), [drafts[i][-1] for i in rows],
-                                   drafts, probs)
+                                   drafts, probs, masks)
             for i in rows:
                 st = active[i][0]
                 st.fed.append(drafts[i][-2])
@@ -179,11 +188,11 @@ class DraftModelProposer(Proposer):
             out.draft_token_ids[st.shadow.seq_id] = drafts[i]
             if st.shadow.params.temperature >= GREEDY_EPS:
                 out.draft_probs[st.shadow.seq_id] = torch.stack(probs[i])
-        return out
 
     def _forward_and_draw(self, active, rows: list[int], starts: list[int], news: list[int], ids: list[int],
-                          drafts: list[list[int]], probs: list[list[torch.Tensor]]) -> None:
-        """One forward over ``news[j]`` tokens of each ``active[rows[j]]``; draw one draft for each."""
+                          drafts: list[list[int]], probs: list[list[torch.Tensor]], masks: DraftMasks | None) -> None:
+        """One forward over ``news[j]`` tokens of each ``active[rows[j]]``; draw one draft for each (a guided
+        sequence's from the draft's distribution under its grammar mask, as the target samples)."""
         tables = [active[i][0].shadow.block_table for i in rows]
         meta = build_attention_metadata(starts, news, tables, self.kv_cache.block_size, device=self.device)
         self.attn.prepare(meta)
@@ -191,12 +200,15 @@ class DraftModelProposer(Proposer):
         hidden = self.model(input_ids, meta.positions, self.attn)                # [num_tokens, hidden]
         logits = self.model.compute_logits(hidden[meta.query_start_loc[1:].long() - 1])   # [len(rows), vocab]
         seqs = [active[i][0].shadow for i in rows]
+        bitmask = masks.bitmask(rows) if masks is not None else None
         batch = self.sampler.build_batch(seqs, output_token_ids=[s.output_token_ids + drafts[i]
-                                                                 for s, i in zip(seqs, rows)])
+                                                                 for s, i in zip(seqs, rows)], grammar_bitmask=bitmask)
         greedy = batch.greedy_rows
         if batch.all_greedy and not batch.has_masks and not batch.has_penalties:     # plain greedy: the argmax
             for j, t in enumerate(logits.argmax(dim=-1).tolist()):
                 drafts[rows[j]].append(t)
+            if masks is not None:
+                masks.advance(rows, [drafts[i][-1] for i in rows])
             return
         q = compute_probs(logits, batch)                                          # [len(rows), vocab]
         drawn = inverse_cdf_draw(q, [self.sampler.generator_for(s) for s in seqs], self.sampler.generator,
@@ -206,6 +218,8 @@ class DraftModelProposer(Proposer):
             drafts[i].append(tokens[j])
             if not greedy[j]:
                 probs[i].append(q[j])
+        if masks is not None:
+            masks.advance(rows, tokens)
 
     def free(self, seq_ids: list[int]) -> None:
         for seq_id in seq_ids:

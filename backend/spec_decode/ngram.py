@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from backend.core.sequence import Sequence
-from backend.spec_decode.proposer import Proposal, Proposer
+from backend.spec_decode.proposer import DraftGrammar, Proposal, Proposer
 
 
 def ngram_lookup(
@@ -73,7 +73,8 @@ class NgramProposer(Proposer):
         self._contexts[seq.seq_id] = (buf, total)
         return buf[:total]
 
-    def propose(self, seqs: list[Sequence], num_drafts: list[int]) -> Proposal:
+    def propose(self, seqs: list[Sequence], num_drafts: list[int], grammar: DraftGrammar | None = None) -> Proposal:
+        """Prompt lookup ignores ``grammar``: its drafts are cut by the speculator instead."""
         out = Proposal()
         for seq, k in zip(seqs, num_drafts):
             if k <= 0:

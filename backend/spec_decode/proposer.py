@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -18,17 +19,35 @@ class Proposal:
     draft_probs: dict[int, torch.Tensor] = field(default_factory=dict)   # seq_id -> [num_drafts, vocab] fp32
 
 
+class DraftMasks(Protocol):
+    """Grammar masks while drafting (``backend.structured_output.draft_runs.DraftSession``)."""
+
+    def bitmask(self, idx: list[int]) -> torch.Tensor | None: ...   # [len(idx), ceil(vocab / 32)] int32
+
+    def advance(self, idx: list[int], tokens: list[int]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class DraftGrammar(Protocol):
+    """What a proposer may ask of the grammar layer: masks for guided sequences while it drafts."""
+
+    def draft_session(self, seqs: list[Sequence]) -> DraftMasks | None: ...
+
+
 class Proposer(abc.ABC):
     """Proposes up to ``num_drafts[i]`` tokens after the last known token of ``seqs[i]``.
 
     Called by the engine after a step's results are applied, for running sequences whose next
-    step is a decode. A proposal with point-mass drafts (n-gram) carries no ``draft_probs``.
+    step is a decode. A proposal with point-mass drafts (n-gram) carries no ``draft_probs``. A
+    proposer that samples its drafts from a distribution may constrain it with ``grammar`` (the
+    speculator cuts every guided proposal at its grammar's first invalid token anyway).
     """
 
     method: str = ""
 
     @abc.abstractmethod
-    def propose(self, seqs: list[Sequence], num_drafts: list[int]) -> Proposal:
+    def propose(self, seqs: list[Sequence], num_drafts: list[int], grammar: DraftGrammar | None = None) -> Proposal:
         ...
 
     def free(self, seq_ids: list[int]) -> None:

@@ -6,10 +6,22 @@ The engine calls ``after_step(plan, output, seconds)`` once a step's results are
 enter the scheduler only through ``Scheduler.update_draft_token_ids``; the draft distributions
 ``q`` (draft model, sampled requests) are kept here until the next step's verification asks for
 them (``draft_probs``).
+
+Guided requests (constrained decoding) speculate too: each proposal is checked against the
+sequence's grammar (``DraftChecker.valid_draft_prefix``) and cut at its first invalid token, so
+the target never computes positions the grammar has already ruled out. A draft drawn from a real
+distribution ``q`` (the draft model, sampled requests) keeps its first invalid token: verification
+rejects it with certainty (the grammar mask makes ``p`` zero there) and draws the next token from
+``norm(max(0, p - q))``, exactly as without the cut. Cutting it too would draw from ``p`` instead
+and bias the output towards tokens ``q`` favours. A point-mass draft (n-gram, greedy) loses
+nothing by the cut: its residual ``max(0, p - onehot)`` is ``p`` where ``p`` is zero at the draft.
+The draft model drafts guided sequences under their grammar mask (``grammar`` is passed to the
+proposer), so its proposals need a cut only after an EOS.
 """
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 import torch
 
@@ -17,16 +29,33 @@ from backend.core.plan import ModelRunnerOutput, SchedulerOutput
 from backend.core.scheduler import Scheduler
 from backend.core.sequence import Sequence
 from backend.spec_decode.adaptive import AdaptiveDraftLength
-from backend.spec_decode.proposer import Proposer
+from backend.spec_decode.proposer import DraftGrammar, Proposal, Proposer
+
+
+class DraftChecker(DraftGrammar, Protocol):
+    """What the speculator needs of the grammar layer (``StructuredOutputManager``)."""
+
+    def valid_draft_prefix(self, seq: Sequence, drafts: list[int]) -> int:
+        """How many leading ``drafts`` the sequence's grammar admits (all of them for unguided ones)."""
+
+
+def cut_drafts(drafts: list[int], num_valid: int, sampled_from_q: bool) -> int:
+    """How many drafts to verify when only the first ``num_valid`` are grammar-valid: all valid ones,
+    plus the first invalid one when the draft was drawn from a distribution (module docstring)."""
+    if num_valid >= len(drafts):
+        return len(drafts)
+    return num_valid + 1 if sampled_from_q else num_valid
 
 
 class Speculator:
-    def __init__(self, proposer: Proposer, max_k: int, adaptive: bool):
+    def __init__(self, proposer: Proposer, max_k: int, adaptive: bool, grammar: DraftChecker | None = None):
         self.proposer = proposer
         self.max_k = max_k
         self.policy = AdaptiveDraftLength(max_k, enabled=adaptive)
+        self.grammar = grammar                              # cuts guided drafts; None: no guided requests
         self.draft_probs: dict[int, torch.Tensor] = {}      # seq_id -> [k, vocab] q for the next verification
         self._tracked: set[int] = set()                     # sequences the proposer and policy hold state for
+        self.num_cut_draft_tokens = 0                       # drafts dropped by the grammar check, cumulative
 
     def release_gone(self, scheduler: Scheduler) -> None:
         """Free the state of sequences no longer running (finished, aborted, preempted): draft KV blocks
@@ -42,8 +71,6 @@ class Speculator:
     def seq_max_k(self, seq: Sequence, max_model_len: int) -> int:
         """The most drafts worth proposing for this sequence: its request's own cap, what max_tokens and
         the context leave after the token each step adds anyway."""
-        if seq.params.guide is not None:   # grammar-checked drafts are not wired yet: guided requests decode plainly
-            return 0
         k = self.max_k if seq.params.num_speculative_tokens is None else seq.params.num_speculative_tokens
         return max(0, min(k, seq.params.max_tokens - seq.num_output_tokens - 1,
                           max_model_len - seq.num_tokens - 1))
@@ -77,7 +104,28 @@ class Speculator:
             return
         self._tracked.update(s.seq_id for s in seqs)
         t0 = time.perf_counter()
-        proposal = self.proposer.propose(seqs, ks)
+        proposal = self.proposer.propose(seqs, ks, self.grammar)
         self.policy.observe_draft(time.perf_counter() - t0, sum(ks))
+        if self.grammar is not None:
+            self._check_guided(seqs, proposal)
         scheduler.update_draft_token_ids(proposal.draft_token_ids)
         self.draft_probs = proposal.draft_probs
+
+    def _check_guided(self, seqs: list[Sequence], proposal: Proposal) -> None:
+        """Cut each guided sequence's drafts at its grammar's first invalid token (``cut_drafts``)."""
+        for seq in seqs:
+            drafts = proposal.draft_token_ids.get(seq.seq_id)
+            if not drafts or seq.params.guide is None:
+                continue
+            q = proposal.draft_probs.get(seq.seq_id)
+            keep = cut_drafts(drafts, self.grammar.valid_draft_prefix(seq, drafts), q is not None)
+            if keep == len(drafts):
+                continue
+            self.num_cut_draft_tokens += len(drafts) - keep
+            if keep:
+                proposal.draft_token_ids[seq.seq_id] = drafts[:keep]
+                if q is not None:
+                    proposal.draft_probs[seq.seq_id] = q[:keep]
+            else:
+                del proposal.draft_token_ids[seq.seq_id]
+                proposal.draft_probs.pop(seq.seq_id, None)

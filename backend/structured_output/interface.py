@@ -46,3 +46,7 @@ class StructuredOutputBackend(Protocol):
 
     def matcher(self, compiled: Any) -> GrammarMatcher:
         """A fresh matcher at the start of the compiled grammar."""
+
+    def fill_bitmasks(self, matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
+        """``bitmask[rows[i]]`` gets what ``matchers[i]`` admits next, for the whole batch at once
+        (matchers of this backend only)."""

@@ -11,10 +11,18 @@ queued behind other compiles.
 
 One step, on the loop thread (``LLMEngine.step``):
 1. ``poll()``: compiles that finished, failed or timed out (failures are ended by the engine);
-2. ``fill_bitmask(plan, rows)`` between the forward and the sampler: one row per sampled position;
-   a sequence verifying drafts has ``drafts + 1`` consecutive rows, filled by advancing its matcher
-   through the drafts and rolling it back (so the state stays at the last accepted token);
-3. ``accept(plan, output)``: each matcher advances through the tokens its sequence gained.
+2. ``begin_fill(plan)`` before the forward, ``PendingFill.result()`` after it: the step's bitmask
+   (a step without guided rows does no grammar work). On CUDA it is filled on a worker thread while
+   the loop thread launches the forward (xgrammar's fill releases the GIL; the forward touches no
+   matcher, so the worker owns them until ``result()`` returns). On the CPU it is filled by
+   ``result()`` on the loop thread after the forward: there the forward's own threads occupy the
+   cores and a worker measured slower (GIL and core contention, docs/engine.md). One row per sampled
+   position; a sequence verifying drafts has ``drafts + 1`` consecutive rows, row ``i`` filled after
+   advancing its matcher through the first ``i`` drafts, then rolled back (so the state stays at the
+   last accepted token);
+3. ``accept(plan, output)``: each matcher advances through the tokens its sequence gained (accepted
+   drafts, then the recovered or bonus token), stopping where its grammar terminates (EOS inside an
+   accepted run: the scheduler drops what follows and finishes the request with ``stop``).
 """
 from __future__ import annotations
 
@@ -22,14 +30,16 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
 from backend.core.plan import ModelRunnerOutput, SchedulerOutput
 from backend.core.sequence import Sequence, SequenceStatus
+from backend.structured_output.bitmask import BitmaskBuffer, PendingFill, fill_verified_positions, sampled_rows
+from backend.structured_output.draft_runs import DraftSession, RunResult, accept_run, valid_prefix
 from backend.structured_output.interface import GrammarMatcher, StructuredOutputBackend
 from contracts.sampling_params import GuideSpec
 
@@ -47,12 +57,12 @@ class _GuidedRequest:
     matchers: dict[int, GrammarMatcher] = field(default_factory=dict)   # seq_index -> matcher
 
 
-class _CompilePool:
+class _DaemonPool:
     """``workers`` daemon threads (a stuck compile must not hold up interpreter exit)."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, name: str):
         self._q: queue.Queue = queue.Queue()
-        self._threads = [threading.Thread(target=self._run, name=f"grammar-compile-{i}", daemon=True)
+        self._threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True)
                          for i in range(workers)]
         for t in self._threads:
             t.start()
@@ -87,6 +97,7 @@ class _CompilePool:
 class StructuredOutputManager:
     def __init__(self, backend_factory: Callable[[], StructuredOutputBackend], *, vocab_size: int,
                  compile_timeout_s: float = 10.0, max_workers: int = 2, device: torch.device | str = "cpu",
+                 jump_forward: bool = False, fill_on_worker: bool | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self._factory = backend_factory
         self._backend: StructuredOutputBackend | None = None
@@ -94,15 +105,19 @@ class StructuredOutputManager:
         self._backend_lock = threading.Lock()
         self.vocab_size = vocab_size
         self.compile_timeout_s = compile_timeout_s
+        self.jump_forward_on = jump_forward     # the engine appends forced tokens (guided_jump_forward)
         self._clock = clock
-        self._pool = _CompilePool(max_workers)
+        self._pool = _DaemonPool(max_workers, "grammar-compile")
+        self._filler = _DaemonPool(1, "grammar-bitmask")  # its own thread: never queued behind a compile
         self._lock = threading.Lock()
         self._requests: dict[str, _GuidedRequest] = {}
         self._inflight: dict[tuple[str, str], Future] = {}
         self._news = False                      # a compile ended since the last poll
         self._on_event: Callable[[], None] | None = None
-        self._pin = torch.device(device).type == "cuda"
-        self._bitmask = self._alloc(64)
+        cuda = torch.device(device).type == "cuda"
+        self._bitmask = BitmaskBuffer(vocab_size, pin=cuda)
+        # the bitmask is filled on a worker thread during the forward, else on the loop thread after it
+        self.fill_on_worker = cuda if fill_on_worker is None else fill_on_worker
         self.num_compiles = 0                   # compiles started (cache misses, not shared)
         self.num_rejected_tokens = 0
         self.num_forced_tokens = 0              # appended by jump-forward (each saves a forward pass)
@@ -196,8 +211,8 @@ class StructuredOutputManager:
                         f"{GUIDE}: compiling the grammar failed ({type(exc).__name__}: {exc})"
                     failures.append((rid, msg))
                 elif now >= e.deadline:
-                    failures.append((rid, f"{GUIDE}: compiling the grammar took longer than "
-                                          f"guided_compile_timeout_s ({self.compile_timeout_s:g} s)"))
+                    failures.append((rid, (f"{GUIDE}: compiling the grammar took longer than "
+                                           f"guided_compile_timeout_s ({self.compile_timeout_s:g} s)")))
             for rid, _ in failures:
                 del self._requests[rid]
         return failures
@@ -228,9 +243,17 @@ class StructuredOutputManager:
             m = e.matchers[seq.seq_index] = self._backend.matcher(e.compiled)
         return m
 
-    def _alloc(self, rows: int) -> torch.Tensor:
-        t = torch.full((rows, (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
-        return t.pin_memory() if self._pin else t
+    def begin_fill(self, plan: SchedulerOutput) -> PendingFill:
+        """Start filling the step's bitmask on the worker thread (call before the forward). A step
+        without a guided sampled row gets a finished ``PendingFill`` of None at once, without work."""
+        if not self._requests:
+            return PendingFill(None)
+        rows = sampled_rows(plan)
+        if not any(plan.scheduled[i].seq.params.guide is not None for i in set(rows)):
+            return PendingFill(None)
+        if not self.fill_on_worker:
+            return PendingFill(rows, deferred=lambda: self.fill_bitmask(plan, rows))
+        return PendingFill(rows, self._filler.submit(self.fill_bitmask, plan, rows))
 
     def fill_bitmask(self, plan: SchedulerOutput, rows: list[int]) -> torch.Tensor | None:
         """The step's grammar bitmask, one row per sampled row (``rows[j]``: the plan index of row j),
@@ -238,11 +261,8 @@ class StructuredOutputManager:
         positions: row ``k`` of them is filled after advancing through the first ``k`` drafts."""
         if not self._requests or not rows:
             return None
-        if len(rows) > self._bitmask.shape[0]:
-            self._bitmask = self._alloc(max(len(rows), 2 * self._bitmask.shape[0]))
-        bitmask = self._bitmask[:len(rows)]
-        bitmask.fill_(-1)
-        any_guided = False
+        bitmask = self._bitmask.rows(len(rows))
+        entries = []                               # (matcher, first row, drafts) of each guided sequence
         j = 0
         while j < len(rows):
             i = rows[j]
@@ -252,32 +272,37 @@ class StructuredOutputManager:
             seq = plan.scheduled[i].seq
             m = self._matcher(seq) if seq.params.guide is not None else None
             if m is not None and not m.is_terminated():
-                any_guided = True
-                self._fill_positions(m, seq.draft_token_ids[:n - 1], bitmask, j)
+                entries.append((m, j, seq.draft_token_ids[:n - 1]))
             j += n
-        return bitmask if any_guided else None
+        if not entries:
+            return None
+        fill_verified_positions(self._backend.fill_bitmasks, entries, bitmask)
+        return bitmask
 
-    @staticmethod
-    def _fill_positions(m: GrammarMatcher, drafts: list[int], bitmask: torch.Tensor, row: int) -> None:
-        m.fill_bitmask(bitmask, row)
-        taken = 0
-        for k, t in enumerate(drafts):
-            if not m.accept_tokens([t]):
-                break        # an invalid draft: later rows stay unconstrained; verification rejects it anyway
-            taken += 1
-            if m.is_terminated():
-                break
-            m.fill_bitmask(bitmask, row + k + 1)
-        m.rollback(taken)
+    def _jumps(self, seq: Sequence) -> bool:
+        """Whether the engine jump-forwards this sequence (as ``LLMEngine._jump_forward`` decides)."""
+        return self.jump_forward_on and seq.params.guide is not None and seq.params.logprobs is None
 
     def valid_draft_prefix(self, seq: Sequence, drafts: list[int]) -> int:
-        """How many leading draft tokens the sequence's grammar admits (cut a proposal there)."""
+        """How many leading draft tokens to verify (the speculator cuts a proposal there): those the
+        sequence's grammar admits, ending where it forces what follows when the engine jump-forwards."""
         m = self._matcher(seq) if seq.params.guide is not None else None
-        return len(drafts) if m is None else m.validate_tokens(drafts)
+        return len(drafts) if m is None else valid_prefix(m, drafts, stop_where_forced=self._jumps(seq))
+
+    def draft_session(self, seqs: list[Sequence]) -> DraftSession | None:
+        """Masks for a draft model drafting for ``seqs`` (None when none is guided); close it after."""
+        if not self._requests:
+            return None
+        matchers = [self._matcher(s) if s.params.guide is not None else None for s in seqs]
+        if all(m is None for m in matchers):
+            return None
+        return DraftSession(matchers, self._backend.fill_bitmasks, self._bitmask.words)
 
     def accept(self, plan: SchedulerOutput, output: ModelRunnerOutput) -> list[tuple[str, str]]:
-        """Advance each guided sequence's matcher through its new tokens. Returns ``(request_id, error)``
-        for sequences whose grammar rejected a sampled token (the caller ends those requests)."""
+        """Advance each guided sequence's matcher through its new tokens (``accept_run``; a token it
+        drops is removed from ``output``). Returns ``(request_id, error)`` for sequences whose grammar
+        rejected a sampled token (the caller ends those requests). A call per matcher: xgrammar's
+        batched accept measured no faster, even at 32 sequences."""
         if not self._requests:
             return []
         failures = []
@@ -286,11 +311,15 @@ class StructuredOutputManager:
             if not tokens or seq.params.guide is None or seq.status is not SequenceStatus.RUNNING:
                 continue
             m = self._matcher(seq)
-            if m is None or m.accept_tokens(tokens):
+            if m is None:
                 continue
-            self.num_rejected_tokens += 1
-            failures.append((seq.request_id, f"{GUIDE}: the grammar rejected sampled token(s) {tokens} "
-                                             "(bad_words may ban every token it admits)"))
+            result = accept_run(m, tokens, drop_where_forced=bool(s.num_draft_tokens) and self._jumps(seq))
+            if result is RunResult.LAST_DROPPED:
+                del tokens[-1]            # the engine appends the forced tokens there instead
+            elif result is RunResult.REJECTED:
+                self.num_rejected_tokens += 1
+                failures.append((seq.request_id, (f"{GUIDE}: the grammar rejected sampled token(s) {tokens} "
+                                                  "(bad_words may ban every token it admits)")))
         return failures
 
     def jump_forward(self, seq: Sequence, limit: int) -> list[int]:
@@ -315,3 +344,5 @@ class StructuredOutputManager:
 
     def shutdown(self) -> None:
         self._pool.shutdown()
+        self._filler.shutdown()
+

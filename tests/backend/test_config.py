@@ -100,3 +100,12 @@ def test_guided_decoding_parameters():
                           (dict(guided_jump_forward="yes"), "guided_jump_forward")):
         with pytest.raises(ValueError, match=f"^{field}"):
             EngineConfig(model_path="/m", **kwargs)
+
+
+def test_fast_decode_parameter():
+    assert EngineConfig(model_path="/m").fast_decode is False     # unit tests stay on the eager path
+    assert EngineConfig.from_parameters({"model_path": "/m", "fast_decode": "true"}).fast_decode is True
+    with pytest.raises(ValueError, match="^fast_decode"):
+        EngineConfig(model_path="/m", fast_decode="yes")
+    with pytest.raises(ValueError, match="^fast_decode"):
+        EngineConfig.from_parameters({"model_path": "/m", "fast_decode": "sometimes"})

@@ -17,3 +17,11 @@ def test_bench_guided_runs_and_reports(tmp_path, capsys):
     assert {c["guide"] for c in r["compile"]} >= {"json", "bench:person"}
     assert all(c["cached_ms"] < c["cold_ms"] for c in r["compile"])
     assert "TPOT guided" in capsys.readouterr().out
+
+
+def test_bench_guided_with_speculation_and_both_fills(tmp_path):
+    out = tmp_path / "s.json"
+    assert bench_guided.main(["--rounds", "2", "--concurrency", "2", "--max-tokens", "12", "--no-jump-forward",
+                              "--speculative-method", "ngram", "--compare-fill", "--json", str(out)]) == 0
+    t, = json.loads(out.read_text())["tpot"]
+    assert t["spec_accepted_per_draft"] is not None and len(t["tpot_ratio_other_fill_per_round"]) == 2

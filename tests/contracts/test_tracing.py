@@ -10,7 +10,16 @@ import pytest
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from contracts.tracing import ModelTracer, TracingConfigError, TracingSettings, parse_resource_attributes, trace_id_of
+from contracts.tracing import (
+    ModelTracer,
+    TracingConfigError,
+    TracingSettings,
+    format_traceparent,
+    parse_resource_attributes,
+    parse_traceparent,
+    ratio_samples,
+    trace_id_of,
+)
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 PARENT = "b7ad6b7169203331"
@@ -44,6 +53,27 @@ def test_endpoint_variants():
                                   "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod,team=ml"})
     assert s.service_name == "chat" and s.export_timeout_s == 1.5
     assert s.resource_attributes == (("deployment.environment", "prod"), ("team", "ml"))
+
+
+def test_batch_span_processor_settings_from_the_environment_reach_triton_too():
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}
+    s = TracingSettings.from_env(env)
+    assert (s.max_queue_size, s.max_export_batch_size, s.schedule_delay_ms) == (2048, 512, 5000)   # the spec's
+    s = TracingSettings.from_env({**env, "OTEL_BSP_SCHEDULE_DELAY": "250", "OTEL_BSP_MAX_QUEUE_SIZE": "100",
+                                  "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "50"})
+    assert (s.max_queue_size, s.max_export_batch_size, s.schedule_delay_ms) == (100, 50, 250)
+    args = s.triton_args()
+    for flag in ("opentelemetry,bsp_schedule_delay=250", "opentelemetry,bsp_max_queue_size=100",
+                 "opentelemetry,bsp_max_export_batch_size=50"):
+        assert flag in args
+    tracer = ModelTracer(s, "llm", exporter=InMemorySpanExporter())
+    assert (tracer.processor._batch_processor._schedule_delay, tracer.processor._batch_processor._max_queue_size,
+            tracer.processor._batch_processor._max_export_batch_size) == (0.25, 100, 50)
+    tracer.shutdown()
+    for var, value in (("OTEL_BSP_SCHEDULE_DELAY", "soon"), ("OTEL_BSP_MAX_QUEUE_SIZE", "0"),
+                       ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4096")):
+        with pytest.raises(TracingConfigError, match="^" + var):
+            TracingSettings.from_env({**env, var: value})
 
 
 @pytest.mark.parametrize("sampler,arg,ratio,rate", [
@@ -127,6 +157,49 @@ def test_no_spans_without_a_sampled_parent():
     tracer.span("orphan", None, 1, 2)        # the parent-based sampler never starts a trace of its own
     tracer.shutdown()
     assert exporter.get_finished_spans() == ()
+
+
+ZERO_TRACE, ZERO_SPAN = "0" * 32, "0" * 16
+
+
+@pytest.mark.parametrize("header, parsed", [
+    (f"00-{TRACE}-{PARENT}-01", (int(TRACE, 16), int(PARENT, 16), True)),
+    (f" 00-{TRACE}-{PARENT}-00 ", (int(TRACE, 16), int(PARENT, 16), False)),
+    (f"01-{TRACE}-{PARENT}-03-future", (int(TRACE, 16), int(PARENT, 16), True)),   # a later version
+    (f"00-{TRACE}-{PARENT}-01-extra", None),    # version 00 has exactly four fields
+    (f"ff-{TRACE}-{PARENT}-01", None), (f"00-{ZERO_TRACE}-{PARENT}-01", None),
+    (f"00-{TRACE}-{ZERO_SPAN}-01", None), (f"00-{TRACE[:-1]}-{PARENT}-01", None),
+    (f"00-{TRACE}-{PARENT}-zz", None), ("", None), (None, None), ("garbage", None)])
+def test_traceparent_parsing(header, parsed):
+    got = parse_traceparent(header)
+    assert (got if got is None else (got.trace_id, got.span_id, got.sampled)) == parsed
+
+
+def test_traceparent_round_trip_and_new_contexts():
+    assert format_traceparent(int(TRACE, 16), int(PARENT, 16)) == f"00-{TRACE}-{PARENT}-01"
+    tracer = make_tracer()
+    parent = tracer.parent(CONTEXT)
+    child, root = tracer.new_context(parent), tracer.new_context()
+    assert child.trace_id == parent.trace_id and child.span_id not in (0, parent.span_id) and child.trace_flags.sampled
+    assert root.trace_id not in (0, parent.trace_id) and root.trace_flags.sampled
+    tracer.shutdown()
+
+
+def test_a_span_with_its_own_context_may_be_a_root():
+    exporter = InMemorySpanExporter()
+    tracer = make_tracer(exporter)
+    ctx = tracer.new_context()
+    assert tracer.span("server", None, 1, 2, kind="SERVER", context=ctx) == ctx
+    tracer.shutdown()
+    span, = exporter.get_finished_spans()
+    assert span.parent is None and span.context.span_id == ctx.span_id and span.kind.name == "SERVER"
+
+
+def test_ratio_sampling_of_new_traces_by_trace_id():
+    assert ratio_samples(2**64 - 1, 1.0) and not ratio_samples(0, 0.0)
+    low = 1 << 62                                   # low 64 bits: a quarter of the range
+    assert ratio_samples(low - 1, 0.25) and not ratio_samples(low, 0.25)
+    assert ratio_samples((123 << 64) | (low - 1), 0.25)   # the high 64 bits do not count
 
 
 class _HangingExporter:

@@ -1,6 +1,7 @@
 """Client-side helpers for the end-to-end tests: run requests over gRPC streams, read metrics."""
 from __future__ import annotations
 
+import os
 import queue
 import re
 import time
@@ -174,3 +175,32 @@ def engine_idle(url: str, what: str, timeout: float = 15.0, settle: float = 0.5)
         if time.monotonic() - start > timeout:
             raise AssertionError(f"engine not idle {timeout}s after {what}: (steps, kv used, active) = {now}")
         time.sleep(0.05)
+
+
+# ---- the gateway as a process ----------------------------------------------------------------------------
+
+GATEWAY_ENV = ("GATEWAY_AUTH_TOKEN_FILE", "GATEWAY_AUTH_TOKENS", "GATEWAY_TLS_CERT", "GATEWAY_TLS_KEY",
+               "GATEWAY_LISTEN", "GATEWAY_TRITON_URL", "GATEWAY_MAX_INFLIGHT")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without the gateway's own settings, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in GATEWAY_ENV}
+    env.update(extra)
+    return env
+
+
+def start_gateway(server, log_dir, *, env=None, args=()):
+    """``python -m gateway`` in front of ``server`` (a TritonServer), SERVING; the caller stops it."""
+    from gateway.launcher import GatewayProcess
+    from tools.triton_launcher import free_port
+
+    gw = GatewayProcess(f"127.0.0.1:{free_port()}", server.grpc_url, env=env or clean_env(),
+                        extra_args=["--health-interval-s", "0.2", *args], log_path=log_dir / "gateway.log")
+    gw.start()
+    try:
+        gw.wait_ready(timeout=60)
+    except Exception:
+        gw.stop()
+        raise
+    return gw

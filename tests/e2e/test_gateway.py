@@ -6,43 +6,18 @@ server. Its restart behaviour (Triton stopped and started again) is in test_gate
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.launcher import GatewayProcess
-from tests.e2e.helpers import engine_idle, kv_used, run, steps, wait_until
-from tools.triton_launcher import free_port
+from tests.e2e.helpers import clean_env, engine_idle, kv_used, run, start_gateway, steps, wait_until
 from triton_llm.v1 import llm_service_pb2 as pb
 from triton_llm.v1 import llm_service_pb2_grpc as pb_grpc
 
 PROMPTS = ["def fibonacci(n):", "import os\n\n\ndef main(", "class Stack:\n    def __init__(self"]
 LONG = 600  # tokens a request would generate if nothing stopped it (min_tokens keeps EOS away)
-GATEWAY_ENV = ("GATEWAY_AUTH_TOKEN_FILE", "GATEWAY_AUTH_TOKENS", "GATEWAY_TLS_CERT", "GATEWAY_TLS_KEY",
-               "GATEWAY_LISTEN", "GATEWAY_TRITON_URL", "GATEWAY_MAX_INFLIGHT")
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in GATEWAY_ENV}
-    env.update(extra)
-    return env
-
-
-def start_gateway(server, log_dir, *, env=None, args=()) -> GatewayProcess:
-    gw = GatewayProcess(f"127.0.0.1:{free_port()}", server.grpc_url, env=env or clean_env(),
-                        extra_args=["--health-interval-s", "0.2", *args], log_path=log_dir / "gateway.log")
-    gw.start()
-    try:
-        gw.wait_ready(timeout=60)
-    except Exception:
-        gw.stop()
-        raise
-    return gw
-
-
 @pytest.fixture(scope="module")
 def gateway(server, tmp_path_factory):
     gw = start_gateway(server, tmp_path_factory.mktemp("gateway"))

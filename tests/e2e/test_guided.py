@@ -59,6 +59,23 @@ def test_greedy_guided_text_equals_the_engine_in_process(server, tokenizer, refe
     assert res.finish_reason == outs[-1].finish_reason.value
 
 
+def test_guided_requests_speculate_and_stay_exact(server, tokenizer, reference_engine):
+    """The e2e server runs n-gram speculation: a guided request whose prompt shows an example record drafts
+    from it (grammar-checked drafts, accepted ones), and its text equals the in-process engine's, which runs
+    without speculation."""
+    kind, text = "json_schema", json.dumps(SCHEMAS["nested_object"])
+    prompt = 'example = {"name": "ab", "address": {"city": "x", "zip": "12345"}}\nrecord = '
+    res = run(server.grpc_url, prompt, 48, temperature=0.0, exclude_input_in_output=True, stream=True,
+              return_perf_metrics=True, **guide_opts(kind, text))
+    assert res.error is None, res.error
+    last = max(res.chunks, key=lambda c: c.total_draft_tokens)
+    assert last.total_draft_tokens > 0 and last.total_accepted_draft_tokens > 0
+    outs, = reference_engine.generate([tokenizer.encode(prompt)],
+                                      SamplingParams(max_tokens=48, temperature=0.0, guide=GuideSpec(kind, text)))
+    assert res.text == tokenizer.decode(output_token_ids(outs), skip_special_tokens=True)
+    assert res.finish_reason == outs[-1].finish_reason.value == "stop"
+
+
 def test_mixed_guided_and_unguided_streams(server):
     with Stream(server.grpc_url) as s:
         guided = [s.send(build_inputs(PROMPTS[i % 3], 48, stream=True, temperature=0.0, exclude_input_in_output=True,

@@ -40,17 +40,23 @@ def test_each_histogram_counts_every_finished_request_once(server):
         results = list(s.wait(rids, 120).values())
     assert all(r.error is None and r.num_final == 1 for r in results)
     n = len(PROMPTS)
+    out_tokens = sum(r.num_output_tokens for r in results)
+    in_tokens = sum(r.chunks[0].num_input_tokens for r in results)
+    itl = "triton_llm_inter_token_latency_seconds_count"
     wait_until(lambda: series(url)["triton_llm_e2e_request_latency_seconds_count"] ==
                before["triton_llm_e2e_request_latency_seconds_count"] + n, 20, "the requests' histograms")
-    time.sleep(0.5)                          # nothing else arrives: exactly n, not at least n
+    # the inter-token latencies are published in batches, at most half a second after their request ended
+    wait_until(lambda: series(url).get(itl, 0) >= before.get(itl, 0) + out_tokens - n, 20, "the inter-token gaps")
+    time.sleep(1.0)                          # nothing else arrives: exactly n, not at least n
     after = series(url)
     for h in HISTOGRAMS:
         assert after[f"triton_llm_{h}_count"] - before[f"triton_llm_{h}_count"] == n, h
         assert after[f"triton_llm_{h}_sum"] >= before[f"triton_llm_{h}_sum"], h
-    out_tokens = sum(r.num_output_tokens for r in results)
-    in_tokens = sum(r.chunks[0].num_input_tokens for r in results)
-    assert after["triton_llm_inter_token_latency_seconds_count"] - \
-        before["triton_llm_inter_token_latency_seconds_count"] == out_tokens - n
+    assert after[itl] - before.get(itl, 0) == out_tokens - n          # one per gap between a request's tokens
+    buckets = {dict(labels)["le"]: v for (name, labels), v in metrics(url).items()
+               if name == "triton_llm_inter_token_latency_seconds_bucket" and dict(labels).get("model") == "llm"}
+    cumulative = [buckets[le] for le in sorted(buckets, key=float)]
+    assert buckets["+Inf"] == after[itl] and cumulative == sorted(cumulative) and len(cumulative) == 20
     assert after["triton_llm_generation_tokens_total"] - before["triton_llm_generation_tokens_total"] == out_tokens
     assert after["triton_llm_prompt_tokens_total"] - before["triton_llm_prompt_tokens_total"] == in_tokens
     assert after["triton_llm_request_generation_tokens_sum"] - \

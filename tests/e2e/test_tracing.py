@@ -17,12 +17,15 @@ import threading
 import time
 import urllib.request
 
+import grpc
 import pytest
 
 from tests.e2e.conftest import start_e2e_server, stop_e2e_server
-from tests.e2e.helpers import Stream
+from tests.e2e.helpers import Stream, clean_env, start_gateway
 from tools.client import build_inputs
 from tools.trace_viewer import OTLPHandler, OTLPReceiver, render_trace
+from triton_llm.v1 import llm_service_pb2 as pb
+from triton_llm.v1 import llm_service_pb2_grpc as pb_grpc
 
 SKEW_NS = 5_000_000          # processes stamp their own clocks: allow 5 ms
 OURS = {"preprocess", "preprocess.tokenize", "llm.generate", "llm.queue", "llm.prefill", "llm.decode", "postprocess"}
@@ -57,7 +60,8 @@ def traced(model_path, tmp_path_factory):
     receiver = ControlledReceiver().start()
     port = receiver.server_address[1]
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_SERVICE_NAME": "triton-llm-e2e",
-           "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"}
+           "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25",
+           "OTEL_BSP_SCHEDULE_DELAY": "500"}   # exports within half a second (the default waits up to 5 s)
     srv = start_e2e_server(tmp_path_factory.mktemp("traced"), model_path, env=env)
     state = {"receiver": receiver, "port": port, "srv": srv, "texts": {}}
     yield state
@@ -185,6 +189,61 @@ def test_one_trace_per_request_rooted_at_the_clients_span(traced):
     lines = [json.loads(x) for x in log.splitlines() if x.startswith('{"event":"request_finished"')]
     logged = {d["trace_id"] for d in lines}
     assert {t for t, _, _ in calls} <= logged
+
+
+def test_through_the_gateway_one_tree_under_its_server_span(traced, tmp_path):
+    """client -> the gateway's SERVER span -> Triton's InferRequest -> ensemble -> each model -> our spans."""
+    srv, store = traced["srv"], traced["receiver"].store
+    env = clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=traced["receiver"].endpoint, OTEL_SERVICE_NAME="triton-llm-e2e",
+                    OTEL_BSP_SCHEDULE_DELAY="500")
+    gw = start_gateway(srv, tmp_path, env=env)
+    trace_id, client_span, header = traceparent()
+
+    def at_gateway(span) -> bool:
+        return span.resource.get("triton_llm.component") == "gateway"
+    try:
+        with grpc.insecure_channel(gw.target) as channel:
+            request = pb.GenerateRequest(prompt=PROMPTS[0], max_tokens=12, temperature=0.0, stream=True,
+                                         exclude_input_in_output=True)
+            out = list(pb_grpc.LLMServiceStub(channel).Generate(request, metadata=(("traceparent", header),),
+                                                                 timeout=120))
+        # wait with the gateway up: stopping it cancels the upstream stream it is still closing, and then
+        # tritonserver 2.51 never exports that request's InferRequest span
+        assert store.wait_for(lambda st: complete(st.trace(trace_id)) and any(map(at_gateway, st.trace(trace_id))),
+                              60), render_trace(store.trace(trace_id))
+    finally:
+        assert gw.stop() == 0, gw.log_tail()
+    spans = store.trace(trace_id)
+    view = render_trace(spans)
+    print("\n" + view)
+    by_id = {s.span_id: s for s in spans}
+    server, = [s for s in spans if at_gateway(s)]
+    assert server.name == "triton_llm.v1.LLMService/Generate" and server.service == "triton-llm-e2e/gateway", view
+    assert [s.name for s in spans if s.parent_id == client_span] == [server.name], view
+    assert [s.name for s in spans if s.parent_id == server.span_id] == ["InferRequest"], view
+    assert all(s.parent_id in by_id for s in spans if s is not server), view
+    # every stage starts within the gateway's call; ours end before it does (their last act precedes the final
+    # response), Triton's own may end a little after it (they close once the final response is sent)
+    assert all(server.start_ns - SKEW_NS <= s.start_ns <= server.end_ns for s in spans), view
+    assert all(within(s, server) for s in spans if ours(s)), view
+    parent_of = {s.name: by_id[s.parent_id].name for s in spans if s is not server and ours(s)}
+    assert parent_of == {"preprocess": "preprocess", "preprocess.tokenize": "preprocess", "llm.generate": "llm",
+                         "llm.queue": "llm.generate", "llm.prefill": "llm.generate", "llm.decode": "llm.generate",
+                         "postprocess": "postprocess"}, view
+    assert by_id[by_id[next(s for s in spans if s.name == "llm.generate").parent_id].parent_id].name == "ensemble"
+    mine = {s.name: s for s in spans if ours(s)}
+    a, usage = server.attributes, out[-1].usage
+    assert (a["rpc.system"], a["rpc.service"], a["rpc.method"], a["rpc.grpc.status_code"]) == \
+        ("grpc", "triton_llm.v1.LLMService", "Generate", 0)
+    assert a["gen_ai.operation.name"] == "text_completion" and a["gen_ai.request.max_tokens"] == 12
+    assert a["gen_ai.request.temperature"] == 0.0 and server.status == "UNSET"
+    assert a["gen_ai.request.model"] == mine["llm.generate"].attributes["gen_ai.request.model"]
+    assert a["gen_ai.usage.input_tokens"] == usage.prompt_tokens == \
+        mine["preprocess"].attributes["gen_ai.usage.input_tokens"]
+    assert a["gen_ai.usage.output_tokens"] == usage.completion_tokens == \
+        mine["llm.decode"].attributes["gen_ai.usage.output_tokens"]
+    assert list(a["gen_ai.response.finish_reasons"]) == list(mine["llm.generate"].attributes[
+        "gen_ai.response.finish_reasons"])
 
 
 def run_untraced(url: str, prompt: str, max_tokens: int = 4):

@@ -4,18 +4,25 @@
 of ``ModelStreamInferResponse``s, where the string ``"hang"`` waits until the call is cancelled, a number
 sleeps that many seconds, and ``"close"`` ends the stream at once. It
 records every request, the invocation metadata of every stream, and how many streams were cancelled.
+``harness`` runs the gateway in front of one (``span_exporter``: where its server spans go).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import grpc
+from grpc_health.v1 import health_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from gateway import server as gw_server
+from gateway.config import GatewayConfig
 from gateway.upstream import ENGINE_MODEL, PREPROCESS_MODEL
+from triton_llm.v1 import llm_service_pb2 as pb
+from triton_llm.v1 import llm_service_pb2_grpc as pb_grpc
 
 
 def _bytes(*items: bytes) -> bytes:
@@ -129,3 +136,34 @@ def decode_input(dtype: str, raw: bytes) -> list:
         return out
     fmt = {"BOOL": "?", "INT32": "i", "FP32": "f", "UINT64": "Q"}[dtype]
     return list(struct.unpack(f"<{len(raw) // struct.calcsize(fmt)}{fmt}", raw))
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+@contextlib.asynccontextmanager
+async def harness(fake: FakeTriton | None = None, *, triton_url: str | None = None, channel_creds=None,
+                  span_exporter=None, **config):
+    """A gateway (in this event loop) in front of ``fake``: yields (gateway, LLMService stub, health stub, fake)."""
+    fake = fake or FakeTriton()
+    fake_server, port = await start_fake(fake)
+    cfg = GatewayConfig(listen="127.0.0.1:0", triton_url=triton_url or f"127.0.0.1:{port}", health_interval_s=0.05,
+                        grace_period_s=1.0, **config)
+    gw = await gw_server.start(cfg, span_exporter=span_exporter)
+    target = f"localhost:{gw.port}"
+    channel = grpc.aio.secure_channel(target, channel_creds) if channel_creds else grpc.aio.insecure_channel(target)
+    try:
+        yield gw, pb_grpc.LLMServiceStub(channel), health_pb2_grpc.HealthStub(channel), fake
+    finally:
+        await channel.close()
+        await gw.stop(grace=0)
+        await fake_server.stop(0)
+
+
+async def collect(call) -> list[pb.GenerateResponse]:
+    """The rest of a Generate stream (read() rather than iteration, so a test may read() first)."""
+    out = []
+    while (msg := await call.read()) is not grpc.aio.EOF:
+        out.append(msg)
+    return out

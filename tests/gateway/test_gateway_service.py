@@ -4,7 +4,6 @@ The same behaviours against the real tritonserver are in tests/e2e/test_gateway.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
 import subprocess
 import time
@@ -17,42 +16,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway import server as gw_server
 from gateway.config import REPO, GatewayConfig
-from tests.gateway.fake_triton import FakeTriton, error, response, start_fake
+from tests.gateway.fake_triton import FakeTriton, collect, error, harness, response, run, start_fake
 from triton_llm.v1 import llm_service_pb2 as pb
 from triton_llm.v1 import llm_service_pb2_grpc as pb_grpc
 
 REQ = pb.GenerateRequest(prompt="def f():", max_tokens=4, stream=True)
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 60))
-
-
-@contextlib.asynccontextmanager
-async def harness(fake: FakeTriton | None = None, *, triton_url: str | None = None, channel_creds=None, **config):
-    fake = fake or FakeTriton()
-    fake_server, port = await start_fake(fake)
-    cfg = GatewayConfig(listen="127.0.0.1:0", triton_url=triton_url or f"127.0.0.1:{port}", health_interval_s=0.05,
-                        grace_period_s=1.0, **config)
-    gw = await gw_server.start(cfg)
-    target = f"localhost:{gw.port}"
-    channel = grpc.aio.secure_channel(target, channel_creds) if channel_creds else grpc.aio.insecure_channel(target)
-    try:
-        yield gw, pb_grpc.LLMServiceStub(channel), health_pb2_grpc.HealthStub(channel), fake
-    finally:
-        await channel.close()
-        await gw.stop(grace=0)
-        await fake_server.stop(0)
-
-
-async def collect(call) -> list[pb.GenerateResponse]:
-    """The rest of a Generate stream (read() rather than iteration, so a test may read() first)."""
-    out = []
-    while (msg := await call.read()) is not grpc.aio.EOF:
-        out.append(msg)
-    return out
 
 
 async def status_of(call) -> grpc.aio.AioRpcError:

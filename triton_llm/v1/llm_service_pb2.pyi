@@ -194,7 +194,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "triton_model", "max_context_tokens", "vocab_size", "supported_guide_types", "speculative_method", "num_speculative_tokens", "architecture")
+    __slots__ = ("name", "triton_model", "max_context_tokens", "vocab_size", "supported_guide_types", "speculative_method", "num_speculative_tokens", "architecture", "quantization", "kv_cache_dtype")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TRITON_MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +203,8 @@ class ModelInfo(_message.Message):
     SPECULATIVE_METHOD_FIELD_NUMBER: _ClassVar[int]
     NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     name: str
     triton_model: str
     max_context_tokens: int
@@ -211,4 +213,6 @@ class ModelInfo(_message.Message):
     speculative_method: SpeculativeMethod
     num_speculative_tokens: int
     architecture: str
-    def __init__(self, name: _Optional[str] = ..., triton_model: _Optional[str] = ..., max_context_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., supported_guide_types: _Optional[_Iterable[_Union[GuideType, str]]] = ..., speculative_method: _Optional[_Union[SpeculativeMethod, str]] = ..., num_speculative_tokens: _Optional[int] = ..., architecture: _Optional[str] = ...) -> None: ...
+    quantization: str
+    kv_cache_dtype: str
+    def __init__(self, name: _Optional[str] = ..., triton_model: _Optional[str] = ..., max_context_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., supported_guide_types: _Optional[_Iterable[_Union[GuideType, str]]] = ..., speculative_method: _Optional[_Union[SpeculativeMethod, str]] = ..., num_speculative_tokens: _Optional[int] = ..., architecture: _Optional[str] = ..., quantization: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ...) -> None: ...

@@ -46,3 +46,19 @@ def window_arg(window: int | None) -> int:
     if not 0 < window < NO_WINDOW:
         raise ValueError(f"sliding window must be in [1, {NO_WINDOW}), got {window}")
     return int(window)
+
+
+def check_scales(k_cache: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None) -> bool:
+    """Whether the cache is quantized: 8-bit codes come with fp16 scales ``[num_blocks, block_size, kv_heads]``
+    of matching strides; a float cache comes without."""
+    quantized = k_cache.dtype in (torch.int8, torch.float8_e4m3fn)
+    if not quantized:
+        if k_scale is not None or v_scale is not None:
+            raise ValueError(f"a {k_cache.dtype} KV cache takes no scales")
+        return False
+    if k_scale is None or v_scale is None:
+        raise ValueError(f"a {k_cache.dtype} KV cache needs k_scale and v_scale")
+    if k_scale.shape != k_cache.shape[:3] or k_scale.stride() != v_scale.stride() or k_scale.stride(-1) != 1 \
+            or k_scale.dtype != torch.float16:
+        raise ValueError("KV scales must be fp16 [num_blocks, block_size, num_kv_heads] with unit stride last")
+    return True

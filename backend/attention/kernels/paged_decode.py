@@ -15,6 +15,7 @@ import triton.language as tl
 
 from backend.attention.kernels.common import (
     check_cache_layout,
+    check_scales,
     dot_precision,
     next_pow2,
     padded_dim,
@@ -31,16 +32,17 @@ def _decode_kernel(
     part_max_ptr, part_sum_ptr,  # [num_seqs, num_heads, max_parts] fp32          (SPLIT = True)
     q_ptr,                       # [num_seqs, num_heads, head_dim]
     k_cache_ptr, v_cache_ptr,    # [num_blocks, block_size, num_kv_heads, head_dim]
+    k_scale_ptr, v_scale_ptr,    # [num_blocks, block_size, num_kv_heads] fp16 (QUANT; else unused)
     block_tables_ptr,            # [num_seqs, max_blocks] int32
     seq_lens_ptr,                # [num_seqs] int32
     scale_log2,
     stride_qs, stride_qh, stride_os, stride_oh,
-    stride_cb, stride_ct, stride_ch, stride_bt,
+    stride_cb, stride_ct, stride_ch, stride_bt, stride_sb, stride_st,
     max_parts, blocks_per_part,  # runtime ints: a new context length never recompiles
     window,                      # sliding window (keys seq_len - window .. seq_len - 1); NO_WINDOW: none
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    SPLIT: tl.constexpr, PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    SPLIT: tl.constexpr, PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, QUANT: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -74,8 +76,10 @@ def _decode_kernel(
             t_mask = t_mask & (blk * BLOCK_SIZE + offs_t >= lo)
         kv_off = phys * stride_cb + offs_t[:, None] * stride_ct + kvh * stride_ch + offs_d[None, :]
         kv_mask = t_mask[:, None] & d_mask[None, :]
+        s_off = phys * stride_sb + offs_t * stride_st + kvh
         m_i, l_i, acc = attend_kv_block(q, k_cache_ptr, v_cache_ptr, kv_off, kv_mask, t_mask[None, :],
-                                        m_i, l_i, acc, scale_log2, PRECISION)
+                                        m_i, l_i, acc, scale_log2, k_scale_ptr, v_scale_ptr, s_off, t_mask,
+                                        PRECISION, False, QUANT)
 
     out = acc / l_i[:, None]
     out_mask = g_mask[:, None] & d_mask[None, :]
@@ -134,8 +138,11 @@ def paged_decode_attention(
     blocks_per_partition: int | None = None,  # None: no split (one partition covers any context)
     out: torch.Tensor | None = None,           # [num_seqs, num_heads, head_dim]
     window: int | None = None,                 # sliding window of this layer (backend/attention/window.py)
+    k_scale: torch.Tensor | None = None,       # [num_blocks, block_size, num_kv_heads] fp16: an int8/fp8 cache
+    v_scale: torch.Tensor | None = None,       # [num_blocks, block_size, num_kv_heads] fp16
 ) -> torch.Tensor:               # [num_seqs, num_heads, head_dim]
     check_cache_layout(k_cache, v_cache)
+    quant = check_scales(k_cache, k_scale, v_scale)
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
@@ -151,13 +158,16 @@ def paged_decode_attention(
     part_sum = torch.empty(num_seqs, num_heads, parts, **f32) if split else out
     hd_pad = padded_dim(head_dim)
     _decode_kernel[(num_seqs, num_kv_heads, parts)](
-        out, part_out, part_max, part_sum, q, k_cache, v_cache, block_tables, seq_lens,
+        out, part_out, part_max, part_sum, q, k_cache, v_cache, k_scale if quant else k_cache,
+        v_scale if quant else v_cache, block_tables, seq_lens,
         softmax_scale_log2(head_dim, scale),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        k_scale.stride(0) if quant else 0, k_scale.stride(1) if quant else 0,
         parts, bpp, window_arg(window),
         NUM_HEADS=num_heads, GROUP=group, GROUP_PAD=padded_dim(group), HEAD_DIM=head_dim, HEAD_DIM_PAD=hd_pad,
         BLOCK_SIZE=block_size, SPLIT=split, PRECISION=dot_precision(q.dtype), HAS_WINDOW=window is not None,
+        QUANT=quant,
     )
     if split:
         _reduce_kernel[(num_seqs, num_heads)](

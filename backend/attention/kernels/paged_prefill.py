@@ -16,6 +16,7 @@ import triton.language as tl
 
 from backend.attention.kernels.common import (
     check_cache_layout,
+    check_scales,
     dot_precision,
     next_pow2,
     padded_dim,
@@ -30,16 +31,17 @@ def _prefill_kernel(
     out_ptr,                     # [num_tokens, num_heads, head_dim]
     q_ptr,                       # [num_tokens, num_heads, head_dim]
     k_cache_ptr, v_cache_ptr,    # [num_blocks, block_size, num_kv_heads, head_dim]
+    k_scale_ptr, v_scale_ptr,    # [num_blocks, block_size, num_kv_heads] fp16 (QUANT; else unused)
     block_tables_ptr,            # [num_seqs, max_blocks] int32
     seq_lens_ptr,                # [num_seqs] int32
     query_start_loc_ptr,         # [num_seqs + 1] int32
     scale_log2,
     stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_cb, stride_ct, stride_ch, stride_bt,
+    stride_cb, stride_ct, stride_ch, stride_bt, stride_sb, stride_st,
     window,                      # sliding window: keys q_pos - window < k <= q_pos; NO_WINDOW: none
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, QUANT: tl.constexpr,
 ):
     seq = tl.program_id(0)
     q_blk = tl.program_id(1)
@@ -81,8 +83,10 @@ def _prefill_kernel(
             visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
         # without a window every row (padding rows too) sees key 0, so the running max is finite from the
         # first block on; with one, a later row's window may start after this block (ROWS_MAY_BE_EMPTY)
+        s_off = phys * stride_sb + offs_t * stride_st + kvh
         m_i, l_i, acc = attend_kv_block(q, k_cache_ptr, v_cache_ptr, kv_off, kv_mask, visible,
-                                        m_i, l_i, acc, scale_log2, PRECISION, HAS_WINDOW)
+                                        m_i, l_i, acc, scale_log2, k_scale_ptr, v_scale_ptr, s_off, t_mask,
+                                        PRECISION, HAS_WINDOW, QUANT)
 
     out = acc / l_i[:, None]
     tl.store(out_ptr + tok[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
@@ -108,8 +112,11 @@ def paged_prefill_attention(
     block_m: int = 64,              # rows (query tokens x padded group) per program
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]
     window: int | None = None,      # sliding window of this layer (backend/attention/window.py)
+    k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp16: an int8/fp8 cache
+    v_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp16
 ) -> torch.Tensor:                  # [num_tokens, num_heads, head_dim]
     check_cache_layout(k_cache, v_cache)
+    quant = check_scales(k_cache, k_scale, v_scale)
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
@@ -119,11 +126,14 @@ def paged_prefill_attention(
         out = torch.empty_like(q)
     grid = (num_seqs, -(-max_query_len // block_q), num_kv_heads)
     _prefill_kernel[grid](
-        out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+        out, q, k_cache, v_cache, k_scale if quant else k_cache,
+        v_scale if quant else v_cache, block_tables, seq_lens, query_start_loc,
         softmax_scale_log2(head_dim, scale),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), window_arg(window),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        k_scale.stride(0) if quant else 0, k_scale.stride(1) if quant else 0, window_arg(window),
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, HEAD_DIM=head_dim, HEAD_DIM_PAD=padded_dim(head_dim),
         BLOCK_SIZE=block_size, PRECISION=dot_precision(q.dtype), HAS_WINDOW=window is not None,
+        QUANT=quant,
     )
     return out

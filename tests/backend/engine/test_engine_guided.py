@@ -234,6 +234,9 @@ class SlowBackend:
     def matcher(self, compiled):
         return self.inner.matcher(compiled)
 
+    def fill_bitmasks(self, matchers, bitmask, rows):
+        self.inner.fill_bitmasks(matchers, bitmask, rows)
+
 
 def test_compile_time_limit_fails_the_request_and_never_stalls_the_loop(demo_target, tokenizer):
     from postprocess.grammar import XGrammarBackend

@@ -72,25 +72,28 @@ def check_greedy_matches(engine: LLMEngine, prompts, expected, new_tokens: int, 
         assert sum(o.request_finished for o in outs) == 1
 
 
-@pytest.mark.parametrize("variant", ["plain", "chunked_prefill", "preemption", "no_prefix_cache"])
+@pytest.mark.parametrize("variant", ["plain", "chunked_prefill", "preemption", "no_prefix_cache",
+                                     "fast_decode_preemption"])
 def test_greedy_matches_hf_under_concurrency(setup, variant):
     folder, prompts, expected = setup
     kw = dict(model_path=str(folder), max_num_seqs=16, kv_cache_bytes=32 << 20)
     if variant == "chunked_prefill":
         kw["max_num_batched_tokens"] = 8    # every prompt is prefilled in several chunks
-    if variant == "preemption":
+    if variant.endswith("preemption"):
         kw.update(num_kv_blocks=20, max_model_len=256, watermark=0.0, block_size=16)
+    if variant.startswith("fast_decode"):
+        kw["fast_decode"] = True       # decode steps through the native forward (backend/engine/native_decode.py)
     if variant == "no_prefix_cache":
         kw["enable_prefix_caching"] = False
     engine = LLMEngine(EngineConfig(**kw))
-    if variant != "preemption":
+    if not variant.endswith("preemption"):
         engine.start()
     try:
         # preemption: one burst, so the small pool runs out however fast this machine decodes
-        check_greedy_matches(engine, prompts, expected, NEW_TOKENS, stagger=variant != "preemption")
+        check_greedy_matches(engine, prompts, expected, NEW_TOKENS, stagger=not variant.endswith("preemption"))
         stats = engine.stats()
         assert stats.kv_blocks_used == 0, "blocks leaked"
-        if variant == "preemption":
+        if variant.endswith("preemption"):
             assert stats.num_preemptions > 0, "the pool was meant to be small enough to force preemption"
         if variant in ("plain", "chunked_prefill"):
             assert stats.prefix_cache_hits > 0, "shared stems should hit the prefix cache"

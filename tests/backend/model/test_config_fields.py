@@ -46,7 +46,7 @@ def test_biases_follow_transformers_per_family():
     ("LlamaForCausalLM", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ("LlamaForCausalLM", {"attention_bias": True}, "attention_bias"),
     ("LlamaForCausalLM", {"sliding_window": 128}, "sliding_window 128"),
-    ("LlamaForCausalLM", {"quantization_config": {"quant_method": "awq"}}, "quantized.*awq"),
+    ("LlamaForCausalLM", {"quantization_config": {"quant_method": "bitsandbytes"}}, "quantized.*bitsandbytes"),
     ("LlamaForCausalLM", {"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
     ("LlamaForCausalLM", {"rope_scaling": {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5}},
      "partial_rotary_factor"),

@@ -8,7 +8,14 @@ import torch
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine, output_token_ids
 from backend.model.loader import load_model
-from backend.model.quant import QuantLinear, dequantize_int4, quantize_int4, quantize_int8, quantize_model
+from backend.model.quant import (
+    QuantLinear,
+    dequantize_int4,
+    linear_targets,
+    quantize_int4,
+    quantize_int8,
+    quantize_model,
+)
 from contracts.sampling_params import SamplingParams
 from tests.helpers.oracle import dense_greedy, dense_logits
 
@@ -32,7 +39,7 @@ def test_int4_packs_two_per_byte_and_errs_at_most_half_a_step_per_group():
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_layer_is_a_matmul_with_its_dequantized_weight(mode):
     lin = torch.nn.Linear(64, 48, bias=True)
-    q = QuantLinear(lin, mode, 16, {})
+    q = QuantLinear.from_linear(lin, mode, 16, {})
     x = torch.randn(5, 64)
     assert torch.allclose(q.forward(x), torch.nn.functional.linear(x, q.dequantized(), lin.bias), atol=1e-5)
     assert q.nbytes < lin.weight.numel() * 4 / (3.5 if mode == "int8" else 5)   # int4 at group 16: 6 bits a weight
@@ -56,6 +63,10 @@ def test_engine_greedy_equals_dense_decoding_of_the_dequantized_model(tiny_check
         for part, names in (("self_attn", ("qkv_proj", "o_proj")), ("mlp", ("gate_up_proj", "down_proj"))):
             for name in names:
                 getattr(getattr(layer_r, part), name).weight.copy_(getattr(getattr(layer_q, part), name).dequantized())
+    assert isinstance(quantized.lm_head, QuantLinear) and quantized.lm_head.mode == "int8"    # the head: int8
+    reference.lm_head = torch.nn.Linear(64, quantized.lm_head.out_features, bias=False)       # untied from the
+    reference.lm_head.weight.data = quantized.lm_head.dequantized().clone()                   # full-precision embedding
+    assert torch.equal(quantized.embed_tokens.weight, load_model(tiny_checkpoint).embed_tokens.weight)
     prompt = [0, 17, 230, 999, 45, 3000, 12]
     assert torch.allclose(dense_logits(quantized, prompt), dense_logits(reference, prompt), atol=1e-4)
     expected = dense_greedy(reference, prompt, 12, banned=(1,))
@@ -68,10 +79,25 @@ def test_engine_greedy_equals_dense_decoding_of_the_dequantized_model(tiny_check
 
 def test_chunked_int8_decode_path_equals_the_whole_layer():
     lin = torch.nn.Linear(1024, 700, bias=True)       # 512 KiB chunks of 1024 fp32 columns: 128 rows, 6 chunks
-    q = QuantLinear(lin, "int8", 0, {})
+    q = QuantLinear.from_linear(lin, "int8", 0, {})
     assert q.chunk_rows < q.out_features
     x = torch.randn(3, 1024)
     whole = torch.nn.functional.linear(x, q.dequantized(), lin.bias)
     assert torch.allclose(q.forward(x), whole, atol=1e-4)
     many = torch.randn(20, 1024)                      # prefill-sized input: the whole-layer path
     assert torch.allclose(q.forward(many), torch.nn.functional.linear(many, q.dequantized(), lin.bias), atol=1e-4)
+
+
+def test_an_untied_lm_head_is_quantized_to_int8_and_its_bytes_counted(tmp_path):
+    from tests.helpers.checkpoints import make_random_checkpoint
+    ckpt = make_random_checkpoint(tmp_path / "untied", tie=False)
+    model = load_model(ckpt)
+    head_fp32 = model.lm_head.weight.clone()
+    projections = sum(getattr(parent, name).weight.numel() * 4 for parent, name in linear_targets(model).values())
+    saved = quantize_model(model, "int4", 32)
+    head = model.lm_head
+    assert isinstance(head, QuantLinear) and head.mode == "int8"
+    assert (head.dequantized() - head_fp32).abs().max() <= head.scale.max() / 2 + 1e-6
+    int4_bytes = sum(m.nbytes for m in model.modules() if isinstance(m, QuantLinear) and m is not head)
+    assert saved == projections - int4_bytes + head_fp32.numel() * 4 - head.nbytes
+    assert model.embed_tokens.weight.dtype == torch.float32

@@ -13,6 +13,7 @@ from backend.sampling.ops import (
     apply_token_bitmask,
     apply_top_k_top_p,
     apply_top_p,
+    bitmask_penalty,
     gather_logprobs,
     inverse_cdf_draw,
     token_counts,
@@ -34,6 +35,24 @@ def test_bitmask_unpacks_all_32_bits():
     assert allowed[1].all()
     out = apply_token_bitmask(torch.zeros(2, 40), words)
     assert (out[0] > -INF).nonzero().flatten().tolist() == [0, 2, 31, 33] and (out[1] == 0).all()
+
+
+def test_bitmask_byte_table_equals_unpacking_and_xgrammar():
+    """The CPU path (a 0 / -inf penalty from a byte table) masks exactly what unpacking the bits does, and
+    what xgrammar's own apply_token_bitmask_inplace does, for full and partly guided batches."""
+    import xgrammar as xgr
+
+    gen = torch.Generator().manual_seed(0)
+    words = torch.randint(-2**31, 2**31 - 1, (6, 5), dtype=torch.int64, generator=gen).to(torch.int32)
+    words[2] = -1                                               # an unguided row
+    logits = torch.randn(6, 150, generator=gen)
+    assert torch.equal(bitmask_penalty(words, 150) == 0, unpack_bitmask(words, 150))
+    for rows in (slice(None), [0, 1, 2], [2]):
+        expected = logits[rows].clone()
+        xgr.apply_token_bitmask_inplace(expected, words[rows].contiguous())
+        got = apply_token_bitmask(logits[rows].clone(), words[rows])
+        assert torch.equal(got, expected.masked_fill(~unpack_bitmask(words[rows], 150), -INF))
+        assert torch.equal(got, expected)
 
 
 def test_bans():

@@ -258,6 +258,24 @@ def test_telemetry_runs_every_sink_off_thread_and_survives_a_failing_one():
     assert closed == [1]
 
 
+def test_periodic_work_runs_on_the_telemetry_thread_after_records_and_on_flush():
+    runs = []
+    tel = RequestTelemetry([lambda rec: None], periodic=[lambda: runs.append(threading.current_thread().name)],
+                           period_s=0.05).start()
+    time.sleep(0.2)
+    assert runs == []                          # nothing finished: nothing to publish
+    tel.submit(record())
+    deadline = time.monotonic() + 10
+    while not runs and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert runs == ["llm-telemetry"]           # once, period_s after the record, though no other came
+    time.sleep(0.2)
+    assert len(runs) == 1
+    tel.submit(record())
+    assert tel.flush(5) and len(runs) >= 2     # flush() publishes what is pending at once
+    tel.shutdown()
+
+
 def test_telemetry_queue_is_bounded():
     release = threading.Event()
     tel = RequestTelemetry([lambda rec: release.wait(10)], max_pending=3).start()

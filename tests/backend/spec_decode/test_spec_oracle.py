@@ -41,7 +41,7 @@ def setup(request, tiny_checkpoint):
 CASES = [  # (method, k, adaptive, variant)
     ("ngram", 1, False, "plain"), ("ngram", 4, True, "chunked_prefill"), ("ngram", 3, False, "preemption"),
     ("ngram", 2, True, "no_prefix_cache"), ("draft", 1, True, "plain"), ("draft", 4, False, "chunked_prefill"),
-    ("draft", 2, True, "preemption"), ("draft", 3, False, "plain"),
+    ("draft", 2, True, "preemption"), ("draft", 3, False, "plain"), ("ngram", 4, False, "fast_decode"),
 ]
 
 
@@ -56,6 +56,8 @@ def engine_config(folder, draft, method, k, adaptive, variant) -> EngineConfig:
         kw.update(num_kv_blocks=16, max_model_len=256, watermark=0.0, block_size=16)
     if variant == "no_prefix_cache":
         kw["enable_prefix_caching"] = False
+    if variant == "fast_decode":
+        kw["fast_decode"] = True   # verify steps through the native forward
     return EngineConfig(**kw)
 
 

@@ -178,3 +178,23 @@ def test_a_compile_that_ends_at_once_calls_back_on_the_worker_thread(backend):
     assert len(called_on) == 50 and all(n.startswith("grammar-compile") for n in called_on)
     assert len(dict(so.poll())) == 50
     so.shutdown()
+
+
+def test_begin_fill_does_no_work_without_guided_rows_and_checks_the_rows(backend, tok):
+    so = make_manager(backend)
+    plain = Sequence(seq_id=2, request_id="u", seq_index=0, prompt_token_ids=[0], params=SamplingParams(),
+                     status=SequenceStatus.RUNNING)
+    assert so.begin_fill(plan_of(plain)).rows is None                # no guided request at all
+    guide = GuideSpec("regex", "abcd")
+    ready(so, "r", guide)
+    assert so.begin_fill(plan_of(plain)).rows is None                # guided requests, none in this plan
+    seq = guided_seq(1, "r", guide, drafts=[tok["a"]])
+    for on_worker in (False, True):
+        so.fill_on_worker = on_worker
+        pending = so.begin_fill(plan_of(plain, seq))
+        assert pending.rows == [0, 1, 1]
+        bitmask = pending.result([0, 1, 1])
+        assert allowed_token_ids(bitmask[2], V) == allowed_token_ids(so.fill_bitmask(plan_of(seq), [0, 0])[1], V)
+        with pytest.raises(RuntimeError, match="bitmask was filled for rows"):
+            so.begin_fill(plan_of(plain, seq)).result([0, 1])
+    so.shutdown()

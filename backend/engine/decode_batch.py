@@ -1,0 +1,151 @@
+"""Persistent inputs of decode and verify steps (vLLM v1's persistent batch, for the fast decode step).
+
+A running sequence keeps one row of a block-table buffer from its first fast step until it finishes
+or is preempted; each step rewrites only the tail of its row that can have changed since the last
+one (the blocks from the one holding ``num_computed_tokens`` on: new blocks, a copy-on-write of the
+partly filled block, blocks released after rejected drafts), so a long context costs nothing per
+step. The step's tokens (the last known token and the drafts of every sequence), their positions
+and their rows go into preallocated buffers; ``prepare`` returns views of them, so the hot path
+allocates no tensor.
+
+A step is a *decode step* when every scheduled sequence computes exactly its last known token plus
+its drafts and samples after each (``decode_step_shape``); mixed prefill steps stay with the eager
+runner.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from backend.core.plan import SchedulerOutput
+
+
+@dataclass(frozen=True)
+class DecodeInputs:
+    token_ids: torch.Tensor     # [num_tokens] int64 (views of the persistent buffers)
+    positions: torch.Tensor     # [num_tokens] int64
+    token_rows: torch.Tensor    # [num_tokens] int32  block-table row of each token
+    block_tables: torch.Tensor  # [num_rows, width] int32  the whole persistent table
+    rows: list[int]             # plan index of every token, in order (the rows to sample)
+
+
+def decode_step_shape(plan: SchedulerOutput) -> bool:
+    """Every sequence computes its last known token and its drafts, and samples after each."""
+    for s in plan.scheduled:
+        seq = s.seq
+        if not s.sample or s.num_new_tokens != s.num_draft_tokens + 1 \
+                or seq.num_computed_tokens != seq.num_tokens - 1:
+            return False
+    return bool(plan.scheduled)
+
+
+class PersistentDecodeBatch:
+    """Rows of a block-table buffer per running sequence, and the step's token buffers."""
+
+    def __init__(self, block_size: int, rows: int = 8, width: int = 16, tokens: int = 64):
+        self.block_size = block_size
+        self._table = np.zeros((rows, width), dtype=np.int32)
+        self._tokens = np.zeros(tokens, dtype=np.int64)
+        self._positions = np.zeros(tokens, dtype=np.int64)
+        self._token_rows = np.zeros(tokens, dtype=np.int32)
+        self._wrap()
+        self._row_of: dict[int, int] = {}          # seq_id -> row
+        self._synced: dict[int, int] = {}          # seq_id -> leading entries of its row already written
+        self._free_rows = list(range(rows - 1, -1, -1))
+
+    def _wrap(self) -> None:
+        self.block_tables = torch.from_numpy(self._table)   # shares memory: no copy per step
+        self._t_tokens = torch.from_numpy(self._tokens)
+        self._t_positions = torch.from_numpy(self._positions)
+        self._t_rows = torch.from_numpy(self._token_rows)
+
+    @property
+    def num_rows_in_use(self) -> int:
+        return len(self._row_of)
+
+    def seq_ids(self) -> list[int]:
+        return list(self._row_of)
+
+    def row_of(self, seq_id: int) -> int | None:
+        return self._row_of.get(seq_id)
+
+    def release(self, seq_ids) -> None:
+        """Forget finished, aborted or preempted sequences (their rows are reused)."""
+        for seq_id in seq_ids:
+            row = self._row_of.pop(seq_id, None)
+            if row is not None:
+                self._synced.pop(seq_id, None)
+                self._free_rows.append(row)
+
+    def forget_plan(self, plan: SchedulerOutput) -> None:
+        """Drop the rows the plan says are gone (called for every plan, fast or eager)."""
+        if plan.finished_seq_ids:
+            self.release(plan.finished_seq_ids)
+        if plan.preempted:
+            self.release(s.seq_id for s in plan.preempted)
+
+    def _grow(self, rows: int, width: int, tokens: int) -> None:
+        r0, w0 = self._table.shape
+        if rows > r0 or width > w0:
+            table = np.zeros((max(rows, 2 * r0 if rows > r0 else r0), max(width, 2 * w0 if width > w0 else w0)),
+                             dtype=np.int32)
+            table[:r0, :w0] = self._table
+            self._free_rows.extend(range(table.shape[0] - 1, r0 - 1, -1))
+            self._table = table
+        if tokens > self._tokens.shape[0]:
+            n = max(tokens, 2 * self._tokens.shape[0])
+            self._tokens = np.zeros(n, dtype=np.int64)
+            self._positions = np.zeros(n, dtype=np.int64)
+            self._token_rows = np.zeros(n, dtype=np.int32)
+        self._wrap()
+
+    def _sync_row(self, seq) -> int:
+        """The sequence's row, its block table written from the first entry that may have changed."""
+        row = self._row_of.get(seq.seq_id)
+        if row is None:
+            if not self._free_rows:
+                self._grow(self._table.shape[0] + 1, 0, 0)
+            row = self._free_rows.pop()
+            self._row_of[seq.seq_id] = row
+            start = 0
+        else:
+            start = min(self._synced[seq.seq_id], seq.num_computed_tokens // self.block_size)
+        table = seq.block_table
+        n = len(table)
+        if n > self._table.shape[1]:
+            self._grow(0, n, 0)
+        if n > start:
+            self._table[row, start:n] = table[start:] if start else table
+        self._synced[seq.seq_id] = n
+        return row
+
+    def prepare(self, plan: SchedulerOutput) -> DecodeInputs:
+        """Fill the buffers for a decode step (``decode_step_shape(plan)`` must hold)."""
+        num_tokens = plan.num_batched_tokens
+        if num_tokens > self._tokens.shape[0]:
+            self._grow(0, 0, num_tokens)
+        tokens, positions, token_rows = self._tokens, self._positions, self._token_rows
+        rows: list[int] = []
+        at = 0
+        for i, s in enumerate(plan.scheduled):
+            seq = s.seq
+            row = self._sync_row(seq)
+            out = seq.output_token_ids
+            pos = seq.num_computed_tokens
+            tokens[at] = out[-1] if out else seq.prompt_token_ids[-1]
+            positions[at] = pos
+            token_rows[at] = row
+            k = s.num_draft_tokens
+            if k:
+                tokens[at + 1:at + 1 + k] = seq.draft_token_ids[:k]
+                positions[at + 1:at + 1 + k] = np.arange(pos + 1, pos + 1 + k)
+                token_rows[at + 1:at + 1 + k] = row
+                rows.extend([i] * (k + 1))
+            else:
+                rows.append(i)
+            at += k + 1
+        if at != num_tokens:
+            raise ValueError(f"decode step has {at} tokens, the plan says {num_tokens}")
+        return DecodeInputs(self._t_tokens[:at], self._t_positions[:at], self._t_rows[:at], self.block_tables, rows)

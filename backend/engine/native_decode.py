@@ -1,0 +1,119 @@
+"""The fast decode step on the CPU: the whole forward of a decode or verify step in one native op.
+
+``torch.ops.triton_llm.decode_forward`` (``backend/native/csrc/decode_forward.cpp``) runs every layer
+(RMSNorm fused with the residual add, QKV, RoPE, paged K/V write, GQA paged attention over the block
+table, o-proj, gate-up, SiLU * up, down) and the LM head with no Python and no op dispatch between
+them; its inputs come from the persistent buffers of ``PersistentDecodeBatch``. Steps that are not
+pure decode/verify steps (prefill chunks in the batch) stay eager, and so do models the op does not
+cover: ``unsupported_reason`` says which and why (the load line shows it).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from backend.core.kv_cache import KVCache
+from backend.core.plan import ForwardOutput, SchedulerOutput
+from backend.engine.decode_batch import PersistentDecodeBatch, decode_step_shape
+from backend.model.llama import LlamaForCausalLM
+
+
+def unsupported_reason(model: LlamaForCausalLM, kv_cache: KVCache, windows, scale: float | None) -> str | None:
+    """Why the native step cannot serve this model (None: it can)."""
+    if kv_cache.device.type != "cpu":
+        return f"the native step runs on the CPU (the cache is on {kv_cache.device})"
+    if kv_cache.dtype != torch.float32 or model.embed_tokens.weight.dtype != torch.float32:
+        return "the native step needs float32 weights and KV cache"
+    if kv_cache.format.quantized:
+        return f"an {kv_cache.format.name} KV cache (kv_cache_dtype) runs eagerly"
+    if any(w is not None for w in windows):
+        return "sliding-window layers run eagerly"
+    for layer in model.layers:
+        for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+            if type(lin) is not nn.Linear:
+                return f"quantized weights ({type(lin).__name__}) run eagerly"
+        if layer.self_attn.o_proj.bias is not None:
+            return "an o_proj bias is not supported"
+    if type(model.lm_head) is not nn.Linear or model.lm_head.bias is not None:
+        return "a quantized or biased LM head runs eagerly"
+    return None
+
+
+@dataclass(frozen=True)
+class NativeWeights:
+    """The op's weight arguments, listed once (tensors share the model's storage)."""
+
+    embed: torch.Tensor                 # [vocab, hidden]
+    layer_weights: list[torch.Tensor]   # per layer: input_norm, qkv, o, post_norm, gate_up, down
+    layer_biases: list[torch.Tensor]    # per layer: qkv, gate_up, down (an empty tensor: no bias)
+    cos: torch.Tensor                   # [max_positions, head_dim]
+    sin: torch.Tensor                   # [max_positions, head_dim]
+    final_norm: torch.Tensor            # [hidden]
+    lm_head: torch.Tensor               # [vocab, hidden]
+
+    @classmethod
+    def of(cls, model: LlamaForCausalLM) -> NativeWeights:
+        none = torch.empty(0)
+        bias = lambda lin: none if lin.bias is None else lin.bias.detach().contiguous()
+        weights, biases = [], []
+        for layer in model.layers:
+            a, m = layer.self_attn, layer.mlp
+            weights += [t.detach().contiguous() for t in (layer.input_layernorm.weight, a.qkv_proj.weight,
+                        a.o_proj.weight, layer.post_attention_layernorm.weight, m.gate_up_proj.weight,
+                        m.down_proj.weight)]
+            biases += [bias(a.qkv_proj), bias(m.gate_up_proj), bias(m.down_proj)]
+        cos, sin = model.rope_tables()
+        return cls(model.embed_tokens.weight.detach(), weights, biases, cos.contiguous(), sin.contiguous(),
+                   model.norm.weight.detach(), model.lm_head.weight.detach())
+
+
+class NativeDecodeStep:
+    """Runs decode and verify steps through ``decode_forward``; ``build_seconds`` is the load time it added."""
+
+    def __init__(self, ops, model: LlamaForCausalLM, kv_cache: KVCache, scale: float | None,
+                 build_seconds: float = 0.0):
+        cfg = model.config
+        self._op = ops.decode_forward
+        self.weights = NativeWeights.of(model)
+        self.k_cache, self.v_cache = list(kv_cache.k), list(kv_cache.v)
+        self.block_size = kv_cache.block_size
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, \
+            cfg.head_dim
+        self.eps = float(cfg.rms_norm_eps)
+        self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(cfg.head_dim)
+        self.batch = PersistentDecodeBatch(kv_cache.block_size)
+        self.build_seconds = build_seconds
+
+    @classmethod
+    def build(cls, model: LlamaForCausalLM, kv_cache: KVCache, windows, scale: float | None
+              ) -> NativeDecodeStep | str:
+        """The step, or why not (the model is unsupported, or the native library is unavailable)."""
+        reason = unsupported_reason(model, kv_cache, windows, scale)
+        if reason is not None:
+            return reason
+        from backend.native import native_ops
+        t0 = time.perf_counter()
+        build = native_ops()
+        if not build.available:
+            return build.reason
+        if not hasattr(build.ops, "decode_forward"):
+            return "the native library has no decode_forward op"
+        return cls(build.ops, model, kv_cache, scale, build_seconds=time.perf_counter() - t0)
+
+    def accepts(self, plan: SchedulerOutput) -> bool:
+        """Decode and verify steps (mixed prefill steps stay eager)."""
+        return decode_step_shape(plan)
+
+    def run(self, plan: SchedulerOutput) -> ForwardOutput:
+        """Logits of every token of a decode step (``decode_step_shape(plan)`` holds): ``[num_tokens, vocab]``."""
+        inp = self.batch.prepare(plan)
+        w = self.weights
+        logits = self._op(inp.token_ids, inp.positions, inp.token_rows, inp.block_tables, self.block_size,
+                          w.embed, w.layer_weights, w.layer_biases, self.k_cache, self.v_cache, w.cos, w.sin,
+                          w.final_norm, w.lm_head, self.num_heads, self.num_kv_heads, self.head_dim, self.eps,
+                          self.scale)
+        return ForwardOutput(logits, inp.rows)

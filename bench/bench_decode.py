@@ -1,0 +1,109 @@
+"""Decode speed: the fast decode step against the eager one, 1 and 2 threads, in one run.
+
+    .venv/bin/python bench/bench_decode.py [--model models/demo-target] [--model .cache/models/random-82m]
+                                           [--batches 1,32] [--repeats 3] [--spec none]
+
+Per model, batch size, thread count and ``fast_decode`` setting: ``batch`` prompts of 64 tokens, 128 greedy
+tokens each (EOS ignored), driven by ``LLMEngine.step()`` on this thread; decode tokens/s counts the steps after
+every prompt's prefill (as llama.cpp's ``llama-batched-bench`` reports its generation speed). The
+configurations are measured round-robin ``--repeats`` times and the median is kept, so that load drifting on a
+shared machine hits all of them alike. Prints fast/eager and 2-thread/1-thread ratios; writes
+bench/results/decode.json. Check ``uptime`` first (docs/benchmarks.md).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from backend.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from bench.report import git_commit, machine, write_json
+from contracts.sampling_params import SamplingParams
+
+PROMPT, NEW = 64, 128
+
+
+def decode_tok_per_s(engine: LLMEngine, batch: int, seed: int) -> tuple[float, float]:
+    """Tokens/s of the decode steps of one batch (prefill steps excluded), and the process's CPU seconds per
+    step over them (all threads; unlike wall time, not inflated while other jobs hold the cores)."""
+    gen = torch.Generator().manual_seed(seed)
+    params = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
+    for i in range(batch):
+        engine.add_request(f"b{seed}-{i}", torch.randint(3, 4000, (PROMPT,), generator=gen).tolist(), params,
+                           lambda out: None)
+    engine.step()
+    while engine.stats().num_prefilling or engine.stats().num_waiting:
+        engine.step()
+    t0, cpu0, steps0 = time.perf_counter(), time.process_time(), engine.stats().steps
+    while engine.has_work():
+        engine.step()
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    steps = max(1, engine.stats().steps - steps0)
+    return batch * (NEW - 1) / seconds, cpu / steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", action="append", help="checkpoint folder (repeatable)")
+    ap.add_argument("--batches", default="1,32")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--spec", default="none", help="speculative_method of every engine (none | ngram)")
+    args = ap.parse_args()
+    models = args.model or ["models/demo-target"]
+    batches = [int(b) for b in args.batches.split(",")]
+    thread_counts = [int(t) for t in args.threads.split(",")]
+    load_before = os.getloadavg()
+    engines = {}
+    for model in models:
+        for threads in thread_counts:
+            for fast in (False, True):
+                cfg = EngineConfig(model_path=model, fast_decode=fast, cpu_threads=threads, max_num_seqs=64,
+                                   num_kv_blocks=(max(batches) * (PROMPT + NEW)) // 16 + 64, max_model_len=512,
+                                   speculative_method=args.spec)
+                engines[(model, threads, fast)] = LLMEngine(cfg)
+    samples: dict[tuple, list[float]] = {}
+    for rep in range(args.repeats):
+        for batch in batches:
+            for key, engine in engines.items():
+                # torch's thread count is process-wide and each engine set it at build: give each its own
+                torch.set_num_threads(key[1])
+                engine.threads._current = key[1]   # what the engine's ThreadPolicy believes is set
+                samples.setdefault(key + (batch,), []).append(decode_tok_per_s(engine, batch, seed=rep))
+    med = {k: statistics.median(tps for tps, _ in v) for k, v in samples.items()}
+    cpu_ms = {k: 1e3 * statistics.median(c for _, c in v) for k, v in samples.items()}
+    rows = []
+    print(f"{'model':<28} {'batch':>5} {'thr':>3} {'eager tok/s':>11} {'fast tok/s':>10} {'fast/eager':>10} "
+          f"{'CPU ms/step eager / fast':>25}")
+    for model in models:
+        for batch in batches:
+            for threads in thread_counts:
+                eager, fast = med[(model, threads, False, batch)], med[(model, threads, True, batch)]
+                rows.append({"model": model, "batch": batch, "threads": threads, "eager_tok_per_s": eager,
+                             "fast_tok_per_s": fast, "fast_over_eager": fast / eager,
+                             "cpu_ms_per_step_eager": cpu_ms[(model, threads, False, batch)],
+                             "cpu_ms_per_step_fast": cpu_ms[(model, threads, True, batch)],
+                             "samples_eager": samples[(model, threads, False, batch)],
+                             "samples_fast": samples[(model, threads, True, batch)]})
+                print(f"{Path(model).name:<28} {batch:>5} {threads:>3} {eager:>11.0f} {fast:>10.0f} "
+                      f"{fast / eager:>10.2f} {cpu_ms[(model, threads, False, batch)]:>12.2f} / "
+                      f"{cpu_ms[(model, threads, True, batch)]:.2f}", flush=True)
+            if len(thread_counts) == 2:
+                lo, hi = thread_counts
+                for fast in (False, True):
+                    r = med[(model, hi, fast, batch)] / med[(model, lo, fast, batch)]
+                    print(f"{'':<28} {batch:>5} {'':>3} {hi} threads / {lo} ({'fast' if fast else 'eager'}): {r:.2f}")
+    write_json(Path(__file__).resolve().parent / "results" / "decode.json",
+               {"rows": rows, "repeats": args.repeats, "spec": args.spec,
+                "machine": machine(load_before), "commit": git_commit()})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""The native decode forward (backend/native/csrc/decode_forward.cpp) against the eager model.
+
+Sequences with cached contexts crossing block boundaries compute 1 (decode) or k + 1 (verify) new
+tokens; the native op's logits and the K/V it writes must equal the eager forward's (tolerance:
+a different summation order), for GQA and MHA, tied and untied heads, biased projections.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from backend.attention.metadata import build_attention_metadata
+from backend.attention.torch_paged import TorchPagedAttention
+from backend.core.kv_cache import KVCache
+from backend.engine.native_decode import NativeDecodeStep, unsupported_reason
+from backend.model.config import ModelConfig
+from backend.model.llama import LlamaForCausalLM
+from backend.native import native_ops
+from tests.helpers.paged_reference import random_layout
+
+BLOCK = 4
+NUM_BLOCKS = 160
+
+
+@pytest.fixture(scope="module")
+def ops():
+    build = native_ops()
+    if not build.available:
+        pytest.skip(f"native ops unavailable: {build.reason}")
+    return build.ops
+
+
+def make_model(heads: int, kv_heads: int, tie: bool, bias: bool, seed: int = 0) -> LlamaForCausalLM:
+    """``bias``: a Qwen2 layout (q/k/v biases) with Llama's optional MLP biases as well."""
+    cfg = ModelConfig.from_dict({
+        "architectures": ["Qwen2ForCausalLM" if bias else "LlamaForCausalLM"],
+        "model_type": "qwen2" if bias else "llama", "vocab_size": 300, "hidden_size": 48,
+        "intermediate_size": 80, "num_hidden_layers": 2, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "tie_word_embeddings": tie,
+        "torch_dtype": "float32"})
+    torch.manual_seed(seed)
+    if bias:
+        cfg = dataclasses.replace(cfg, mlp_bias=True)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.1) if p.dim() == 2 else p.uniform_(0.5, 1.5)
+    return model
+
+
+@torch.inference_mode()
+def eager_step(model, cache, tables, computed, new, token_ids):
+    """The eager path's logits for every new token (prefills the contexts when ``computed`` is 0)."""
+    attn = TorchPagedAttention(cache)
+    meta = build_attention_metadata(computed, new, tables, BLOCK)
+    attn.prepare(meta)
+    return model.compute_logits(model(token_ids, meta.positions, attn))
+
+
+def prefilled_case(model, ctx_lens, query_lens, seed):
+    """A KV cache holding each sequence's context, the block tables, and the step's new tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    cfg = model.config
+    cache = KVCache(cfg.num_hidden_layers, NUM_BLOCKS, BLOCK, cfg.num_key_value_heads, cfg.head_dim)
+    tables = random_layout(ctx_lens, query_lens, BLOCK, NUM_BLOCKS, gen)
+    ctx_tokens = torch.randint(0, cfg.vocab_size, (sum(ctx_lens),), generator=gen)
+    eager_step(model, cache, tables, [0] * len(ctx_lens), ctx_lens, ctx_tokens)
+    new_tokens = torch.randint(0, cfg.vocab_size, (sum(query_lens),), generator=gen)
+    return cache, tables, new_tokens
+
+
+@torch.inference_mode()
+def native_step(ops, model, cache, tables, ctx_lens, query_lens, token_ids):
+    step = NativeDecodeStep(ops, model, cache, scale=None)
+    width = max(len(t) for t in tables)
+    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    positions = torch.cat([torch.arange(c, c + q) for c, q in zip(ctx_lens, query_lens)])
+    rows = torch.cat([torch.full((q,), i, dtype=torch.int32) for i, q in enumerate(query_lens)])
+    w = step.weights
+    return step._op(token_ids, positions, rows, block_tables, BLOCK, w.embed, w.layer_weights, w.layer_biases,
+                    step.k_cache, step.v_cache, w.cos, w.sin, w.final_norm, w.lm_head, step.num_heads,
+                    step.num_kv_heads, step.head_dim, step.eps, step.scale)
+
+
+MODELS = {"gqa_tied": (6, 2, True, False), "mha_untied": (4, 4, False, False), "gqa_bias": (8, 2, True, True)}
+
+
+@pytest.mark.parametrize("model_kind", sorted(MODELS))
+@pytest.mark.parametrize("ctx_lens, query_lens", [
+    ([7], [1]),                               # batch 1 decode; the new token starts block 2
+    ([3, 8, 15, 1], [1, 1, 1, 1]),            # decodes crossing and ending on block boundaries
+    ([9, 4], [5, 3]),                         # verify steps (k = 4 and k = 2 drafts) across blocks
+    ([30, 2, 11, 16, 5, 40, 7, 12, 3], [1, 5, 1, 3, 1, 5, 2, 1, 1]),   # more than 8 tokens: the GEMM path
+])
+def test_native_forward_matches_eager(ops, model_kind, ctx_lens, query_lens):
+    model = make_model(*MODELS[model_kind])
+    cache, tables, tokens = prefilled_case(model, ctx_lens, query_lens, seed=len(ctx_lens))
+    eager_cache = KVCache(cache.num_layers, NUM_BLOCKS, BLOCK, cache.num_kv_heads, cache.head_dim)
+    eager_cache.data.copy_(cache.data)
+    expected = eager_step(model, eager_cache, tables, ctx_lens, query_lens, tokens)
+    got = native_step(ops, model, cache, tables, ctx_lens, query_lens, tokens)
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)
+    assert torch.equal(got.argmax(-1), expected.argmax(-1))
+    torch.testing.assert_close(cache.data, eager_cache.data, atol=1e-5, rtol=1e-5)   # the same K/V written
+
+
+def test_gemv_matches_linear(ops):
+    gen = torch.Generator().manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)   # the last shape is split across threads
+    try:
+        for tokens, n, k in [(1, 320, 192), (5, 1027, 64), (8, 3, 33), (3, 4099, 512)]:
+            x, w = torch.randn(tokens, k, generator=gen), torch.randn(n, k, generator=gen)
+            torch.testing.assert_close(ops.decode_gemv(x, w), torch.nn.functional.linear(x, w), atol=2e-4, rtol=1e-4)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_unsupported_models_stay_eager():
+    model = make_model(6, 2, True, False)
+    cache = KVCache(2, 8, BLOCK, 2, 8)
+    assert unsupported_reason(model, cache, (None, None), None) is None
+    assert "sliding" in unsupported_reason(model, cache, (None, 16), None)
+    half = KVCache(2, 8, BLOCK, 2, 8, dtype=torch.bfloat16)
+    assert "float32" in unsupported_reason(model, half, (None, None), None)
+    from backend.model.quant import quantize_model
+    quantize_model(model, "int8", 128)
+    assert "quantized" in unsupported_reason(model, cache, (None, None), None)
+
+
+def test_scale_defaults_to_inverse_sqrt_head_dim(ops):
+    model = make_model(6, 2, True, False)
+    step = NativeDecodeStep(ops, model, KVCache(2, 8, BLOCK, 2, 8), scale=None)
+    assert step.scale == pytest.approx(1 / math.sqrt(8))
