@@ -78,6 +78,23 @@ def greedy(model, tok: Tokenizer, prompt: str, n: int) -> str:
     return tok.decode(ids[len(tok.encode(prompt).ids):], skip_special_tokens=False)
 
 
+def distillation_note(draft_stats: dict) -> list[str]:
+    """A paragraph on the draft's distillation runs (``tools/distill_draft.py``), if it had any."""
+    runs = [r for r in draft_stats.get("runs", []) if r.get("kind") == "distill"]
+    if not runs:
+        return []
+    lines = []
+    for r in runs:
+        head = (f"The draft was then distilled from the target (`tools/distill_draft.py`): {r['steps']} steps "
+                f"({r['tokens_seen'] / 1e6:.1f}M tokens, {r['training_minutes']:.0f} min, one thread) of")
+        loss = (f"KL(target || draft) at temperature {r['temperature']:g} on the training split, the target's "
+                "logits computed on the fly;")
+        agree = (f"held-out greedy agreement {100 * r['heldout_agreement_before']:.1f}% before, "
+                 f"{100 * r['heldout_agreement_after']:.1f}% after.")
+        lines += [head, loss, agree, ""]
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--target", type=Path, default=Path("models/demo-target"))
@@ -100,8 +117,9 @@ def main() -> None:
              "running interpreter (Python 3.11); 2% of the non-test files, chosen by a stable hash of their path,",
              "are held out and never trained on. Byte-level BPE tokenizer (vocab 4096, digits split), shared.",
              "The target trains in two stages (700 steps from scratch, then 600 more at a lower peak LR on a fresh",
-             "data order); the numbers below are totals. Batches of 32 x 256 tokens, AdamW, cosine schedule.", "",
-             "| | target | draft |", "| --- | --- | --- |"]
+             "data order); the numbers below are totals. Batches of 32 x 256 tokens, AdamW, cosine schedule.", ""]
+    lines += distillation_note(stats["draft"])
+    lines += ["| | target | draft |", "| --- | --- | --- |"]
     cfgs = {k: json.loads((p / "config.json").read_text()) for k, p in (("target", args.target), ("draft", args.draft))}
     rows = [
         ("parameters", lambda k: f"{stats[k]['parameters'] / 1e6:.2f}M"),

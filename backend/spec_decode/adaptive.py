@@ -1,37 +1,63 @@
 """Adaptive draft length: choose each request's ``k`` from what speculation measurably buys.
 
-For a sequence with per-position acceptance estimates ``a_1..a_K`` (exponential averages of "draft
-``j`` accepted, given ``1..j-1`` were"), proposing ``k`` drafts yields ``1 + E(k)`` tokens per step,
-``E(k) = sum_{i<=k} prod_{j<=i} a_j``. It costs its share of a plain decode step, ``t(B) / B`` with
-``B`` decoding sequences, plus ``k`` times the measured extra cost of a draft token in a verify step
-``m(B)`` and ``k`` times the proposer's cost per draft token ``d`` (about 0 for n-gram). The chosen
-``k`` maximises
+For a sequence with per-position acceptance estimates ``a_1..a_K`` ("draft ``j`` accepted, given
+``1..j-1`` were"), proposing ``k`` drafts yields ``1 + E(k)`` tokens per step,
+``E(k) = sum_{i<=k} prod_{j<=i} a_j``. With ``B`` decoding sequences, its share of a plain decode
+step is ``t(B) / B``, and speculating with ``k`` drafts adds ``x(B, k)`` seconds per speculating
+sequence: everything a step with drafts costs beyond a plain one (the proposer's time, the extra
+tokens in the forward, the rejection sampling), divided by the sequences that verified. The chosen
+``k`` maximises expected tokens per second,
 
-    (1 + E(k)) / (t(B) / B + k * (m(B) + d))
+    (1 + E(k)) / (t(B) / B + x(B, k)),
 
-``t`` and ``m`` are measured per batch-size bucket (powers of two): ``t`` from decode steps without
-drafts, ``m`` as (verify step time - ``t``) / drafts in the step, so it includes everything a verify
-step costs beyond a plain one (more tokens in the forward, the rejection sampling). Where a step is
-compute-bound (large batches) extra verify tokens cost as much as any other and ``k`` drops, possibly
-to 0. To keep ``t`` current while everyone speculates, the engine runs one step without drafts when
-a bucket's plain time is unknown or stale (``plain_step_due``). A sequence at ``k = 0`` is re-probed
-with the full ``k`` every ``PROBE_EVERY`` steps, so a change in acceptance is noticed.
+and ``k > 0`` only when that beats plain decoding by ``MARGIN``. ``t`` and ``x`` are measured per
+batch-size bucket (powers of two), ``x`` for each draft length (the longest draft run in the step),
+because neither is linear: a verify step has fixed costs per speculating sequence, a draft model
+costs one forward per draft position whatever the batch, and where a step is compute-bound (large
+batches) extra verify tokens cost as much as any other token and ``k`` drops, possibly to 0. An
+unmeasured ``x(B, k)`` is interpolated linearly in ``k`` between measured lengths (``x(B, 0) = 0``),
+which errs low, so an untried length that looks best is tried and then known; above the longest
+measured length it grows in proportion to ``k``; a bucket with no measurement borrows the nearest
+bucket's. A cost's estimate is the median of its last ``WINDOW`` observations (the minimum while it has
+fewer than ``SETTLED``): on a shared machine other processes slow some steps down, and a step descheduled
+for a while says nothing about speculation. A length measured only a few times is taken at no more than
+what the other lengths imply, so one slow first step does not rule it out for good.
 
-A new sequence starts from the engine-wide acceptance estimates (exponential averages over every
-verification), which themselves start optimistic: the engine's first requests speculate with the
-full ``k``, and a workload where drafts fail stops paying for them from one request to the next
-instead of relearning it in every request.
+To keep ``t`` current while everyone speculates, the engine runs one step without drafts when a
+bucket's plain time is unknown or stale (``plain_step_due``: every ``PLAIN_EVERY`` speculative steps,
+``PLAIN_EVERY_UNSETTLED`` at first); the first step with drafts in a bucket then measures ``x`` at the full
+``k``, so a bucket's costs are known after two steps.
+
+Acceptance is learnt per position with a weight that starts at ``1 / (PRIOR_WEIGHT + 1)`` and falls
+to ``MIN_WEIGHT`` (an average while there are few observations, then an exponential one), starting
+from the engine-wide estimates, so a workload where drafts fail stops paying for them from one
+request to the next instead of relearning it in every request. A sequence at ``k = 0`` is re-probed
+with its full ``k`` (one probe then measures every position: a repetitive request among unrepetitive
+ones is recognised from one probe) after ``PROBE_EVERY`` steps, the interval doubling (up to
+``PROBE_MAX``) while probes keep failing and never shorter than what keeps all sequences' probes within
+``PROBE_BUDGET`` of the plain step time (at large batches a probing sequence costs nearly a whole share
+of the step; a draft model's probe costs ``k`` draft forwards), so a change in acceptance is noticed at
+a bounded cost.
 """
 from __future__ import annotations
 
+import math
+from collections import deque
 from dataclasses import dataclass, field
 
-PRIOR_ACCEPTANCE = 0.9     # optimistic start: k starts at the maximum
-ACCEPTANCE_DECAY = 0.3     # weight of a new acceptance observation (per sequence)
-GLOBAL_DECAY = 0.05        # the same, engine-wide
-COST_DECAY = 0.2           # weight of a new step-time observation
+PRIOR_ACCEPTANCE = 0.9     # optimistic engine-wide start: the first requests speculate with the full k
+PRIOR_WEIGHT = 1.0         # pseudo-observations behind a new sequence's start (the engine-wide estimate)
+MIN_WEIGHT = 0.25          # weight of a new acceptance observation once a position has a few
+GLOBAL_DECAY = 0.1         # weight of a new observation in the engine-wide estimates
+WINDOW = 7                 # step-time observations kept per cost (bucket, draft length)
+SETTLED = 3                # observations before a cost's estimate is their median rather than their minimum
+MARGIN = 0.05              # speculate only when expected tokens/s beats plain decoding by this fraction
 PROBE_EVERY = 16           # steps at k = 0 before a probe with the full k
+PROBE_MAX = 128            # the probe interval doubles up to this while probes fail
+PROBE_BUDGET = 0.02        # and is at least long enough for all probes to cost <= 2% of the plain step time
 PLAIN_EVERY = 64           # speculative steps in a bucket before its plain step time is measured again
+PLAIN_EVERY_UNSETTLED = 8  # the same while the plain estimate rests on fewer than SETTLED steps
+FORGET_AFTER = 512         # proposal rounds without a choice for a sequence before its state is dropped
 
 
 def expected_accepted(acceptance: list[float], k: int) -> float:
@@ -43,14 +69,26 @@ def expected_accepted(acceptance: list[float], k: int) -> float:
     return total
 
 
-def best_num_drafts(acceptance: list[float], k_max: int, step_share: float, cost_per_draft: float) -> int:
-    """The ``k`` in ``[0, k_max]`` maximising expected tokens per second (ties: the smaller ``k``)."""
-    best_k, best_rate = 0, 1.0 / step_share if step_share > 0 else float("inf")
-    for k in range(1, k_max + 1):
-        rate = (1.0 + expected_accepted(acceptance, k)) / (step_share + k * cost_per_draft)
+def best_num_drafts(acceptance: list[float], step_share: float, extra_seconds: list[float]) -> int:
+    """The ``k`` in ``[0, len(extra_seconds)]`` maximising ``(1 + E(k)) / (step_share + extra_seconds[k - 1])``.
+
+    ``k > 0`` only when its rate beats plain decoding (``1 / step_share``) by ``MARGIN``; ties: smaller ``k``.
+    """
+    step_share = max(step_share, 1e-12)
+    best_k, best_rate = 0, 0.0
+    for k in range(1, len(extra_seconds) + 1):
+        rate = (1.0 + expected_accepted(acceptance, k)) / (step_share + extra_seconds[k - 1])
         if rate > best_rate * (1 + 1e-6):
             best_k, best_rate = k, rate
-    return best_k
+    return best_k if best_rate * step_share > 1.0 + MARGIN else 0
+
+
+def probe_interval_for_budget(num_seqs: int, plain_seconds: float, probe_seconds: float) -> int:
+    """Steps between one sequence's probes so that the probes of ``num_seqs`` sequences cost at most
+    ``PROBE_BUDGET`` of the plain step time: ``num_seqs * x(B, k) / (PROBE_BUDGET * t(B))``. At large
+    batches drafts cost a verifying sequence about a whole share of the step (its own multi-token
+    attention, its rejection), so probing every few steps would be most of the loss."""
+    return math.ceil(num_seqs * probe_seconds / (PROBE_BUDGET * max(plain_seconds, 1e-12)))
 
 
 def bucket(num_seqs: int) -> int:
@@ -58,57 +96,126 @@ def bucket(num_seqs: int) -> int:
     return 1 << max(0, num_seqs - 1).bit_length()
 
 
+def interpolate_extra(measured: dict[int, float], k: int) -> float:
+    """``x(k)`` from the measured lengths: exact, else linear between neighbours (``x(0) = 0``), else
+    in proportion to ``k`` above the longest measured one. ``measured`` must not be empty."""
+    if k in measured:
+        return measured[k]
+    lo = max((j for j in measured if j < k), default=0)
+    hi = min((j for j in measured if j > k), default=None)
+    x_lo = measured.get(lo, 0.0)
+    if hi is None:
+        return x_lo * k / lo
+    return x_lo + (measured[hi] - x_lo) * (k - lo) / (hi - lo)
+
+
+@dataclass
+class RecentTimes:
+    """The last ``WINDOW`` observations of one cost. The estimate is their median, or their minimum while
+    there are fewer than ``SETTLED`` (other processes only ever slow a step down, never speed it up)."""
+
+    values: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+
+    def add(self, seconds: float) -> None:
+        self.values.append(seconds)
+
+    @property
+    def settled(self) -> bool:
+        return len(self.values) >= SETTLED
+
+    def estimate(self) -> float:
+        v = sorted(self.values)
+        return v[len(v) // 2] if self.settled else v[0]
+
+
 @dataclass
 class StepCosts:
-    """Measured step costs per batch-size bucket: plain decode steps, and the extra per draft token."""
+    """Measured step costs per batch-size bucket: plain decode steps, and the extra per speculating
+    sequence of a step with drafts, per draft length."""
 
-    plain: dict[int, float] = field(default_factory=dict)       # bucket -> seconds of a decode step without drafts
-    per_draft: dict[int, float] = field(default_factory=dict)   # bucket -> extra seconds per verified draft
+    plain: dict[int, RecentTimes] = field(default_factory=dict)               # bucket -> step without drafts
+    extra: dict[int, dict[int, RecentTimes]] = field(default_factory=dict)    # bucket -> {k: extra per sequence}
     since_plain: dict[int, int] = field(default_factory=dict)   # bucket -> speculative steps since a plain one
 
-    def observe(self, num_seqs: int, num_drafts: int, seconds: float) -> None:
+    def observe_plain(self, num_seqs: int, seconds: float) -> None:
         b = bucket(num_seqs)
-        if num_drafts == 0:
-            self.plain[b] = _ema(self.plain.get(b), seconds)
-            self.since_plain[b] = 0
-            return
+        self.plain.setdefault(b, RecentTimes()).add(seconds)
+        self.since_plain[b] = 0
+
+    def observe_speculative(self, num_seqs: int, num_speculating: int, max_drafts: int, seconds: float) -> None:
+        """A step over ``num_seqs`` sequences, ``num_speculating`` of them verifying at most ``max_drafts``
+        drafts, took ``seconds`` (its proposal included)."""
+        b = bucket(num_seqs)
         self.since_plain[b] = self.since_plain.get(b, 0) + 1
-        if b in self.plain:
-            extra = max(0.0, seconds - self.plain[b]) / num_drafts
-            self.per_draft[b] = _ema(self.per_draft.get(b), extra)
+        if b in self.plain and num_speculating > 0 and max_drafts > 0:
+            per_seq = max(0.0, seconds - self.plain[b].estimate()) / num_speculating
+            self.extra.setdefault(b, {}).setdefault(max_drafts, RecentTimes()).add(per_seq)
 
     def plain_step_due(self, num_seqs: int) -> bool:
+        """No plain step measured at this bucket, or ``PLAIN_EVERY`` speculative steps since the last one
+        (``PLAIN_EVERY_UNSETTLED`` while the plain estimate rests on few steps)."""
         b = bucket(num_seqs)
-        return b not in self.plain or self.since_plain.get(b, 0) >= PLAIN_EVERY
+        if b not in self.plain:
+            return True
+        every = PLAIN_EVERY if self.plain[b].settled else PLAIN_EVERY_UNSETTLED
+        return self.since_plain.get(b, 0) >= every
 
-    def estimate(self, num_seqs: int) -> tuple[float, float] | None:
-        """(plain step seconds at ``num_seqs``, extra seconds per draft), or None while unmeasured."""
+    def plain_seconds(self, num_seqs: int) -> float | None:
+        t = self.plain.get(bucket(num_seqs))
+        return None if t is None else t.estimate()
+
+    def extra_seconds(self, num_seqs: int, k: int, optimistic: bool = True) -> float | None:
+        """Estimated ``x(B, k)``; None while no bucket has a step with drafts measured.
+
+        ``optimistic``: a length measured fewer than ``SETTLED`` times is taken at no more than what the
+        other lengths imply, so that one slow first step does not rule it out for good."""
         b = bucket(num_seqs)
-        if b not in self.plain or b not in self.per_draft:
-            return None
-        return self.plain[b], self.per_draft[b]
+        if not self.extra.get(b):
+            known = [c for c, by_k in self.extra.items() if by_k]
+            if not known:
+                return None
+            b = min(known, key=lambda c: (abs(c.bit_length() - b.bit_length()), c))
+        by_k = self.extra[b]
+        measured = {j: t.estimate() for j, t in by_k.items()}
+        x = interpolate_extra(measured, k)
+        if optimistic and k in by_k and not by_k[k].settled and len(measured) > 1:
+            x = min(x, interpolate_extra({j: v for j, v in measured.items() if j != k}, k))
+        return x
 
-
-def _ema(old: float | None, new: float) -> float:
-    return new if old is None else old + COST_DECAY * (new - old)
+    def snapshot(self) -> tuple[dict[int, float], dict[int, dict[int, float]]]:
+        """(bucket -> plain step seconds, bucket -> {k: extra seconds per speculating sequence})."""
+        return ({b: t.estimate() for b, t in sorted(self.plain.items())},
+                {b: {k: t.estimate() for k, t in sorted(by_k.items())} for b, by_k in sorted(self.extra.items())})
 
 
 @dataclass
 class _SeqState:
     acceptance: list[float]
+    observations: list[int]
+    last_seen: int = 0
     steps_at_zero: int = 0
+    probe_interval: int = PROBE_EVERY
 
 
 @dataclass
 class AdaptiveDraftLength:
-    """Per-sequence draft length from measured acceptance and costs; ``enabled=False``: always the maximum."""
+    """Per-sequence draft length from measured acceptance and costs; ``enabled=False``: always the maximum.
+
+    The engine's calls per step: ``observe_verify`` for each sequence that verified drafts and then, for
+    a decode-only step, ``observe_step``; then ``plain_step_due``, ``choose`` for each decoding sequence
+    and ``observe_draft`` with the proposer's time for the drafts of the next step.
+    """
 
     max_k: int
     enabled: bool = True
     costs: StepCosts = field(default_factory=StepCosts)
-    draft_seconds_per_token: float = 0.0    # exponential average, per sequence and draft token
     global_acceptance: list[float] = field(default_factory=list)   # engine-wide per-position estimates
     _seqs: dict[int, _SeqState] = field(default_factory=dict)
+    _round: int = 0                   # proposal rounds so far
+    _pending_draft_seconds: float = 0.0   # the proposer's time for the drafts the next step verifies
+    _step_speculating: int = 0        # sequences that verified drafts in the step being observed
+    _step_max_drafts: int = 0         # the longest draft run among them
+    _round_estimates: dict = field(default_factory=dict)   # (num_decoding, k_max) -> costs, for this round
 
     def __post_init__(self) -> None:
         if not self.global_acceptance:
@@ -117,51 +224,85 @@ class AdaptiveDraftLength:
     def _state(self, seq_id: int) -> _SeqState:
         st = self._seqs.get(seq_id)
         if st is None:
-            st = self._seqs[seq_id] = _SeqState(list(self.global_acceptance))
+            st = self._seqs[seq_id] = _SeqState(list(self.global_acceptance), [0] * self.max_k)
+        st.last_seen = self._round
         return st
 
     def choose(self, seq_id: int, k_max: int, num_decoding: int) -> int:
         """Drafts to propose for one sequence this step (``k_max``: its own cap)."""
+        k_max = min(k_max, self.max_k)
         if k_max <= 0:
             return 0
         if not self.enabled:
             return k_max
         st = self._state(seq_id)
-        est = self.costs.estimate(max(1, num_decoding))
-        if est is None:                                    # costs unknown: speculate fully to measure them
+        n = max(1, num_decoding)
+        plain, extras, probe_every = self._estimates(n, k_max)
+        if plain is None or extras[0] is None:           # costs unknown: speculate fully to measure them
             return k_max
-        plain, per_draft = est
-        k = best_num_drafts(st.acceptance, k_max, plain / max(1, num_decoding), per_draft + self.draft_seconds_per_token)
-        if k == 0:
-            st.steps_at_zero += 1
-            if st.steps_at_zero >= PROBE_EVERY:
-                st.steps_at_zero = 0
-                return k_max
-        else:
+        k = best_num_drafts(st.acceptance, plain / n, extras)
+        if k > 0:
+            st.steps_at_zero, st.probe_interval = 0, PROBE_EVERY
+            return k
+        st.steps_at_zero += 1
+        if st.steps_at_zero >= max(st.probe_interval, probe_every):   # probe: learns every position at once
             st.steps_at_zero = 0
-        return k
+            st.probe_interval = min(PROBE_MAX, 2 * st.probe_interval)
+            return k_max
+        return 0
+
+    def _estimates(self, n: int, k_max: int) -> tuple[float | None, list[float | None], int]:
+        """(plain step seconds, ``x(n, 1..k_max)``, probe interval for the budget), computed once per round."""
+        key = (n, k_max)
+        if key not in self._round_estimates:
+            plain = self.costs.plain_seconds(n)
+            extras = [self.costs.extra_seconds(n, k) for k in range(1, k_max + 1)]
+            probe_every = 0
+            if plain is not None and extras[0] is not None:
+                probe_every = probe_interval_for_budget(n, plain, self.costs.extra_seconds(n, k_max, optimistic=False))
+            self._round_estimates[key] = (plain, extras, probe_every)
+        return self._round_estimates[key]
 
     def observe_verify(self, seq_id: int, num_drafts: int, num_accepted: int) -> None:
         """Draft ``j <= num_accepted`` was accepted; draft ``num_accepted + 1`` (if any) was rejected."""
-        acc = self._state(seq_id).acceptance
-        for j in range(min(num_drafts, num_accepted + 1, len(acc))):
+        st = self._state(seq_id)
+        for j in range(min(num_drafts, num_accepted + 1, self.max_k)):
             hit = 1.0 if j < num_accepted else 0.0
-            acc[j] += ACCEPTANCE_DECAY * (hit - acc[j])
+            weight = max(MIN_WEIGHT, 1.0 / (PRIOR_WEIGHT + st.observations[j] + 1))
+            st.acceptance[j] += weight * (hit - st.acceptance[j])
+            st.observations[j] += 1
             self.global_acceptance[j] += GLOBAL_DECAY * (hit - self.global_acceptance[j])
+        if num_drafts > 0:
+            self._step_speculating += 1
+            self._step_max_drafts = max(self._step_max_drafts, num_drafts)
 
     def observe_step(self, num_seqs: int, num_drafts: int, seconds: float) -> None:
         """A decode-only step (no prefill chunk) over ``num_seqs`` sequences verifying ``num_drafts`` took ``seconds``."""
-        self.costs.observe(num_seqs, num_drafts, seconds)
+        if num_drafts == 0:
+            self.costs.observe_plain(num_seqs, seconds)
+        else:
+            self.costs.observe_speculative(num_seqs, self._step_speculating, self._step_max_drafts,
+                                           seconds + self._pending_draft_seconds)
+        self._end_step()
 
     def plain_step_due(self, num_decoding: int) -> bool:
-        """Whether the next step should run without drafts, to measure a plain step at this batch size."""
+        """Whether the next step should run without drafts, to measure a plain step at this batch size.
+
+        Called once per proposal round: what was gathered about the last step is complete by now."""
+        self._end_step()
+        self._round += 1
+        if self._round % FORGET_AFTER == 0:               # sequences chosen for but never freed (k stayed 0)
+            self._seqs = {s: st for s, st in self._seqs.items() if self._round - st.last_seen < FORGET_AFTER}
         return self.enabled and self.costs.plain_step_due(max(1, num_decoding))
 
     def observe_draft(self, seconds: float, num_draft_tokens: int) -> None:
-        if num_draft_tokens > 0:
-            x = seconds / num_draft_tokens
-            self.draft_seconds_per_token += (x - self.draft_seconds_per_token) * (
-                1.0 if self.draft_seconds_per_token == 0.0 else ACCEPTANCE_DECAY)
+        """The proposer took ``seconds`` for the drafts (``num_draft_tokens`` in all) the next step verifies."""
+        self._pending_draft_seconds = seconds if num_draft_tokens > 0 else 0.0
+
+    def _end_step(self) -> None:
+        self._round_estimates = {}
+        self._pending_draft_seconds = 0.0
+        self._step_speculating = self._step_max_drafts = 0
 
     def free(self, seq_ids: list[int]) -> None:
         for seq_id in seq_ids:

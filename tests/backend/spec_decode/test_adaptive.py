@@ -1,13 +1,24 @@
-"""Adaptive draft length: k from measured acceptance and step costs."""
+"""Adaptive draft length: k from measured acceptance and step costs (synthetic timings, no engine)."""
 from __future__ import annotations
 
+import itertools
+
+import pytest
+
 from backend.spec_decode.adaptive import (
+    FORGET_AFTER,
     PLAIN_EVERY,
+    PLAIN_EVERY_UNSETTLED,
     PROBE_EVERY,
+    PROBE_MAX,
+    SETTLED,
     AdaptiveDraftLength,
     StepCosts,
     best_num_drafts,
+    bucket,
     expected_accepted,
+    interpolate_extra,
+    probe_interval_for_budget,
 )
 
 
@@ -17,47 +28,172 @@ def test_expected_accepted_is_the_sum_of_running_products():
 
 
 def test_best_k_trades_acceptance_against_cost():
-    high = [0.9] * 4
-    assert best_num_drafts(high, 4, step_share=1.0, cost_per_draft=0.05) == 4      # cheap and accepted: all
-    assert best_num_drafts([0.05] * 4, 4, step_share=1.0, cost_per_draft=0.2) == 0  # rarely accepted: none
+    linear = [0.05 * k for k in range(1, 5)]
+    assert best_num_drafts([0.9] * 4, 1.0, linear) == 4                  # cheap and accepted: all
+    assert best_num_drafts([0.05] * 4, 1.0, [0.2 * k for k in range(1, 5)]) == 0   # rarely accepted: none
     # compute-bound: a draft token costs as much as a whole sequence's share of the step
-    assert best_num_drafts([0.6] * 4, 4, step_share=1.0, cost_per_draft=1.0) == 0
+    assert best_num_drafts([0.6] * 4, 1.0, [1.0 * k for k in range(1, 5)]) == 0
+    # a fixed cost per speculating sequence favours longer runs once it is paid
+    assert best_num_drafts([0.8] * 4, 1.0, [0.5 + 0.02 * k for k in range(1, 5)]) == 4
+    # a gain below the margin is not worth the risk: 1.04x expected
+    assert best_num_drafts([0.04], 1.0, [0.0]) == 0
+    assert best_num_drafts([0.10], 1.0, [0.0]) == 1
 
 
-def test_step_costs_per_bucket_plain_and_per_draft():
+def test_interpolation_errs_low_between_and_grows_in_proportion_above():
+    measured = {4: 0.8}                                          # fixed 0.4 + 0.1 per draft, measured at k = 4
+    assert interpolate_extra(measured, 2) == pytest.approx(0.4)     # true 0.6: tried, then known
+    measured[2] = 0.6
+    assert interpolate_extra(measured, 3) == pytest.approx(0.7)
+    assert interpolate_extra({1: 0.3}, 3) == pytest.approx(0.9)
+
+
+def test_step_costs_per_bucket_and_per_length():
     costs = StepCosts()
-    assert costs.estimate(1) is None and costs.plain_step_due(1)
-    costs.observe(1, 0, 0.002)
-    costs.observe(1, 4, 0.003)                                   # 4 drafts cost 1 ms more than a plain step
-    assert costs.estimate(1) == (0.002, 0.00025)
-    assert costs.estimate(3) is None                              # another bucket (4) is unmeasured
-    assert not costs.plain_step_due(1)
-    for _ in range(PLAIN_EVERY):
-        costs.observe(1, 4, 0.003)
-    assert costs.plain_step_due(1)                                # stale: measure a plain step again
+    assert costs.plain_seconds(1) is None and costs.plain_step_due(1) and costs.extra_seconds(1, 1) is None
+    costs.observe_plain(1, 0.002)
+    costs.observe_speculative(1, 1, 4, 0.004)                    # 4 drafts cost 2 ms more than a plain step
+    assert costs.plain_seconds(1) == 0.002 and costs.extra_seconds(1, 4) == pytest.approx(0.002)
+    costs.observe_plain(8, 0.004)
+    costs.observe_speculative(8, 8, 2, 0.020)                    # 8 sequences x 2 drafts: 2 ms each
+    assert costs.extra_seconds(5, 2) == pytest.approx(0.002) and costs.extra_seconds(8, 4) == pytest.approx(0.004)
+    assert costs.extra_seconds(2, 4) == pytest.approx(0.002)     # bucket 2 unmeasured: the nearest (1) lends
+    assert costs.snapshot() == ({1: 0.002, 8: 0.004}, {1: {4: pytest.approx(0.002)}, 8: {2: pytest.approx(0.002)}})
 
 
-def test_policy_starts_full_lowers_k_when_drafts_fail_and_reprobes():
+def test_plain_step_is_remeasured_sooner_while_unsettled():
+    costs = StepCosts()
+    costs.observe_plain(1, 0.002)
+    ks = []
+    for _ in range(3 * PLAIN_EVERY):
+        ks.append(costs.plain_step_due(1))
+        if ks[-1]:
+            costs.observe_plain(1, 0.002)
+        else:
+            costs.observe_speculative(1, 1, 4, 0.004)
+    due = [i for i, d in enumerate(ks) if d]
+    assert due[:2] == [PLAIN_EVERY_UNSETTLED, 2 * PLAIN_EVERY_UNSETTLED + 1]
+    assert due[2] - due[1] == PLAIN_EVERY + 1                    # settled after SETTLED plain steps
+
+
+def test_slow_steps_from_other_processes_do_not_move_the_estimates():
+    costs = StepCosts()
+    for t in (0.009, 0.002, 0.002, 0.002, 0.030, 0.002, 0.002):  # two descheduled steps among seven
+        costs.observe_plain(1, t)
+    assert costs.plain_seconds(1) == 0.002
+    costs.observe_speculative(1, 1, 3, 0.003)
+    costs.observe_speculative(1, 1, 4, 0.050)                    # a first measurement at k = 4, descheduled
+    assert costs.extra_seconds(1, 4) == pytest.approx(0.001 * 4 / 3)   # unsettled: no more than k = 3 implies
+    for _ in range(SETTLED):
+        costs.observe_speculative(1, 1, 4, 0.0035)
+    assert costs.extra_seconds(1, 4) == pytest.approx(0.0015)
+
+
+class Sim:
+    """Drives the policy as the engine does, with a synthetic cost model and acceptance.
+
+    step seconds = plain(B) + per speculating sequence (fixed + per_token * k); the proposer's time,
+    measured apart as in the engine, is draft_step * max k.
+    """
+
+    def __init__(self, pol: AdaptiveDraftLength, plain, fixed, per_token, draft_step=0.0):
+        self.pol, self.plain, self.fixed, self.per_token, self.draft_step = pol, plain, fixed, per_token, draft_step
+
+    def step(self, seqs: list[int], accept) -> list[int]:
+        """One proposal round and the step that verifies it; ``accept(seq, k)`` -> accepted drafts."""
+        pol, n = self.pol, len(seqs)
+        ks = [0] * n if pol.plain_step_due(n) else [pol.choose(s, 4, n) for s in seqs]
+        if any(ks):
+            pol.observe_draft(self.draft_step * max(ks), sum(ks))
+        seconds = self.plain(n) + sum(self.fixed + self.per_token * k for k in ks if k)
+        for s, k in zip(seqs, ks):
+            if k:
+                pol.observe_verify(s, k, accept(s, k))
+        pol.observe_step(n, sum(ks), seconds)
+        return ks
+
+
+def test_k_drops_to_zero_within_a_few_steps_when_drafts_fail():
     pol = AdaptiveDraftLength(4)
-    assert pol.choose(1, 4, num_decoding=1) == 4                      # costs unknown: full k
-    pol.observe_step(1, 0, 0.002)
-    pol.observe_step(1, 4, 0.004)                                     # a draft costs a quarter of a step
-    assert pol.choose(1, 4, num_decoding=1) == 4                      # prior acceptance is high
-    for _ in range(60):
-        pol.observe_verify(1, 4, 0)                                   # every first draft rejected
-    ks = [pol.choose(1, 4, num_decoding=1) for _ in range(PROBE_EVERY)]
-    assert ks[:-1] == [0] * (PROBE_EVERY - 1) and ks[-1] == 4          # off, then one probe with the full k
+    sim = Sim(pol, plain=lambda n: 0.002, fixed=0.0005, per_token=0.0002, draft_step=0.0013)   # a draft model
+    history = [sim.step([1], lambda s, k: 0)[0] for _ in range(40)]
+    assert history[:2] == [0, 4]                  # a plain step, then the full k to measure costs
+    assert set(history[4:]) == {0}                # off after a couple of rejected runs; a probe (four drafts:
+    assert probe_interval_for_budget(1, 0.002, 0.0065) == 163    # 6.5 ms) may come only every 163 steps
+
+
+def test_reprobes_with_backoff_and_within_the_budget_at_large_batches():
+    pol = AdaptiveDraftLength(4)
+    sim = Sim(pol, plain=lambda n: 0.002, fixed=0.0002, per_token=0.0001)    # n-gram at batch 1
+    for _ in range(10):
+        sim.step([1], lambda s, k: 0)
+    assert pol.choose(1, 4, 1) == 0
+    ks = [sim.step([1], lambda s, k: 0)[0] for _ in range(8 * PROBE_MAX)]
+    probes = [i for i, k in enumerate(ks) if k]
+    assert all(ks[i] == 4 for i in probes)        # a probe measures every position
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
+    assert gaps[0] >= 2 * PROBE_EVERY and gaps[1] >= 4 * PROBE_EVERY     # the interval doubles while probes fail
+    assert min(gaps[-2:]) >= PROBE_MAX and pol._seqs[1].probe_interval == PROBE_MAX
+    # 32 sequences, where drafts cost a verifying sequence 1.5 ms against a 13.5 ms step: probes of all
+    # of them within 2% of the step time means one probe per sequence in 178 steps
+    big = Sim(AdaptiveDraftLength(4), plain=lambda n: 0.0135, fixed=0.0015, per_token=0.0)
+    seqs = list(range(32))
+    steps = [big.step(seqs, lambda s, k: 0) for _ in range(500)]
+    assert steps[1] == [4] * 32 and not any(any(ks) for ks in steps[2:40])   # measured at k = 4, then off
+    for i in range(32):
+        probes = [t for t, ks in enumerate(steps) if t >= 2 and ks[i]]
+        assert 1 <= len(probes) <= 3 and all(b - a >= 178 for a, b in itertools.pairwise(probes))
+
+
+def test_k_rises_when_drafts_are_accepted():
+    pol = AdaptiveDraftLength(4)
+    sim = Sim(pol, plain=lambda n: 0.002, fixed=0.0002, per_token=0.0001)       # n-gram: no proposer cost
+    for _ in range(10):
+        sim.step([1], lambda s, k: 0)
+    assert sim.step([1], lambda s, k: 0) == [0]
+    ks = [sim.step([1], lambda s, k: k)[0] for _ in range(6 * PROBE_MAX)]       # the workload turns repetitive
+    assert ks[-1] == 4 and ks.index(4) < 3 * PROBE_MAX
+
+
+def test_batch_size_dependence_from_measured_costs():
+    """The same acceptance pays at batch 1 and not at batch 16, where verify tokens cost as much as any."""
+    pol = AdaptiveDraftLength(4)
+    plain = {1: 0.002, 16: 0.006}
+    sim = Sim(pol, plain=lambda n: plain[n], fixed=0.0, per_token=0.0003)      # per token: 1/20 step at batch 1
+    calls = iter(range(10**6))
+
+    def accept(seq: int, k: int) -> int:                      # the first draft 60% of the time, never the second
+        return min(k, 1) if next(calls) % 5 < 3 else 0
+
+    ks1 = [sim.step([1], accept)[0] for _ in range(30)]
+    assert ks1[-1] > 0
+    seqs = list(range(100, 116))
+    last = [sim.step(seqs, accept) for _ in range(30)][-1]
+    assert last == [0] * 16                   # at batch 16 a draft costs 0.8 of a sequence's share
+    assert pol.choose(1, 4, 1) > 0            # batch 1 still pays: costs are kept per bucket
+
+
+def test_disabled_policy_always_proposes_the_cap_and_new_sequences_start_from_the_engine_estimate():
     assert AdaptiveDraftLength(4, enabled=False).choose(1, 3, 1) == 3
-    pol.free([1])
-    assert pol.choose(2, 4, num_decoding=1) == 0          # a new sequence starts from what the engine learned
+    assert AdaptiveDraftLength(4, enabled=False).choose(1, 9, 1) == 4
+    pol = AdaptiveDraftLength(4)
+    sim = Sim(pol, plain=lambda n: 0.002, fixed=0.0002, per_token=0.0001)
+    for seq in range(40):
+        for _ in range(6):
+            sim.step([seq], lambda s, k: 0)
+        pol.free([seq])
+    assert pol.global_acceptance[0] < 0.1       # (later positions are never reached)
+    assert pol.choose(99, 4, 1) == 0          # a new sequence does not relearn what the engine knows
 
 
-def test_engine_wide_acceptance_carries_over_to_new_sequences():
+def test_states_of_sequences_never_freed_are_dropped():
     pol = AdaptiveDraftLength(4)
     pol.observe_step(1, 0, 0.002)
-    pol.observe_step(1, 4, 0.0022)
-    for seq in range(10):
-        for _ in range(3):
-            pol.observe_verify(seq, 4, 4)                  # every draft accepted
-    assert min(pol.global_acceptance) > 0.9
-    assert pol.choose(99, 4, num_decoding=1) == 4
+    pol.choose(7, 4, 1)
+    for _ in range(2 * FORGET_AFTER):
+        pol.plain_step_due(1)
+    assert 7 not in pol._seqs
+
+
+def test_bucket_is_the_next_power_of_two():
+    assert [bucket(n) for n in (1, 2, 3, 5, 8, 9, 32)] == [1, 2, 4, 8, 8, 16, 32]

@@ -1,0 +1,29 @@
+"""The distillation objective and the agreement measure of tools/distill_draft.py."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tools.distill_draft import distillation_loss, greedy_agreement
+
+
+def test_kl_is_zero_only_when_the_draft_matches_the_target():
+    teacher = torch.randn(8, 16)
+    assert distillation_loss(teacher.clone(), teacher, 1.0).item() == pytest.approx(0.0, abs=1e-6)
+    assert distillation_loss(teacher + 1.0, teacher, 1.0).item() == pytest.approx(0.0, abs=1e-6)   # shift-invariant
+    assert distillation_loss(torch.randn(8, 16), teacher, 1.0).item() > 0.01
+
+
+def test_kl_gradient_moves_the_draft_towards_the_target():
+    teacher = torch.randn(4, 10)
+    student = torch.zeros(4, 10, requires_grad=True)
+    before = distillation_loss(student, teacher, 2.0)
+    before.backward()
+    with torch.no_grad():
+        after = distillation_loss(student - 0.5 * student.grad, teacher, 2.0)
+    assert after.item() < before.item()
+
+
+def test_greedy_agreement_counts_equal_argmaxes():
+    student = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.0, 2.0], [3.0, 0.0]])
+    assert greedy_agreement(student, torch.tensor([1, 0, 0, 1])) == 0.5
