@@ -18,12 +18,11 @@ import time
 
 import numpy as np
 import torch
-from torch import nn
 
 from backend.attention.base import AttentionBackend
 from backend.core.kv_cache import KVCache
 from backend.core.plan import ForwardOutput, SchedulerOutput
-from backend.engine.decode_batch import PersistentDecodeBatch, decode_step_shape
+from backend.engine.decode_batch import PersistentDecodeBatch, decode_step_shape, eager_only_reason
 from backend.model.llama import LlamaForCausalLM
 
 PARTITION_TOKENS = 512
@@ -43,15 +42,7 @@ def unsupported_reason(model: LlamaForCausalLM, kv_cache: KVCache, windows) -> s
         return "CUDA graphs need the KV cache on a CUDA device"
     if kv_cache.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return f"a {kv_cache.dtype} KV cache runs eagerly"
-    if kv_cache.format.quantized:
-        return f"an {kv_cache.format.name} KV cache (kv_cache_dtype) runs eagerly"
-    if any(w is not None for w in windows):
-        return "sliding-window layers run eagerly"
-    for layer in model.layers:
-        for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
-            if type(lin) is not nn.Linear:
-                return f"quantized weights ({type(lin).__name__}) run eagerly"
-    return None
+    return eager_only_reason(model, kv_cache, windows)
 
 
 class StaticDecodeAttention(AttentionBackend):

@@ -18,8 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import nn
 
+from backend.core.kv_cache import KVCache
 from backend.core.plan import SchedulerOutput
+from backend.model.llama import LlamaForCausalLM
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,20 @@ def decode_step_shape(plan: SchedulerOutput) -> bool:
                 or seq.num_computed_tokens != seq.num_tokens - 1:
             return False
     return bool(plan.scheduled)
+
+
+def eager_only_reason(model: LlamaForCausalLM, kv_cache: KVCache, windows) -> str | None:
+    """What every fast decode step (native on the CPU, CUDA graphs) leaves to the eager path: a quantized
+    KV cache, sliding-window layers, quantized linear layers. None when none applies."""
+    if kv_cache.format.quantized:
+        return f"an {kv_cache.format.name} KV cache (kv_cache_dtype) runs eagerly"
+    if any(w is not None for w in windows):
+        return "sliding-window layers run eagerly"
+    for layer in model.layers:
+        for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+            if type(lin) is not nn.Linear:
+                return f"quantized weights ({type(lin).__name__}) run eagerly"
+    return None
 
 
 class PersistentDecodeBatch:

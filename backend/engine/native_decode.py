@@ -18,7 +18,7 @@ from torch import nn
 
 from backend.core.kv_cache import KVCache
 from backend.core.plan import ForwardOutput, SchedulerOutput
-from backend.engine.decode_batch import PersistentDecodeBatch, decode_step_shape
+from backend.engine.decode_batch import PersistentDecodeBatch, decode_step_shape, eager_only_reason
 from backend.model.llama import LlamaForCausalLM
 
 
@@ -28,16 +28,10 @@ def unsupported_reason(model: LlamaForCausalLM, kv_cache: KVCache, windows, scal
         return f"the native step runs on the CPU (the cache is on {kv_cache.device})"
     if kv_cache.dtype != torch.float32 or model.embed_tokens.weight.dtype != torch.float32:
         return "the native step needs float32 weights and KV cache"
-    if kv_cache.format.quantized:
-        return f"an {kv_cache.format.name} KV cache (kv_cache_dtype) runs eagerly"
-    if any(w is not None for w in windows):
-        return "sliding-window layers run eagerly"
-    for layer in model.layers:
-        for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
-            if type(lin) is not nn.Linear:
-                return f"quantized weights ({type(lin).__name__}) run eagerly"
-        if layer.self_attn.o_proj.bias is not None:
-            return "an o_proj bias is not supported"
+    if reason := eager_only_reason(model, kv_cache, windows):
+        return reason
+    if any(layer.self_attn.o_proj.bias is not None for layer in model.layers):
+        return "an o_proj bias is not supported"
     if type(model.lm_head) is not nn.Linear or model.lm_head.bias is not None:
         return "a quantized or biased LM head runs eagerly"
     return None
