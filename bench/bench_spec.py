@@ -189,6 +189,7 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--fast-decode", choices=("on", "off"), default="on", help="EngineConfig.fast_decode (shipped: on)")
     ap.add_argument("--quick", action="store_true", help="fewer and shorter requests")
     ap.add_argument("--workloads", default="repeat,mixed")
     ap.add_argument("--temperatures", default="0,0.8")
@@ -207,7 +208,7 @@ def main(argv=None) -> int:
     engines = {}
     for m in args.methods.split(","):
         cfg = dict(model_path=args.model, device="cpu", cpu_threads=args.threads, kv_cache_bytes=256 << 20,
-                   num_speculative_tokens=args.k, **METHODS[m])
+                   num_speculative_tokens=args.k, fast_decode=args.fast_decode == "on", **METHODS[m])
         if "draft" in m:
             cfg["draft_model_path"] = args.draft
         engines[m] = LLMEngine(EngineConfig(**cfg)).start()
