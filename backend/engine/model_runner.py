@@ -17,6 +17,7 @@ from backend.core.kv_cache import KVCache
 from backend.core.plan import ForwardOutput, ModelRunnerOutput, SchedulerOutput
 from backend.model.llama import LlamaForCausalLM
 from backend.sampling.batch import is_plain_greedy
+from backend.sampling.rejection import greedy_verify
 from backend.sampling.sampler import Sampler
 
 
@@ -37,21 +38,6 @@ def flat_input_ids(plan: SchedulerOutput) -> np.ndarray:
         else:  # the tail runs past the known tokens into the draft tokens (speculative verify)
             chunks.append((seq.all_token_ids + seq.draft_token_ids)[start:end])
     return np.fromiter((t for c in chunks for t in c), dtype=np.int64, count=plan.num_batched_tokens)
-
-
-def greedy_verify(argmax: list[int],         # the argmax of every row: a sequence's k + 1 rows, then the next's
-                  drafts: list[list[int]],   # per sequence, its k drafts
-                  ) -> list[list[int]]:
-    """The rejection rule for a greedy target (one-hot at its argmax, whatever the draft distribution): the
-    drafts that equal the argmax before them are accepted, then the argmax after the last accepted one."""
-    out, row = [], 0
-    for d in drafts:
-        a = 0
-        while a < len(d) and d[a] == argmax[row + a]:
-            a += 1
-        out.append(d[:a] + [argmax[row + a]])
-        row += len(d) + 1
-    return out
 
 
 class ModelRunner:

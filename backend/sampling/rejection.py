@@ -60,3 +60,18 @@ def recovery_probs(
     # arithmetic; fall back to p rather than draw from nothing
     residual = torch.where(residual.sum(dim=1, keepdim=True) > 0, residual, p)
     return torch.where(rejected[:, None], residual, p)
+
+
+def greedy_verify(argmax: list[int],         # the argmax of every row: a sequence's k + 1 rows, then the next's
+                  drafts: list[list[int]],   # per sequence, its k drafts
+                  ) -> list[list[int]]:
+    """The rejection rule for a greedy target (one-hot at its argmax, whatever the draft distribution): the
+    drafts that equal the argmax before them are accepted, then the argmax after the last accepted one."""
+    out, row = [], 0
+    for d in drafts:
+        a = 0
+        while a < len(d) and d[a] == argmax[row + a]:
+            a += 1
+        out.append(d[:a] + [argmax[row + a]])
+        row += len(d) + 1
+    return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from backend.core.sequence import Sequence
-from backend.engine.model_runner import greedy_verify
+from backend.sampling.rejection import greedy_verify
 from backend.sampling.sampler import Sampler
 from contracts.sampling_params import SamplingParams
 
