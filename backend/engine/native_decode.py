@@ -105,9 +105,16 @@ class NativeDecodeStep:
     def run(self, plan: SchedulerOutput) -> ForwardOutput:
         """Logits of every token of a decode step (``decode_step_shape(plan)`` holds): ``[num_tokens, vocab]``."""
         inp = self.batch.prepare(plan)
+        return ForwardOutput(self.forward(inp.token_ids, inp.positions, inp.token_rows, inp.block_tables), inp.rows)
+
+    def forward(self, token_ids: torch.Tensor,      # [num_tokens] int64
+                positions: torch.Tensor,            # [num_tokens] int64
+                token_rows: torch.Tensor,           # [num_tokens] int32  block-table row of each token
+                block_tables: torch.Tensor,         # [num_rows, width] int32
+                ) -> torch.Tensor:
+        """Logits ``[num_tokens, vocab]``: each token at its position of its row's sequence, attending causally
+        to that row's paged KV (also the draft model's steps: ``backend/spec_decode/draft_forward.py``)."""
         w = self.weights
-        logits = self._op(inp.token_ids, inp.positions, inp.token_rows, inp.block_tables, self.block_size,
-                          w.embed, w.layer_weights, w.layer_biases, self.k_cache, self.v_cache, w.cos, w.sin,
-                          w.final_norm, w.lm_head, self.num_heads, self.num_kv_heads, self.head_dim, self.eps,
-                          self.scale)
-        return ForwardOutput(logits, inp.rows)
+        return self._op(token_ids, positions, token_rows, block_tables, self.block_size, w.embed, w.layer_weights,
+                        w.layer_biases, self.k_cache, self.v_cache, w.cos, w.sin, w.final_norm, w.lm_head,
+                        self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.scale)

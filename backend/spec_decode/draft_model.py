@@ -10,7 +10,8 @@ an unverified draft). Each call runs, for all proposing sequences at once:
    prefix-cache hits), sampling draft 1 from its last position;
 3. ``k - 1`` one-token forwards, each feeding the previous draft.
 No scheduler round trip and no per-token allocation: blocks for all ``k`` positions are taken up
-front. Drafts of sampled requests are drawn from ``q`` (the draft's logits under the request's own
+front. The forwards run through the native decode op when the fast decode step is on and the op
+serves the draft (``draft_forward.py``), else eagerly. Drafts of sampled requests are drawn from ``q`` (the draft's logits under the request's own
 sampling filters), which the rejection rule needs; greedy requests take the draft's argmax.
 """
 from __future__ import annotations
@@ -22,8 +23,6 @@ from pathlib import Path
 
 import torch
 
-from backend.attention.metadata import build_attention_metadata
-from backend.attention.selector import make_attention_backend
 from backend.attention.window import serving_windows
 from backend.config import EngineConfig
 from backend.core.block_manager import BlockManager
@@ -35,6 +34,7 @@ from backend.model.loader import load_model
 from backend.sampling.batch import GREEDY_EPS
 from backend.sampling.ops import inverse_cdf_draw
 from backend.sampling.sampler import Sampler, compute_probs
+from backend.spec_decode.draft_forward import DraftForward
 from backend.spec_decode.proposer import DraftGrammar, DraftMasks, Proposal, Proposer
 
 DRAFT_SEED_SALT = 0x9E3779B97F4A7C15   # seeded requests: the draft's RNG stream differs from the target's
@@ -74,18 +74,17 @@ class DraftModelProposer(Proposer):
     method = "draft"
 
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, block_manager: BlockManager, sampler: Sampler,
-                 windows=None):
+                 windows=None, forward: DraftForward | None = None):
         self.model = model
         self.kv_cache = kv_cache
         self.bm = block_manager
-        self.attn = make_attention_backend(kv_cache, windows=windows)   # the draft's own sliding windows
+        self.forward = forward if forward is not None else DraftForward(model, kv_cache, windows)
         self.sampler = sampler
-        self.device = kv_cache.device
         self._states: dict[int, _DraftState] = {}
 
     @classmethod
     def load(cls, folder: Path, target_folder: Path, target: ModelConfig, config: EngineConfig, *, num_blocks: int,
-             device: torch.device, dtype: torch.dtype, max_model_len: int) -> "DraftModelProposer":
+             device: torch.device, dtype: torch.dtype, max_model_len: int) -> DraftModelProposer:
         if not (folder / "config.json").is_file():
             raise CheckpointError(f"draft_model_path: {folder} has no config.json")
         dcfg = ModelConfig.from_file(folder / "config.json")
@@ -98,7 +97,9 @@ class DraftModelProposer(Proposer):
         bm = BlockManager(num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching,
                           cache_key="draft:" + key)
         sampler = Sampler(dcfg.vocab_size, device=device, seed=config.seed ^ 0x5DEECE66D, seq_seed_salt=DRAFT_SEED_SALT)
-        return cls(model, kv, bm, sampler, serving_windows(dcfg.sliding_windows, dcfg.num_hidden_layers, max_model_len))
+        windows = serving_windows(dcfg.sliding_windows, dcfg.num_hidden_layers, max_model_len)
+        forward = DraftForward.build(model, kv, windows, fast=config.fast_decode)
+        return cls(model, kv, bm, sampler, windows, forward)
 
     # ---- per-sequence state --------------------------------------------------------------------
     def _state(self, seq: Sequence) -> _DraftState:
@@ -155,6 +156,7 @@ class DraftModelProposer(Proposer):
         if not active:
             return out
         masks = grammar.draft_session([st.shadow for st, _ in active]) if grammar is not None else None
+        self.forward.begin([st.shadow.block_table for st, _ in active])
         try:
             self._draft(active, out, masks)
         finally:
@@ -193,12 +195,7 @@ class DraftModelProposer(Proposer):
                           drafts: list[list[int]], probs: list[list[torch.Tensor]], masks: DraftMasks | None) -> None:
         """One forward over ``news[j]`` tokens of each ``active[rows[j]]``; draw one draft for each (a guided
         sequence's from the draft's distribution under its grammar mask, as the target samples)."""
-        tables = [active[i][0].shadow.block_table for i in rows]
-        meta = build_attention_metadata(starts, news, tables, self.kv_cache.block_size, device=self.device)
-        self.attn.prepare(meta)
-        input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
-        hidden = self.model(input_ids, meta.positions, self.attn)                # [num_tokens, hidden]
-        logits = self.model.compute_logits(hidden[meta.query_start_loc[1:].long() - 1])   # [len(rows), vocab]
+        logits = self.forward.logits(rows, starts, news, ids)                     # [len(rows), vocab]
         seqs = [active[i][0].shadow for i in rows]
         bitmask = masks.bitmask(rows) if masks is not None else None
         batch = self.sampler.build_batch(seqs, output_token_ids=[s.output_token_ids + drafts[i]

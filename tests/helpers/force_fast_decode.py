@@ -2,8 +2,9 @@
 
     .venv/bin/python -m pytest -p tests.helpers.force_fast_decode tests/backend/engine/test_engine_oracle.py ...
 
-runs the oracle suites (or any engine test) once with ``fast_decode=True`` whatever their configs say;
-models the native step cannot serve (sliding windows, quantized weights) keep the eager path, as in serving.
+runs the oracle suites (or any engine test) once with ``fast_decode=True`` whatever their configs say (the
+target's decode steps and a draft model's steps alike); models the native step cannot serve (sliding
+windows, quantized weights) keep the eager path, as in serving.
 """
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ import pytest
 def _force_fast_decode(monkeypatch):
     from backend.engine import builder
 
-    build = builder.build_fast_decode
+    for name in ("build_fast_decode", "build_speculator"):
+        monkeypatch.setattr(builder, name, forced(getattr(builder, name)))
 
-    def forced(config, *args, **kwargs):
+
+def forced(build):
+    def with_fast_decode(config, *args, **kwargs):
         return build(dataclasses.replace(config, fast_decode=True), *args, **kwargs)
-
-    monkeypatch.setattr(builder, "build_fast_decode", forced)
+    return with_fast_decode

@@ -1,0 +1,97 @@
+"""The draft model's forward over its own paged KV, for the steps of one proposal.
+
+A proposal runs a catch-up forward (each sequence's known tokens the draft cache lacks: usually one or
+two, a whole prompt for a new sequence) and then ``k - 1`` one-token forwards. With the fast decode step
+on (``EngineConfig.fast_decode``), they go through the target's native op (``NativeDecodeStep.forward``,
+``backend/native/csrc/decode_forward.cpp``) built over the draft model and the draft's KV cache: the op
+takes each token's position and block-table row, so a catch-up of several tokens per sequence and a
+one-token step are the same call, and no attention metadata is built between draft tokens. The op
+computes logits at every token, so a long catch-up (more than ``NATIVE_MAX_TOKENS`` tokens in the call,
+e.g. a new sequence's prompt) runs eagerly, where only the last position of each sequence reaches the LM
+head; so does every step of a draft the op cannot serve (``native_reason`` says why).
+
+The block tables are fixed for a whole proposal (the proposer reserves every block up front), so
+``begin`` writes them once into one ``[num_seqs, width]`` table and every step reuses it.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from backend.attention.metadata import build_attention_metadata
+from backend.attention.selector import make_attention_backend
+from backend.core.kv_cache import KVCache
+from backend.model.llama import LlamaForCausalLM
+
+NATIVE_MAX_TOKENS = 64   # tokens per native call at most: past this the LM head over every token costs more
+
+
+def last_token_indices(news: list[int]) -> list[int]:
+    """Flat index of each sequence's last new token, when sequence ``j`` has ``news[j]`` tokens in order."""
+    return (np.cumsum(news) - 1).tolist()
+
+
+def token_positions(starts: list[int], news: list[int]) -> np.ndarray:
+    """``[sum(news)]`` int64: sequence ``j``'s new tokens sit at ``starts[j] .. starts[j] + news[j] - 1``."""
+    if all(n == 1 for n in news):
+        return np.asarray(starts, dtype=np.int64)
+    return np.concatenate([np.arange(s, s + n, dtype=np.int64) for s, n in zip(starts, news)])
+
+
+class DraftForward:
+    """``logits(rows, starts, news, ids)``: the draft's logits after the last new token of each ``rows[j]``."""
+
+    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, windows=None, native=None,
+                 native_reason: str = "off"):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.attn = make_attention_backend(kv_cache, windows=windows)   # the draft's own sliding windows
+        self.native = native                                            # a NativeDecodeStep over the draft
+        self.native_reason = "" if native is not None else native_reason
+        self._tables: list[list[int]] = []
+        self._table = torch.zeros((0, 0), dtype=torch.int32)           # [num_seqs, width] for the native op
+
+    @classmethod
+    def build(cls, model: LlamaForCausalLM, kv_cache: KVCache, windows, fast: bool) -> DraftForward:
+        """Native steps when ``fast`` and the op serves this draft, else eager (``native_reason`` says why)."""
+        if not fast:
+            return cls(model, kv_cache, windows, None, "off (fast_decode is off)")
+        from backend.engine.native_decode import NativeDecodeStep
+        step = NativeDecodeStep.build(model, kv_cache, windows, scale=None)
+        if isinstance(step, str):
+            return cls(model, kv_cache, windows, None, f"off ({step})")
+        return cls(model, kv_cache, windows, step)
+
+    def begin(self, block_tables: list[list[int]]) -> None:
+        """The proposal's sequences, in the order ``rows`` refers to them; their tables stay fixed."""
+        self._tables = block_tables
+        if self.native is None:
+            return
+        width = max(map(len, block_tables))
+        table = np.zeros((len(block_tables), width), dtype=np.int32)
+        for i, t in enumerate(block_tables):
+            table[i, :len(t)] = t
+        self._table = torch.from_numpy(table)
+
+    @torch.inference_mode()
+    def logits(self, rows: list[int], starts: list[int], news: list[int], ids: list[int]) -> torch.Tensor:
+        """``[len(rows), vocab]``: sequence ``rows[j]`` computes ``news[j]`` tokens (``ids``, in order) from
+        position ``starts[j]``, writing their K/V into its blocks."""
+        if self.native is not None and len(ids) <= NATIVE_MAX_TOKENS:
+            return self._native(rows, starts, news, ids)
+        return self._eager(rows, starts, news, ids)
+
+    def _native(self, rows: list[int], starts: list[int], news: list[int], ids: list[int]) -> torch.Tensor:
+        token_rows = rows if len(ids) == len(rows) else np.repeat(np.asarray(rows), news)
+        logits = self.native.forward(torch.tensor(ids, dtype=torch.int64),
+                                     torch.from_numpy(token_positions(starts, news)),
+                                     torch.tensor(token_rows, dtype=torch.int32), self._table)   # [len(ids), vocab]
+        return logits if len(ids) == len(rows) else logits[last_token_indices(news)]
+
+    def _eager(self, rows: list[int], starts: list[int], news: list[int], ids: list[int]) -> torch.Tensor:
+        meta = build_attention_metadata(starts, news, [self._tables[i] for i in rows], self.kv_cache.block_size,
+                                        device=self.kv_cache.device)
+        self.attn.prepare(meta)
+        input_ids = torch.tensor(ids, dtype=torch.int64, device=self.kv_cache.device)
+        hidden = self.model(input_ids, meta.positions, self.attn)                       # [num_tokens, hidden]
+        return self.model.compute_logits(hidden[meta.query_start_loc[1:].long() - 1])   # [len(rows), vocab]
