@@ -38,6 +38,22 @@ def token_positions(starts: list[int], news: list[int]) -> np.ndarray:
     return np.concatenate([np.arange(s, s + n, dtype=np.int64) for s, n in zip(starts, news)])
 
 
+class TokenBuffers:
+    """The native op's per-token inputs in preallocated buffers (no tensor built per draft step)."""
+
+    def __init__(self, capacity: int):
+        self._ids = np.zeros(capacity, dtype=np.int64)
+        self._positions = np.zeros(capacity, dtype=np.int64)
+        self._rows = np.zeros(capacity, dtype=np.int32)
+        self._tensors = tuple(torch.from_numpy(a) for a in (self._ids, self._positions, self._rows))   # shared
+
+    def fill(self, ids, positions, rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Views ``([n] int64 token ids, [n] int64 positions, [n] int32 block-table rows)``, n = len(ids)."""
+        n = len(ids)
+        self._ids[:n], self._positions[:n], self._rows[:n] = ids, positions, rows
+        return tuple(t[:n] for t in self._tensors)
+
+
 class DraftForward:
     """``logits(rows, starts, news, ids)``: the draft's logits after the last new token of each ``rows[j]``."""
 
@@ -50,6 +66,7 @@ class DraftForward:
         self.native_reason = "" if native is not None else native_reason
         self._tables: list[list[int]] = []
         self._table = torch.zeros((0, 0), dtype=torch.int32)           # [num_seqs, width] for the native op
+        self._inputs = TokenBuffers(NATIVE_MAX_TOKENS)
 
     @classmethod
     def build(cls, model: LlamaForCausalLM, kv_cache: KVCache, windows, fast: bool) -> DraftForward:
@@ -82,11 +99,11 @@ class DraftForward:
         return self._eager(rows, starts, news, ids)
 
     def _native(self, rows: list[int], starts: list[int], news: list[int], ids: list[int]) -> torch.Tensor:
-        token_rows = rows if len(ids) == len(rows) else np.repeat(np.asarray(rows), news)
-        logits = self.native.forward(torch.tensor(ids, dtype=torch.int64),
-                                     torch.from_numpy(token_positions(starts, news)),
-                                     torch.tensor(token_rows, dtype=torch.int32), self._table)   # [len(ids), vocab]
-        return logits if len(ids) == len(rows) else logits[last_token_indices(news)]
+        one_each = len(ids) == len(rows)
+        token_ids, positions, token_rows = self._inputs.fill(
+            ids, starts if one_each else token_positions(starts, news), rows if one_each else np.repeat(rows, news))
+        logits = self.native.forward(token_ids, positions, token_rows, self._table)   # [len(ids), vocab]
+        return logits if one_each else logits[last_token_indices(news)]
 
     def _eager(self, rows: list[int], starts: list[int], news: list[int], ids: list[int]) -> torch.Tensor:
         meta = build_attention_metadata(starts, news, [self._tables[i] for i in rows], self.kv_cache.block_size,

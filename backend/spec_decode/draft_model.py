@@ -31,7 +31,7 @@ from backend.core.sequence import Sequence
 from backend.model.config import CheckpointError, ModelConfig
 from backend.model.llama import LlamaForCausalLM
 from backend.model.loader import load_model
-from backend.sampling.batch import GREEDY_EPS
+from backend.sampling.batch import GREEDY_EPS, is_plain_greedy
 from backend.sampling.ops import inverse_cdf_draw
 from backend.sampling.sampler import Sampler, compute_probs
 from backend.spec_decode.draft_forward import DraftForward
@@ -45,6 +45,18 @@ class _DraftState:
     shadow: Sequence                       # shares prompt/output lists with the target sequence
     fed_base: int = 0                      # known tokens when drafts were last fed
     fed: list[int] = field(default_factory=list)   # drafts whose K/V the draft cache holds past fed_base
+
+
+class _Run:
+    """One proposal in progress: its sequences, their drafts so far and the ``q`` each was drawn from."""
+
+    def __init__(self, active: list[tuple[_DraftState, int]], masks: DraftMasks | None):
+        self.active = active
+        self.masks = masks
+        self.drafts: list[list[int]] = [[] for _ in active]
+        self.probs: list[list[torch.Tensor]] = [[] for _ in active]   # per sequence: [vocab] q per draft
+        # drafts are the argmax of the raw logits (drafting only lengthens the output: min_tokens stays met)
+        self.plain = [is_plain_greedy(st.shadow) for st, _ in active]
 
 
 def tokenizer_identity(folder: Path) -> str | None:
@@ -165,22 +177,21 @@ class DraftModelProposer(Proposer):
         return out
 
     def _draft(self, active: list[tuple[_DraftState, int]], out: Proposal, masks: DraftMasks | None) -> None:
-        drafts: list[list[int]] = [[] for _ in active]
-        probs: list[list[torch.Tensor]] = [[] for _ in active]
+        run = _Run(active, masks)
         # step 1: catch up on the known tokens; the last position proposes draft 1
         starts = [st.shadow.num_computed_tokens for st, _ in active]
         news = [st.shadow.num_tokens - s for (st, _), s in zip(active, starts)]
         ids = [t for (st, _), s in zip(active, starts) for t in st.shadow.all_token_ids[s:]]
-        self._forward_and_draw(active, list(range(len(active))), starts, news, ids, drafts, probs, masks)
+        self._forward_and_draw(run, list(range(len(active))), starts, news, ids)
         for (st, _), n in zip(active, news):
             st.fed_base = st.shadow.num_tokens
             st.shadow.num_computed_tokens += n
         # steps 2..k: feed the previous draft
+        drafts = run.drafts
         for step in range(1, max(k for _, k in active)):
             rows = [i for i, (_, k) in enumerate(active) if k > step]
             starts = [active[i][0].shadow.num_computed_tokens for i in rows]
-            self._forward_and_draw(active, rows, starts, [1] * len(rows), [drafts[i][-1] for i in rows],
-                                   drafts, probs, masks)
+            self._forward_and_draw(run, rows, starts, [1] * len(rows), [drafts[i][-1] for i in rows])
             for i in rows:
                 st = active[i][0]
                 st.fed.append(drafts[i][-2])
@@ -189,24 +200,26 @@ class DraftModelProposer(Proposer):
             self.bm.commit_full_blocks(st.shadow)
             out.draft_token_ids[st.shadow.seq_id] = drafts[i]
             if st.shadow.params.temperature >= GREEDY_EPS:
-                out.draft_probs[st.shadow.seq_id] = torch.stack(probs[i])
+                out.draft_probs[st.shadow.seq_id] = torch.stack(run.probs[i])
 
-    def _forward_and_draw(self, active, rows: list[int], starts: list[int], news: list[int], ids: list[int],
-                          drafts: list[list[int]], probs: list[list[torch.Tensor]], masks: DraftMasks | None) -> None:
-        """One forward over ``news[j]`` tokens of each ``active[rows[j]]``; draw one draft for each (a guided
+    def _forward_and_draw(self, run: _Run, rows: list[int], starts: list[int], news: list[int], ids: list[int]
+                          ) -> None:
+        """One forward over ``news[j]`` tokens of each ``run.active[rows[j]]``; draw one draft for each (a guided
         sequence's from the draft's distribution under its grammar mask, as the target samples)."""
         logits = self.forward.logits(rows, starts, news, ids)                     # [len(rows), vocab]
-        seqs = [active[i][0].shadow for i in rows]
+        drafts, masks = run.drafts, run.masks
         bitmask = masks.bitmask(rows) if masks is not None else None
+        if bitmask is None and all(run.plain[i] for i in rows):                  # plain greedy: the argmax
+            tokens = logits.argmax(dim=-1).tolist()
+            for i, t in zip(rows, tokens):
+                drafts[i].append(t)
+            if masks is not None:
+                masks.advance(rows, tokens)
+            return
+        seqs = [run.active[i][0].shadow for i in rows]
         batch = self.sampler.build_batch(seqs, output_token_ids=[s.output_token_ids + drafts[i]
                                                                  for s, i in zip(seqs, rows)], grammar_bitmask=bitmask)
         greedy = batch.greedy_rows
-        if batch.all_greedy and not batch.has_masks and not batch.has_penalties:     # plain greedy: the argmax
-            for j, t in enumerate(logits.argmax(dim=-1).tolist()):
-                drafts[rows[j]].append(t)
-            if masks is not None:
-                masks.advance(rows, [drafts[i][-1] for i in rows])
-            return
         q = compute_probs(logits, batch)                                          # [len(rows), vocab]
         drawn = inverse_cdf_draw(q, [self.sampler.generator_for(s) for s in seqs], self.sampler.generator,
                                  skip_rows=greedy)
@@ -214,7 +227,7 @@ class DraftModelProposer(Proposer):
         for j, i in enumerate(rows):
             drafts[i].append(tokens[j])
             if not greedy[j]:
-                probs[i].append(q[j])
+                run.probs[i].append(q[j])
         if masks is not None:
             masks.advance(rows, tokens)
 
