@@ -45,13 +45,14 @@ class TokenBuffers:
         self._ids = np.zeros(capacity, dtype=np.int64)
         self._positions = np.zeros(capacity, dtype=np.int64)
         self._rows = np.zeros(capacity, dtype=np.int32)
-        self._tensors = tuple(torch.from_numpy(a) for a in (self._ids, self._positions, self._rows))   # shared
+        tensors = [torch.from_numpy(a) for a in (self._ids, self._positions, self._rows)]   # share the arrays
+        self._views = [tuple(t[:n] for t in tensors) for n in range(capacity + 1)]
 
     def fill(self, ids, positions, rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Views ``([n] int64 token ids, [n] int64 positions, [n] int32 block-table rows)``, n = len(ids)."""
         n = len(ids)
         self._ids[:n], self._positions[:n], self._rows[:n] = ids, positions, rows
-        return tuple(t[:n] for t in self._tensors)
+        return self._views[n]
 
 
 class DraftForward:

@@ -31,7 +31,7 @@ from backend.core.sequence import Sequence
 from backend.model.config import CheckpointError, ModelConfig
 from backend.model.llama import LlamaForCausalLM
 from backend.model.loader import load_model
-from backend.sampling.batch import GREEDY_EPS, is_plain_greedy
+from backend.sampling.batch import GREEDY_EPS, SamplingBatch, is_plain_greedy
 from backend.sampling.ops import inverse_cdf_draw
 from backend.sampling.sampler import Sampler, compute_probs
 from backend.spec_decode.draft_forward import DraftForward
@@ -57,6 +57,16 @@ class _Run:
         self.probs: list[list[torch.Tensor]] = [[] for _ in active]   # per sequence: [vocab] q per draft
         # drafts are the argmax of the raw logits (drafting only lengthens the output: min_tokens stays met)
         self.plain = [is_plain_greedy(st.shadow) for st, _ in active]
+        self.static = [filters_ignore_output(st.shadow) for st, _ in active]
+        self.batches: dict[tuple[int, ...], SamplingBatch] = {}      # rows -> their batch, when static
+
+
+def filters_ignore_output(seq: Sequence) -> bool:
+    """The sequence's sampling filters stay the same however long its output grows: no penalties, no bad
+    words, ``min_tokens`` already met (temperature, top-k, top-p, min-p and the RNG do not look at it)."""
+    p = seq.params
+    return (p.repetition_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
+            and not p.bad_words_ids and len(seq.output_token_ids) >= p.min_tokens)
 
 
 def tokenizer_identity(folder: Path) -> str | None:
@@ -216,20 +226,31 @@ class DraftModelProposer(Proposer):
             if masks is not None:
                 masks.advance(rows, tokens)
             return
-        seqs = [run.active[i][0].shadow for i in rows]
-        batch = self.sampler.build_batch(seqs, output_token_ids=[s.output_token_ids + drafts[i]
-                                                                 for s, i in zip(seqs, rows)], grammar_bitmask=bitmask)
+        batch = self._sampling_batch(run, rows, bitmask)
         greedy = batch.greedy_rows
         q = compute_probs(logits, batch)                                          # [len(rows), vocab]
-        drawn = inverse_cdf_draw(q, [self.sampler.generator_for(s) for s in seqs], self.sampler.generator,
-                                 skip_rows=greedy)
-        tokens = torch.where(torch.tensor(greedy, device=q.device), q.argmax(dim=-1), drawn).tolist()
+        drawn = inverse_cdf_draw(q, batch.generators, self.sampler.generator, skip_rows=greedy)
+        tokens = (torch.where(batch.greedy, q.argmax(dim=-1), drawn) if batch.any_greedy else drawn).tolist()
         for j, i in enumerate(rows):
             drafts[i].append(tokens[j])
             if not greedy[j]:
                 run.probs[i].append(q[j])
         if masks is not None:
             masks.advance(rows, tokens)
+
+    def _sampling_batch(self, run: _Run, rows: list[int], bitmask: torch.Tensor | None) -> SamplingBatch:
+        """The rows' sampling filters, each seeing its drafts so far as output; built once per set of rows
+        for a proposal when no row's filters depend on its output (``filters_ignore_output``)."""
+        static = bitmask is None and all(run.static[i] for i in rows)
+        key = tuple(rows)
+        if static and key in run.batches:
+            return run.batches[key]
+        seqs = [run.active[i][0].shadow for i in rows]
+        batch = self.sampler.build_batch(seqs, output_token_ids=[s.output_token_ids + run.drafts[i]
+                                                                 for s, i in zip(seqs, rows)], grammar_bitmask=bitmask)
+        if static:
+            run.batches[key] = batch
+        return batch
 
     def free(self, seq_ids: list[int]) -> None:
         for seq_id in seq_ids:

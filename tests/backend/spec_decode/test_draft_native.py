@@ -83,6 +83,46 @@ def test_native_draft_steps_equal_the_eager_ones(draft_checkpoint, temperature):
         assert p.num_used_blocks == 0
 
 
+FILTERS = [  # sampled requests: filters that ignore the output (q's batch is built once per proposal) and some
+    # that depend on it (penalties, min_tokens holding back stop ids, bad words: rebuilt at every draft position)
+    {"temperature": 0.9, "top_k": 40, "seed": 1}, {"temperature": 0.7, "top_p": 0.9, "min_p": 0.02},
+    {"temperature": 1.0, "repetition_penalty": 1.3, "seed": 2}, {"temperature": 0.8, "presence_penalty": 0.5,
+                                                                 "frequency_penalty": 0.3},
+    {"temperature": 0.9, "min_tokens": 7, "stop_token_ids": (5, 6, 7), "seed": 3},
+    {"temperature": 0.6, "bad_words_ids": ((11, 12), (13,))}, {"temperature": 0.0},
+]
+
+
+def test_q_is_the_drafts_distribution_under_each_requests_filters(draft_checkpoint):
+    """Each sampled draft's ``q`` equals the draft model's distribution at that position recomputed densely
+    (no KV cache), under the request's filters with the drafts before it as output."""
+    from backend.sampling.sampler import compute_probs
+    from tests.helpers.oracle import dense_logits
+
+    rng = random.Random(8)
+    proposer = load_proposer(draft_checkpoint, draft_checkpoint, fast=True)
+    seqs = [Sequence(seq_id=i, request_id=str(i), seq_index=0, prompt_token_ids=[rng.randrange(VOCAB) for _ in
+                     range(rng.randint(4, 30))], params=SamplingParams(max_tokens=100, **kw))
+            for i, kw in enumerate(FILTERS)]
+    checked = 0
+    for _ in range(3):
+        out = proposer.propose(seqs, [4] * len(seqs))
+        for seq in seqs:
+            drafts, q = out.draft_token_ids[seq.seq_id], out.draft_probs.get(seq.seq_id)
+            assert (q is None) == (seq.params.temperature == 0.0)
+            for j in range(len(drafts) if q is not None else 0):
+                with torch.inference_mode():
+                    logits = dense_logits(proposer.model, seq.all_token_ids + drafts[:j])[-1:]
+                batch = proposer.sampler.build_batch([seq], output_token_ids=[seq.output_token_ids + drafts[:j]])
+                torch.testing.assert_close(q[j], compute_probs(logits, batch)[0], rtol=1e-4, atol=1e-6)
+                assert q[j][drafts[j]] > 0
+                checked += 1
+            seq.output_token_ids.extend(drafts[:1] + [rng.randrange(VOCAB)])
+    assert checked == 3 * 4 * (len(FILTERS) - 1)
+    proposer.free([s.seq_id for s in seqs])
+    assert proposer.num_used_blocks == 0
+
+
 def test_a_draft_the_op_cannot_serve_stays_eager(tiny_checkpoint, tmp_path):
     draft = make_random_checkpoint(tmp_path / "mistral", layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64,
                                    extra={"architectures": ["MistralForCausalLM"], "model_type": "mistral",
