@@ -173,7 +173,8 @@ def load_summary(config: EngineConfig, mcfg: ModelConfig, model: LlamaForCausalL
     else:
         spec = (f"{config.speculative_method} k={config.num_speculative_tokens}"
                 f"{' adaptive' if config.speculative_adaptive else ''}"
-                + (f" draft={config.draft_model_path}" if config.speculative_method == "draft" else ""))
+                + (f" draft={config.draft_model_path} (draft steps {speculator.proposer.forward.describe()})"
+                   if config.speculative_method == "draft" else ""))
     kv_text = (f"{kv.format.name} (+ an fp16 scale per token and head)" if kv.format.quantized
                else f"auto ({kv.format.label})")
     arch = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}.get(mcfg.family, mcfg.family)

@@ -80,6 +80,10 @@ class DraftForward:
             return cls(model, kv_cache, windows, None, f"off ({step})")
         return cls(model, kv_cache, windows, step)
 
+    def describe(self) -> str:
+        """``native`` or ``eager`` with the reason, for the load line."""
+        return "native" if self.native is not None else f"eager: {self.native_reason}"
+
     def begin(self, block_tables: list[list[int]]) -> None:
         """The proposal's sequences, in the order ``rows`` refers to them; their tables stay fixed."""
         self._tables = block_tables

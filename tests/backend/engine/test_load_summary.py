@@ -27,3 +27,11 @@ def test_summary_of_a_sliding_window_model(tmp_path):
     # a sequence holds at most the window plus one chunk: 128 tokens = 8 blocks, so 128 / 8 = 16 sequences
     assert "sliding window 64 on every layer (a sequence holds <= 128 tokens of KV)" in s
     assert "16 sequences at full context" in s
+
+
+def test_summary_says_how_the_draft_model_steps(tiny_checkpoint):
+    for fast, text in ((True, "(draft steps native)"), (False, "(draft steps eager: off (fast_decode is off))")):
+        s = build_engine_parts(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", num_kv_blocks=100,
+                                            speculative_method="draft", draft_model_path=str(tiny_checkpoint),
+                                            fast_decode=fast)).summary
+        assert f"speculation draft k=4 adaptive draft={tiny_checkpoint} {text}" in s, s
