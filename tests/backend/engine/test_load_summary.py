@@ -29,9 +29,13 @@ def test_summary_of_a_sliding_window_model(tmp_path):
     assert "16 sequences at full context" in s
 
 
-def test_summary_says_how_the_draft_model_steps(tiny_checkpoint):
-    for fast, text in ((True, "(draft steps native)"), (False, "(draft steps eager: off (fast_decode is off))")):
+def test_summary_says_how_the_draft_model_steps(tiny_checkpoint, tmp_path):
+    window = make_random_checkpoint(tmp_path / "w", layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64,
+                                    extra={"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+                                           "sliding_window": 16})
+    for draft, text in ((tiny_checkpoint, "(draft steps native)"),
+                        (window, "(draft steps eager: off (sliding-window layers run eagerly))")):
         s = build_engine_parts(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", num_kv_blocks=100,
-                                            speculative_method="draft", draft_model_path=str(tiny_checkpoint),
-                                            fast_decode=fast)).summary
-        assert f"speculation draft k=4 adaptive draft={tiny_checkpoint} {text}" in s, s
+                                            speculative_method="draft", draft_model_path=str(draft),
+                                            fast_decode=True)).summary
+        assert f"speculation draft k=4 adaptive draft={draft} {text}" in s, s
