@@ -31,13 +31,18 @@ bucket's plain time is unknown or stale (``plain_step_due``: every ``PLAIN_EVERY
 Acceptance is learnt per position with a weight that starts at ``1 / (PRIOR_WEIGHT + 1)`` and falls
 to ``MIN_WEIGHT`` (an average while there are few observations, then an exponential one), starting
 from the engine-wide estimates, so a workload where drafts fail stops paying for them from one
-request to the next instead of relearning it in every request. A sequence at ``k = 0`` is re-probed
+request to the next instead of relearning it in every request. The engine-wide estimates are learnt
+the same way (an average at first, then weight ``GLOBAL_DECAY``): the optimistic prior is gone after
+a handful of verifications, and a change of workload (greedy code, then sampled prose) is followed
+within a few requests. A sequence at ``k = 0`` is re-probed
 with its full ``k`` (one probe then measures every position: a repetitive request among unrepetitive
 ones is recognised from one probe) after ``PROBE_EVERY`` steps, the interval doubling (up to
 ``PROBE_MAX``) while probes keep failing and never shorter than what keeps all sequences' probes within
 ``PROBE_BUDGET`` of the plain step time (at large batches a probing sequence costs nearly a whole share
 of the step; a draft model's probe costs ``k`` draft forwards), so a change in acceptance is noticed at
-a bounded cost.
+a bounded cost. Between probes a sequence at ``k = 0`` costs the policy one counter increment per step:
+nothing it could learn from has happened since it chose ``k = 0`` (no verification), and with the fast
+decode step (~0.5 ms at batch 1) re-deciding every step would itself cost a few percent.
 """
 from __future__ import annotations
 
@@ -48,7 +53,7 @@ from dataclasses import dataclass, field
 PRIOR_ACCEPTANCE = 0.9     # optimistic engine-wide start: the first requests speculate with the full k
 PRIOR_WEIGHT = 1.0         # pseudo-observations behind a new sequence's start (the engine-wide estimate)
 MIN_WEIGHT = 0.25          # weight of a new acceptance observation once a position has a few
-GLOBAL_DECAY = 0.1         # weight of a new observation in the engine-wide estimates
+GLOBAL_DECAY = 0.2         # weight of a new observation in the engine-wide estimates, once they have a few
 WINDOW = 7                 # step-time observations kept per cost (bucket, draft length)
 SETTLED = 3                # observations before a cost's estimate is their median rather than their minimum
 MARGIN = 0.05              # speculate only when expected tokens/s beats plain decoding by this fraction
@@ -115,17 +120,19 @@ class RecentTimes:
     there are fewer than ``SETTLED`` (other processes only ever slow a step down, never speed it up)."""
 
     values: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    _estimate: float = 0.0     # kept up to date by ``add``: read every step, changed once per observation
 
     def add(self, seconds: float) -> None:
         self.values.append(seconds)
+        v = sorted(self.values)
+        self._estimate = v[len(v) // 2] if self.settled else v[0]
 
     @property
     def settled(self) -> bool:
         return len(self.values) >= SETTLED
 
     def estimate(self) -> float:
-        v = sorted(self.values)
-        return v[len(v) // 2] if self.settled else v[0]
+        return self._estimate
 
 
 @dataclass
@@ -139,7 +146,10 @@ class StepCosts:
 
     def observe_plain(self, num_seqs: int, seconds: float) -> None:
         b = bucket(num_seqs)
-        self.plain.setdefault(b, RecentTimes()).add(seconds)
+        times = self.plain.get(b)
+        if times is None:
+            times = self.plain[b] = RecentTimes()
+        times.add(seconds)
         self.since_plain[b] = 0
 
     def observe_speculative(self, num_seqs: int, num_speculating: int, max_drafts: int, seconds: float) -> None:
@@ -149,7 +159,11 @@ class StepCosts:
         self.since_plain[b] = self.since_plain.get(b, 0) + 1
         if b in self.plain and num_speculating > 0 and max_drafts > 0:
             per_seq = max(0.0, seconds - self.plain[b].estimate()) / num_speculating
-            self.extra.setdefault(b, {}).setdefault(max_drafts, RecentTimes()).add(per_seq)
+            by_k = self.extra.setdefault(b, {})
+            times = by_k.get(max_drafts)
+            if times is None:
+                times = by_k[max_drafts] = RecentTimes()
+            times.add(per_seq)
 
     def plain_step_due(self, num_seqs: int) -> bool:
         """No plain step measured at this bucket, or ``PLAIN_EVERY`` speculative steps since the last one
@@ -193,7 +207,8 @@ class _SeqState:
     acceptance: list[float]
     observations: list[int]
     last_seen: int = 0
-    steps_at_zero: int = 0
+    steps_at_zero: int = 0           # rounds at k = 0 since the last speculative one
+    probe_at: int = 0                # ... at which the next probe goes (0: not at k = 0)
     probe_interval: int = PROBE_EVERY
 
 
@@ -210,6 +225,7 @@ class AdaptiveDraftLength:
     enabled: bool = True
     costs: StepCosts = field(default_factory=StepCosts)
     global_acceptance: list[float] = field(default_factory=list)   # engine-wide per-position estimates
+    global_observations: list[int] = field(default_factory=list)   # behind each of them
     _seqs: dict[int, _SeqState] = field(default_factory=dict)
     _round: int = 0                   # proposal rounds so far
     _pending_draft_seconds: float = 0.0   # the proposer's time for the drafts the next step verifies
@@ -220,6 +236,8 @@ class AdaptiveDraftLength:
     def __post_init__(self) -> None:
         if not self.global_acceptance:
             self.global_acceptance = [PRIOR_ACCEPTANCE] * self.max_k
+        if not self.global_observations:
+            self.global_observations = [0] * self.max_k
 
     def _state(self, seq_id: int) -> _SeqState:
         st = self._seqs.get(seq_id)
@@ -236,17 +254,24 @@ class AdaptiveDraftLength:
         if not self.enabled:
             return k_max
         st = self._state(seq_id)
+        if 0 < st.steps_at_zero < st.probe_at - 1:
+            # off and no probe due: nothing was verified since k = 0 was chosen, so the acceptance that
+            # chose it has not moved; deciding again every step would cost more than the decision is worth
+            # (a plain decode step of the fast path is ~0.5 ms)
+            st.steps_at_zero += 1
+            return 0
         n = max(1, num_decoding)
         plain, extras, probe_every = self._estimates(n, k_max)
         if plain is None or extras[0] is None:           # costs unknown: speculate fully to measure them
             return k_max
         k = best_num_drafts(st.acceptance, plain / n, extras)
         if k > 0:
-            st.steps_at_zero, st.probe_interval = 0, PROBE_EVERY
+            st.steps_at_zero, st.probe_at, st.probe_interval = 0, 0, PROBE_EVERY
             return k
         st.steps_at_zero += 1
-        if st.steps_at_zero >= max(st.probe_interval, probe_every):   # probe: learns every position at once
-            st.steps_at_zero = 0
+        st.probe_at = max(st.probe_interval, probe_every)
+        if st.steps_at_zero >= st.probe_at:              # probe: learns every position at once
+            st.steps_at_zero = st.probe_at = 0
             st.probe_interval = min(PROBE_MAX, 2 * st.probe_interval)
             return k_max
         return 0
@@ -271,7 +296,9 @@ class AdaptiveDraftLength:
             weight = max(MIN_WEIGHT, 1.0 / (PRIOR_WEIGHT + st.observations[j] + 1))
             st.acceptance[j] += weight * (hit - st.acceptance[j])
             st.observations[j] += 1
-            self.global_acceptance[j] += GLOBAL_DECAY * (hit - self.global_acceptance[j])
+            g = max(GLOBAL_DECAY, 1.0 / (PRIOR_WEIGHT + self.global_observations[j] + 1))
+            self.global_acceptance[j] += g * (hit - self.global_acceptance[j])
+            self.global_observations[j] += 1
         if num_drafts > 0:
             self._step_speculating += 1
             self._step_max_drafts = max(self._step_max_drafts, num_drafts)

@@ -7,12 +7,15 @@ import pytest
 
 from backend.spec_decode.adaptive import (
     FORGET_AFTER,
+    GLOBAL_DECAY,
     PLAIN_EVERY,
     PLAIN_EVERY_UNSETTLED,
+    PRIOR_ACCEPTANCE,
     PROBE_EVERY,
     PROBE_MAX,
     SETTLED,
     AdaptiveDraftLength,
+    RecentTimes,
     StepCosts,
     best_num_drafts,
     bucket,
@@ -197,3 +200,43 @@ def test_states_of_sequences_never_freed_are_dropped():
 
 def test_bucket_is_the_next_power_of_two():
     assert [bucket(n) for n in (1, 2, 3, 5, 8, 9, 32)] == [1, 2, 4, 8, 8, 16, 32]
+
+
+def test_a_sequence_at_zero_is_not_re_decided_between_probes(monkeypatch):
+    """k = 0 costs a counter per step: the estimates and the rate maths run only when a probe may be due."""
+    pol = AdaptiveDraftLength(4)
+    sim = Sim(pol, plain=lambda n: 0.002, fixed=0.0005, per_token=0.0002)
+    for _ in range(10):
+        sim.step([1], lambda s, k: 0)
+    st = pol._seqs[1]
+    assert st.steps_at_zero > 0 and st.probe_at > st.steps_at_zero
+    from backend.spec_decode import adaptive
+    decisions = []
+    real = adaptive.best_num_drafts
+    monkeypatch.setattr(adaptive, "best_num_drafts", lambda *a: decisions.append(1) or real(*a))
+    ks = []
+    while not ks or ks[-1] == 0:
+        ks.append(sim.step([1], lambda s, k: 0)[0])
+    assert ks[-1] == 4 and len(ks) >= PROBE_EVERY // 2      # the probe comes on schedule, with the full k
+    assert len(decisions) == 1                              # decided once: on the round the probe was due
+
+
+def test_engine_wide_acceptance_is_an_average_at_first():
+    """The optimistic prior goes after a few verifications; later ones move it by GLOBAL_DECAY."""
+    pol = AdaptiveDraftLength(4)
+    for seq in range(4):
+        pol.observe_verify(seq, 4, 0)                       # the first draft rejected, four times
+    assert pol.global_acceptance[0] == pytest.approx(PRIOR_ACCEPTANCE / 5)
+    assert pol.global_acceptance[1] == PRIOR_ACCEPTANCE    # never reached: unchanged
+    for seq in range(100):
+        pol.observe_verify(seq, 4, 0)
+    before = pol.global_acceptance[0]
+    pol.observe_verify(999, 4, 1)                           # accepted once
+    assert pol.global_acceptance[0] == pytest.approx(before + GLOBAL_DECAY * (1 - before))
+
+
+def test_recent_times_estimate_follows_every_observation():
+    times = RecentTimes()
+    for t, want in ((0.003, 0.003), (0.001, 0.001), (0.002, 0.002), (0.009, 0.003), (0.0005, 0.002)):
+        times.add(t)
+        assert times.estimate() == want                     # min while unsettled, then the median
