@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from backend.core.sequence import Sequence
-from backend.spec_decode.ngram import NgramIndex, NgramProposer
+from backend.spec_decode.ngram import BULK, NgramIndex, NgramProposer
 from contracts.sampling_params import SamplingParams
 
 
@@ -41,8 +41,10 @@ def test_index_matches_the_naive_reference_on_random_streams_grown_in_random_chu
         n_max = int(rng.integers(n_min, 6))
         vocab = int(rng.integers(2, 7))
         index, ctx = NgramIndex(n_min, n_max), []
-        while len(ctx) < 80:
-            chunk = rng.integers(0, vocab, size=int(rng.integers(1, 7))).tolist()   # a prompt, then accepted runs
+        while len(ctx) < 160:
+            # a prompt, then accepted runs, now and then a long one (both ways of indexing, from any start)
+            size = int(rng.integers(1, 7)) if ctx and rng.random() < 0.8 else int(rng.integers(1, 2 * BULK))
+            chunk = rng.integers(0, vocab, size=size).tolist()
             index.extend(chunk)
             ctx += chunk
             k = int(rng.integers(1, 6))
