@@ -15,7 +15,6 @@ from __future__ import annotations
 from backend.core.sequence import Sequence
 from backend.spec_decode.proposer import DraftGrammar, Proposal, Proposer
 
-
 BULK = 16   # positions to index above which zipped slices (C loops) beat a Python loop per position
 
 
