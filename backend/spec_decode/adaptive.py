@@ -26,7 +26,15 @@ what the other lengths imply, so one slow first step does not rule it out for go
 To keep ``t`` current while everyone speculates, the engine runs one step without drafts when a
 bucket's plain time is unknown or stale (``plain_step_due``: every ``PLAIN_EVERY`` speculative steps,
 ``PLAIN_EVERY_UNSETTLED`` at first); the first step with drafts in a bucket then measures ``x`` at the full
-``k``, so a bucket's costs are known after two steps.
+``k``, so a bucket's costs are known after two steps. The other way round, after ``STALE_AFTER`` plain steps
+in a bucket without a step with drafts, every sequence drafts its full ``k`` for one step
+(``remeasure_due``) and that measurement replaces the bucket's draft costs: costs measured while other
+processes slowed the machine down (a long step is descheduled more often than a short one) would otherwise
+keep speculation off for good, since nothing would ever measure them again. That step is every sequence's
+probe at once, no more often than the probe budget allows (below).
+
+The engine passes step times on the loop thread's CPU clock when the step ran on one thread (the
+shipped setting), wall time otherwise: the work a step does, not the time other processes took the core.
 
 Acceptance is learnt per position with a weight that starts at ``1 / (PRIOR_WEIGHT + 1)`` and falls
 to ``MIN_WEIGHT`` (an average while there are few observations, then an exponential one), starting
@@ -63,6 +71,7 @@ PROBE_BUDGET = 0.02        # and is at least long enough for all probes to cost 
 PLAIN_EVERY = 64           # speculative steps in a bucket before its plain step time is measured again
 PLAIN_EVERY_UNSETTLED = 8  # the same while the plain estimate rests on fewer than SETTLED steps
 FORGET_AFTER = 512         # proposal rounds without a choice for a sequence before its state is dropped
+STALE_AFTER = 128          # plain steps in a bucket without a step with drafts before its draft costs are re-measured
 
 
 def expected_accepted(acceptance: list[float], k: int) -> float:
@@ -143,6 +152,7 @@ class StepCosts:
     plain: dict[int, RecentTimes] = field(default_factory=dict)               # bucket -> step without drafts
     extra: dict[int, dict[int, RecentTimes]] = field(default_factory=dict)    # bucket -> {k: extra per sequence}
     since_plain: dict[int, int] = field(default_factory=dict)   # bucket -> speculative steps since a plain one
+    since_speculative: dict[int, int] = field(default_factory=dict)   # bucket -> plain steps since one with drafts
 
     def observe_plain(self, num_seqs: int, seconds: float) -> None:
         b = bucket(num_seqs)
@@ -151,6 +161,7 @@ class StepCosts:
             times = self.plain[b] = RecentTimes()
         times.add(seconds)
         self.since_plain[b] = 0
+        self.since_speculative[b] = self.since_speculative.get(b, 0) + 1
 
     def observe_speculative(self, num_seqs: int, num_speculating: int, max_drafts: int, seconds: float) -> None:
         """A step over ``num_seqs`` sequences, ``num_speculating`` of them verifying at most ``max_drafts``
@@ -159,6 +170,9 @@ class StepCosts:
         self.since_plain[b] = self.since_plain.get(b, 0) + 1
         if b in self.plain and num_speculating > 0 and max_drafts > 0:
             per_seq = max(0.0, seconds - self.plain[b].estimate()) / num_speculating
+            if self.remeasure_due(num_seqs):             # a re-measurement replaces what was known
+                self.extra.pop(b, None)
+            self.since_speculative[b] = 0
             by_k = self.extra.setdefault(b, {})
             times = by_k.get(max_drafts)
             if times is None:
@@ -173,6 +187,12 @@ class StepCosts:
             return True
         every = PLAIN_EVERY if self.plain[b].settled else PLAIN_EVERY_UNSETTLED
         return self.since_plain.get(b, 0) >= every
+
+    def remeasure_due(self, num_seqs: int) -> bool:
+        """``STALE_AFTER`` plain steps at this bucket since its last step with drafts: its draft costs (or the
+        nearest bucket's it borrows) may date from another load on the machine, and while they say drafts do
+        not pay no step would ever measure them again."""
+        return self.since_speculative.get(bucket(num_seqs), 0) >= STALE_AFTER
 
     def plain_seconds(self, num_seqs: int) -> float | None:
         t = self.plain.get(bucket(num_seqs))
@@ -232,6 +252,7 @@ class AdaptiveDraftLength:
     _step_speculating: int = 0        # sequences that verified drafts in the step being observed
     _step_max_drafts: int = 0         # the longest draft run among them
     _round_estimates: dict = field(default_factory=dict)   # (num_decoding, k_max) -> costs, for this round
+    _remeasure: bool = False          # this round: the bucket's draft costs are stale, everyone drafts fully
 
     def __post_init__(self) -> None:
         if not self.global_acceptance:
@@ -254,6 +275,9 @@ class AdaptiveDraftLength:
         if not self.enabled:
             return k_max
         st = self._state(seq_id)
+        if self._remeasure:                   # stale costs: everyone drafts fully once; this sequence's probe too
+            st.steps_at_zero = st.probe_at = 0
+            return k_max
         if 0 < st.steps_at_zero < st.probe_at - 1:
             # off and no probe due: nothing was verified since k = 0 was chosen, so the acceptance that
             # chose it has not moved; deciding again every step would cost more than the decision is worth
@@ -320,7 +344,13 @@ class AdaptiveDraftLength:
         self._round += 1
         if self._round % FORGET_AFTER == 0:               # sequences chosen for but never freed (k stayed 0)
             self._seqs = {s: st for s, st in self._seqs.items() if self._round - st.last_seen < FORGET_AFTER}
-        return self.enabled and self.costs.plain_step_due(max(1, num_decoding))
+        if not self.enabled:
+            return False
+        n = max(1, num_decoding)
+        # stale draft costs are re-measured, no more often than the probe budget allows at this batch size
+        self._remeasure = self.costs.remeasure_due(n) and \
+            self.costs.since_speculative[bucket(n)] >= self._estimates(n, self.max_k)[2]
+        return self.costs.plain_step_due(n)
 
     def observe_draft(self, seconds: float, num_draft_tokens: int) -> None:
         """The proposer took ``seconds`` for the drafts (``num_draft_tokens`` in all) the next step verifies."""

@@ -14,6 +14,7 @@ from backend.spec_decode.adaptive import (
     PROBE_EVERY,
     PROBE_MAX,
     SETTLED,
+    STALE_AFTER,
     AdaptiveDraftLength,
     RecentTimes,
     StepCosts,
@@ -240,3 +241,25 @@ def test_recent_times_estimate_follows_every_observation():
     for t, want in ((0.003, 0.003), (0.001, 0.001), (0.002, 0.002), (0.009, 0.003), (0.0005, 0.002)):
         times.add(t)
         assert times.estimate() == want                     # min while unsettled, then the median
+
+
+def test_stale_draft_costs_are_re_measured_and_replaced():
+    """Costs measured while the machine was slow switch drafts off; after STALE_AFTER plain steps every
+    sequence drafts once, the new measurement replaces the old one, and drafts that pay come back."""
+    pol = AdaptiveDraftLength(4)
+    slow = Sim(pol, plain=lambda n: 0.002, fixed=0.010, per_token=0.002)     # verify steps descheduled
+    for _ in range(12):
+        slow.step([1], lambda s, k: k)
+    stale = pol.costs.extra_seconds(1, 4, optimistic=False)
+    assert stale > 0.01
+    due = max(STALE_AFTER, probe_interval_for_budget(1, 0.002, stale))  # within the probe budget
+    fast = Sim(pol, plain=lambda n: 0.002, fixed=0.0002, per_token=0.0001)  # the machine is quiet again
+    ks = [fast.step([2], lambda s, k: k)[0] for _ in range(due + 8)]
+    first = next(i for i, k in enumerate(ks) if k)
+    assert ks[first] == 4 and STALE_AFTER <= first <= due + 2           # re-measured, in one step
+    assert pol.costs.extra_seconds(1, 4) < 0.001 and set(ks[first:]) - {0} == {4} and ks[-1] == 4
+    # drafts that still do not pay: one step with drafts per STALE_AFTER plain ones
+    pol2 = AdaptiveDraftLength(4)
+    sim = Sim(pol2, plain=lambda n: 0.002, fixed=0.0005, per_token=0.0002)
+    ks = [sim.step([s // 40], lambda s, k: 0)[0] for s in range(4 * STALE_AFTER)]   # short requests
+    assert sum(1 for k in ks[8:] if k) <= 4 * (len(ks) // STALE_AFTER + 1)
