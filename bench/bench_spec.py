@@ -34,7 +34,7 @@ from tokenizers import Tokenizer
 
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine, output_token_ids
-from backend.spec_decode.adaptive import bucket
+from backend.spec_decode.step_costs import bucket
 from bench.closed_loop import run_engine_level
 from bench.report import git_commit, machine, write_json
 from bench.stats import summarize

@@ -8,21 +8,23 @@ import pytest
 from backend.spec_decode.adaptive import (
     FORGET_AFTER,
     GLOBAL_DECAY,
-    PLAIN_EVERY,
-    PLAIN_EVERY_UNSETTLED,
     PRIOR_ACCEPTANCE,
     PROBE_EVERY,
     PROBE_MAX,
+    AdaptiveDraftLength,
+    best_num_drafts,
+    expected_accepted,
+    probe_interval_for_budget,
+)
+from backend.spec_decode.step_costs import (
+    PLAIN_EVERY,
+    PLAIN_EVERY_UNSETTLED,
     SETTLED,
     STALE_AFTER,
-    AdaptiveDraftLength,
     RecentTimes,
     StepCosts,
-    best_num_drafts,
     bucket,
-    expected_accepted,
     interpolate_extra,
-    probe_interval_for_budget,
 )
 
 
