@@ -123,6 +123,18 @@ class AdaptiveDraftLength:
         st.last_seen = self._round
         return st
 
+    def idle(self, seq_id: int) -> bool:
+        """Whether the sequence sits at ``k = 0`` with no probe due this round (the step is counted; the caller
+        proposes nothing and need not ``choose``). Nothing was verified since ``k = 0`` was chosen, so the
+        acceptance that chose it has not moved; deciding again every step would cost more than the decision
+        is worth (a plain decode step of the fast path is ~0.5 ms)."""
+        st = self._seqs.get(seq_id)
+        if st is None or self._remeasure or not 0 < st.steps_at_zero < st.probe_at - 1:
+            return False
+        st.steps_at_zero += 1
+        st.last_seen = self._round
+        return True
+
     def choose(self, seq_id: int, k_max: int, num_decoding: int) -> int:
         """Drafts to propose for one sequence this step (``k_max``: its own cap)."""
         k_max = min(k_max, self.max_k)
@@ -130,16 +142,12 @@ class AdaptiveDraftLength:
             return 0
         if not self.enabled:
             return k_max
+        if self.idle(seq_id):
+            return 0
         st = self._state(seq_id)
         if self._remeasure:                   # stale costs: everyone drafts fully once; this sequence's probe too
             st.steps_at_zero = st.probe_at = 0
             return k_max
-        if 0 < st.steps_at_zero < st.probe_at - 1:
-            # off and no probe due: nothing was verified since k = 0 was chosen, so the acceptance that
-            # chose it has not moved; deciding again every step would cost more than the decision is worth
-            # (a plain decode step of the fast path is ~0.5 ms)
-            st.steps_at_zero += 1
-            return 0
         n = max(1, num_decoding)
         plain, extras, probe_every = self._estimates(n, k_max)
         if plain is None or extras[0] is None:           # costs unknown: speculate fully to measure them

@@ -99,8 +99,11 @@ class Speculator:
         if not decoding or self.policy.plain_step_due(len(decoding)):
             return
         seqs, ks = [], []
+        policy = self.policy
         for seq in decoding:
-            k = self.policy.choose(seq.seq_id, self.seq_max_k(seq, scheduler.max_model_len), len(decoding))
+            if policy.idle(seq.seq_id):                    # at k = 0 between probes: nothing to decide
+                continue
+            k = policy.choose(seq.seq_id, self.seq_max_k(seq, scheduler.max_model_len), len(decoding))
             if k > 0:
                 seqs.append(seq)
                 ks.append(k)

@@ -213,6 +213,9 @@ def test_a_sequence_at_zero_is_not_re_decided_between_probes(monkeypatch):
         sim.step([1], lambda s, k: 0)
     st = pol._seqs[1]
     assert st.steps_at_zero > 0 and st.probe_at > st.steps_at_zero
+    assert not pol.idle(99)                                 # unknown sequences are decided, never skipped
+    at = st.steps_at_zero
+    assert pol.idle(1) and st.steps_at_zero == at + 1      # the speculator's shortcut counts the step
     from backend.spec_decode import adaptive
     decisions = []
     real = adaptive.best_num_drafts
