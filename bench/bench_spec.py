@@ -11,7 +11,8 @@ Prints, per cell, tokens/s and the ratio to ``none`` (with ``--rounds N``, every
 alternating order, and the ratio is the median of the per-round ratios, their range in brackets), the
 mean accepted length (tokens per verified step), the acceptance rate, and the measured costs behind
 them (the adaptive policy's plain decode step time and extra seconds per speculating sequence for each
-draft length at the cell's batch-size bucket). For the draft model at batch 1 it also works out, from
+draft length at the cell's batch-size bucket; CPU time of the engine loop's thread, since the engines run
+one thread, see backend/spec_decode/step_costs.py). For the draft model at batch 1 it also works out, from
 those costs and the fixed-k acceptance, the speed-up to expect and the acceptance that would reach the
 1.3x goal. Writes bench/results/spec.json and spec.png.
 
