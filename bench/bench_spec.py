@@ -213,10 +213,15 @@ def main(argv=None) -> int:
         if "draft" in m:
             cfg["draft_model_path"] = args.draft
         engines[m] = LLMEngine(EngineConfig(**cfg)).start()
-    plain = engines.get("none") or LLMEngine(EngineConfig(model_path=args.model, device="cpu")).start()
-    builders = {"repeat": lambda: repeat_workload(tok, plain, 64, 1, max_tokens),
+    # the repeat workload's continuations come from an engine of their own: generating them in the `none`
+    # engine would leave the prompts' prefixes in its prefix cache, a head start on prefill over the others
+    writer = LLMEngine(EngineConfig(model_path=args.model, device="cpu", fast_decode=args.fast_decode == "on")).start()
+    builders = {"repeat": lambda: repeat_workload(tok, writer, 64, 1, max_tokens),
                 "mixed": lambda: [r.prompt_ids for r in mixed_workload(tok, 64, 2, (16, 384), (max_tokens, max_tokens))]}
-    prompts = {wl: builders[wl]() for wl in workloads}
+    try:
+        prompts = {wl: builders[wl]() for wl in workloads}
+    finally:
+        writer.shutdown()
     cells = []
     t0 = time.perf_counter()
     try:

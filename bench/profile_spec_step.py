@@ -154,8 +154,8 @@ def main(argv=None) -> int:
     if args.method == "draft":
         spec_cfg["draft_model_path"] = str(ROOT / "models/demo-draft")
     spec = LLMEngine(EngineConfig(**spec_cfg))
-    if args.workload == "repeat":
-        prompts = repeat_workload(tok, plain, args.requests, 1, args.max_tokens)
+    if args.workload == "repeat":   # continuations from an engine of their own (no prefix-cache head start)
+        prompts = repeat_workload(tok, LLMEngine(EngineConfig(**base)), args.requests, 1, args.max_tokens)
     else:
         prompts = [r.prompt_ids for r in mixed_workload(tok, args.requests, 2, (16, 384),
                                                         (args.max_tokens, args.max_tokens))]
