@@ -25,7 +25,9 @@ ones is recognised from one probe) after ``PROBE_EVERY`` steps, the interval dou
 ``PROBE_MAX``) while probes keep failing and never shorter than what keeps all sequences' probes within
 ``PROBE_BUDGET`` of the plain step time (at large batches a probing sequence costs nearly a whole share
 of the step; a draft model's probe costs ``k`` draft forwards), so a change in acceptance is noticed at
-a bounded cost. Between probes a sequence at ``k = 0`` costs the policy one counter increment per step:
+a bounded cost. A probe's cost there is its expected loss, ``x(B, k)`` less the tokens the sequence's
+acceptance says it yields: a sequence just below break-even (one early rejection in a repetitive
+request) is probed again after ``PROBE_EVERY`` steps, not after the whole request. Between probes a sequence at ``k = 0`` costs the policy one counter increment per step:
 nothing it could learn from has happened since it chose ``k = 0`` (no verification), and with the fast
 decode step (~0.5 ms at batch 1) re-deciding every step would itself cost a few percent.
 """
@@ -72,7 +74,8 @@ def best_num_drafts(acceptance: list[float], step_share: float, extra_seconds: l
 
 def probe_interval_for_budget(num_seqs: int, plain_seconds: float, probe_seconds: float) -> int:
     """Steps between one sequence's probes so that the probes of ``num_seqs`` sequences cost at most
-    ``PROBE_BUDGET`` of the plain step time: ``num_seqs * x(B, k) / (PROBE_BUDGET * t(B))``. At large
+    ``PROBE_BUDGET`` of the plain step time: ``num_seqs * loss / (PROBE_BUDGET * t(B))``, where ``loss`` is
+    what one probe costs: ``x(B, k)``, less what it is expected to yield (``E(k) * t(B) / B``). At large
     batches drafts cost a verifying sequence about a whole share of the step (its own multi-token
     attention, its rejection), so probing every few steps would be most of the loss."""
     return math.ceil(num_seqs * probe_seconds / (PROBE_BUDGET * max(plain_seconds, 1e-12)))
@@ -149,7 +152,7 @@ class AdaptiveDraftLength:
             st.steps_at_zero = st.probe_at = 0
             return k_max
         n = max(1, num_decoding)
-        plain, extras, probe_every = self._estimates(n, k_max)
+        plain, extras, _, probe_seconds = self._estimates(n, k_max)
         if plain is None or extras[0] is None:           # costs unknown: speculate fully to measure them
             return k_max
         k = best_num_drafts(st.acceptance, plain / n, extras)
@@ -157,23 +160,28 @@ class AdaptiveDraftLength:
             st.steps_at_zero, st.probe_at, st.probe_interval = 0, 0, PROBE_EVERY
             return k
         st.steps_at_zero += 1
-        st.probe_at = max(st.probe_interval, probe_every)
+        # a probe's expected loss: its cost less the tokens it is expected to yield (a sequence just below
+        # break-even, e.g. after one early rejection, is probed again soon; one whose drafts fail, rarely)
+        loss = max(0.0, probe_seconds - expected_accepted(st.acceptance, k_max) * plain / n)
+        st.probe_at = max(st.probe_interval, probe_interval_for_budget(n, plain, loss))
         if st.steps_at_zero >= st.probe_at:              # probe: learns every position at once
             st.steps_at_zero = st.probe_at = 0
             st.probe_interval = min(PROBE_MAX, 2 * st.probe_interval)
             return k_max
         return 0
 
-    def _estimates(self, n: int, k_max: int) -> tuple[float | None, list[float | None], int]:
-        """(plain step seconds, ``x(n, 1..k_max)``, probe interval for the budget), computed once per round."""
+    def _estimates(self, n: int, k_max: int) -> tuple[float | None, list[float | None], int, float]:
+        """(plain step seconds, ``x(n, 1..k_max)``, interval between probes costing ``x(n, k_max)`` each within
+        the budget, ``x(n, k_max)`` (not optimistic)), computed once per round."""
         key = (n, k_max)
         if key not in self._round_estimates:
             plain = self.costs.plain_seconds(n)
             extras = [self.costs.extra_seconds(n, k) for k in range(1, k_max + 1)]
-            probe_every = 0
+            probe_every, probe_seconds = 0, 0.0
             if plain is not None and extras[0] is not None:
-                probe_every = probe_interval_for_budget(n, plain, self.costs.extra_seconds(n, k_max, optimistic=False))
-            self._round_estimates[key] = (plain, extras, probe_every)
+                probe_seconds = self.costs.extra_seconds(n, k_max, optimistic=False)
+                probe_every = probe_interval_for_budget(n, plain, probe_seconds)
+            self._round_estimates[key] = (plain, extras, probe_every, probe_seconds)
         return self._round_estimates[key]
 
     def observe_verify(self, seq_id: int, num_drafts: int, num_accepted: int) -> None:
@@ -213,7 +221,7 @@ class AdaptiveDraftLength:
         n = max(1, num_decoding)
         # stale draft costs are re-measured, no more often than the probe budget allows at this batch size
         self._remeasure = self.costs.remeasure_due(n) and \
-            self.costs.since_speculative[bucket(n)] >= self._estimates(n, self.max_k)[2]
+            self.costs.since_speculative[bucket(n)] >= self._estimates(n, self.max_k)[2]   # probes costing x
         return self.costs.plain_step_due(n)
 
     def observe_draft(self, seconds: float, num_draft_tokens: int) -> None:

@@ -141,14 +141,22 @@ def test_reprobes_with_backoff_and_within_the_budget_at_large_batches():
     assert gaps[0] >= 2 * PROBE_EVERY and gaps[1] >= 4 * PROBE_EVERY     # the interval doubles while probes fail
     assert min(gaps[-2:]) >= PROBE_MAX and pol._seqs[1].probe_interval == PROBE_MAX
     # 32 sequences, where drafts cost a verifying sequence 1.5 ms against a 13.5 ms step: probes of all
-    # of them within 2% of the step time means one probe per sequence in 178 steps
+    # of them within 2% of the step time means one probe per sequence in 178 steps if a probe yielded nothing;
+    # after one rejection the first position's acceptance is 0.45 (the others unobserved, 0.9): a probe is
+    # expected to yield E(4) tokens, so its expected loss, and the interval, are smaller, and grow as probes fail
+    assert probe_interval_for_budget(32, 0.0135, 0.0015) == 178
+    first_loss = 0.0015 - expected_accepted([0.45, 0.9, 0.9, 0.9], 4) * 0.0135 / 32
+    shortest = probe_interval_for_budget(32, 0.0135, first_loss)
+    assert 90 < shortest < 178
     big = Sim(AdaptiveDraftLength(4), plain=lambda n: 0.0135, fixed=0.0015, per_token=0.0)
     seqs = list(range(32))
     steps = [big.step(seqs, lambda s, k: 0) for _ in range(500)]
     assert steps[1] == [4] * 32 and not any(any(ks) for ks in steps[2:40])   # measured at k = 4, then off
     for i in range(32):
         probes = [t for t, ks in enumerate(steps) if t >= 2 and ks[i]]
-        assert 1 <= len(probes) <= 3 and all(b - a >= 178 for a, b in itertools.pairwise(probes))
+        gaps = [b - a for a, b in itertools.pairwise(probes)]
+        assert 1 <= len(probes) <= 4 and probes[0] >= shortest and all(g >= shortest for g in gaps)
+        assert gaps == sorted(gaps)                # each failed probe lowers the acceptance: longer gaps
 
 
 def test_k_rises_when_drafts_are_accepted():
@@ -268,3 +276,19 @@ def test_stale_draft_costs_are_re_measured_and_replaced():
     sim = Sim(pol2, plain=lambda n: 0.002, fixed=0.0005, per_token=0.0002)
     ks = [sim.step([s // 40], lambda s, k: 0)[0] for s in range(4 * STALE_AFTER)]   # short requests
     assert sum(1 for k in ks[8:] if k) <= 4 * (len(ks) // STALE_AFTER + 1)
+
+
+@pytest.mark.parametrize("acceptance, interval", [
+    ([0.0] * 4, 50),                  # drafts fail: a probe loses its whole cost, x = 2 ms of a 2 ms step
+    ([0.4, 0.5, 0.5, 0.5], PROBE_EVERY),   # just below break-even: a probe is expected to yield 0.75 tokens
+])
+def test_probe_interval_budgets_a_probes_expected_loss(acceptance, interval):
+    pol = AdaptiveDraftLength(4)
+    for _ in range(SETTLED):
+        pol.costs.observe_plain(1, 0.002)
+        for k in range(1, 5):
+            pol.costs.observe_speculative(1, 1, k, 0.004)       # x = 2 ms whatever k: a fixed cost per verify
+    pol._state(1).acceptance = list(acceptance)
+    assert pol.choose(1, 4, 1) == 0
+    loss = 0.002 - expected_accepted(acceptance, 4) * 0.002
+    assert pol._seqs[1].probe_at == max(PROBE_EVERY, probe_interval_for_budget(1, 0.002, loss)) == interval
