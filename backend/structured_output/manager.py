@@ -112,6 +112,7 @@ class StructuredOutputManager:
         self._lock = threading.Lock()
         self._requests: dict[str, _GuidedRequest] = {}
         self._inflight: dict[tuple[str, str], Future] = {}
+        self._compiling: set[str] = set()       # requests whose grammar is not compiled yet (what poll looks at)
         self._news = False                      # a compile ended since the last poll
         self._on_event: Callable[[], None] | None = None
         cuda = torch.device(device).type == "cuda"
@@ -144,11 +145,13 @@ class StructuredOutputManager:
                 self._inflight[key] = fut
                 self.num_compiles += 1
             entry.future = fut
+            self._compiling.add(request_id)
 
     def drop(self, request_id: str) -> None:
         """Forget a request that ended (any reason); an unfinished compile of it runs on."""
         with self._lock:
             self._requests.pop(request_id, None)
+            self._compiling.discard(request_id)
 
     def is_guided(self, request_id: str) -> bool:
         with self._lock:
@@ -195,17 +198,19 @@ class StructuredOutputManager:
     def poll(self) -> list[tuple[str, str]]:
         """Take finished compiles; return ``(request_id, error)`` of requests whose compile failed
         or outlived ``compile_timeout_s`` (the caller ends them; they are forgotten here)."""
+        if not self._compiling:                  # nothing to look at (a read without the lock: a compile
+            return []                            # submitted meanwhile is seen by the next step's poll)
         now = self._clock()
         failures = []
         with self._lock:
             self._news = False
-            for rid, e in self._requests.items():
-                if e.compiled is not None or e.future is None:
-                    continue
+            for rid in list(self._compiling):
+                e = self._requests[rid]
                 if e.future.done():
                     exc = e.future.exception()
                     if exc is None:
                         e.compiled = e.future.result()
+                        self._compiling.discard(rid)
                         continue
                     msg = str(exc) if isinstance(exc, ValueError) else \
                         f"{GUIDE}: compiling the grammar failed ({type(exc).__name__}: {exc})"
@@ -215,6 +220,7 @@ class StructuredOutputManager:
                                            f"guided_compile_timeout_s ({self.compile_timeout_s:g} s)")))
             for rid, _ in failures:
                 del self._requests[rid]
+                self._compiling.discard(rid)
         return failures
 
     def is_ready(self, seq: Sequence) -> bool:
@@ -261,7 +267,6 @@ class StructuredOutputManager:
         positions: row ``k`` of them is filled after advancing through the first ``k`` drafts."""
         if not self._requests or not rows:
             return None
-        bitmask = self._bitmask.rows(len(rows))
         entries = []                               # (matcher, first row, drafts) of each guided sequence
         j = 0
         while j < len(rows):
@@ -276,7 +281,12 @@ class StructuredOutputManager:
             j += n
         if not entries:
             return None
-        fill_verified_positions(self._backend.fill_bitmasks, entries, bitmask)
+        if len(entries) == len(rows):              # one row per guided sequence, no drafts: each row is filled
+            bitmask = self._bitmask.rows(len(rows), reset=False)
+            self._backend.fill_bitmasks([e[0] for e in entries], bitmask, [e[1] for e in entries])
+        else:
+            bitmask = self._bitmask.rows(len(rows))
+            fill_verified_positions(self._backend.fill_bitmasks, entries, bitmask)
         return bitmask
 
     def _jumps(self, seq: Sequence) -> bool:
