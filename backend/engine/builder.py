@@ -146,8 +146,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     structured = StructuredOutputManager(
         lambda: xgrammar_backend(folder, mcfg.vocab_size, eos, device), vocab_size=mcfg.vocab_size,
         compile_timeout_s=config.guided_compile_timeout_s, max_workers=config.guided_compile_workers, device=device,
-        jump_forward=config.guided_jump_forward,
-        fill_on_worker=device.type == "cuda" or fast.step is not None)   # the forward releases the GIL there
+        jump_forward=config.guided_jump_forward)
     speculator = build_speculator(config, folder, mcfg, blocks, device, dtype, max_model_len, grammar=structured)
     summary = load_summary(config, mcfg, model, kv_cache, device, dtype, max_model_len, windows,
                            type(attn).__name__, speculator) + f", fast decode {fast.describe()}"
