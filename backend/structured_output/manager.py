@@ -267,6 +267,8 @@ class StructuredOutputManager:
         positions: row ``k`` of them is filled after advancing through the first ``k`` drafts."""
         if not self._requests or not rows:
             return None
+        if len(set(rows)) == len(rows):
+            return self._fill_rows(plan, rows)
         entries = []                               # (matcher, first row, drafts) of each guided sequence
         j = 0
         while j < len(rows):
@@ -281,12 +283,25 @@ class StructuredOutputManager:
             j += n
         if not entries:
             return None
-        if len(entries) == len(rows):              # one row per guided sequence, no drafts: each row is filled
-            bitmask = self._bitmask.rows(len(rows), reset=False)
-            self._backend.fill_bitmasks([e[0] for e in entries], bitmask, [e[1] for e in entries])
-        else:
-            bitmask = self._bitmask.rows(len(rows))
-            fill_verified_positions(self._backend.fill_bitmasks, entries, bitmask)
+        bitmask = self._bitmask.rows(len(rows))
+        fill_verified_positions(self._backend.fill_bitmasks, entries, bitmask)
+        return bitmask
+
+    def _fill_rows(self, plan: SchedulerOutput, rows: list[int]) -> torch.Tensor | None:
+        """``fill_bitmask`` of a step without drafts (a row per sampling sequence): one batched fill; the
+        buffer is reset to all ones only when some row is not guided."""
+        matchers, filled = [], []
+        for j, i in enumerate(rows):
+            seq = plan.scheduled[i].seq
+            if seq.params.guide is not None:
+                m = self._matcher(seq)
+                if m is not None and not m.is_terminated():
+                    matchers.append(m)
+                    filled.append(j)
+        if not matchers:
+            return None
+        bitmask = self._bitmask.rows(len(rows), reset=len(filled) < len(rows))
+        self._backend.fill_bitmasks(matchers, bitmask, filled)
         return bitmask
 
     def _jumps(self, seq: Sequence) -> bool:
