@@ -6,8 +6,10 @@
 Per token count and thread count, one *pass* runs every projection of a decode step of a Llama of that shape
 (per layer QKV, o, gate-up, down; then the LM head; default: the 82M-class model, 330 MB of weights, distinct
 tensors so that nothing stays in the cache) through each implementation; the passes alternate between the two
-implementations and the median time per pass is kept. Prints ms per pass, the weight bandwidth it implies
-(GB/s) and native / linear; writes bench/results/gemv.json. Run it under the exclusive CPU lock (docs/benchmarks.md).
+implementations and the median time per pass is kept. A third implementation, ``native_huge``, runs the native
+GEMV on a copy of the weights on transparent huge pages (``backend/engine/huge_pages.py``, as the fast decode
+step keeps them), when the kernel allows. Prints ms per pass, the weight bandwidth it implies (GB/s) and the
+ratios; writes bench/results/gemv.json. Run it under the exclusive CPU lock (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from backend.engine.huge_pages import move_to_huge_pages
 from backend.native import native_ops
 from bench.report import git_commit, machine, write_json
 
@@ -61,10 +64,15 @@ def main() -> None:
     weights = [torch.randn(n, k, generator=gen) * 0.02 for n, k in shapes]
     nbytes = sum(w.numel() * 4 for w in weights)
     impls = {"native": ops.decode_gemv, "linear": F.linear}
+    huge = torch.nn.ParameterList([torch.nn.Parameter(w.clone(), requires_grad=False) for w in weights])
+    moved = move_to_huge_pages(huge)
+    if moved.moved_bytes:
+        impls["native_huge"] = ops.decode_gemv
     print(f"{len(weights)} projections, {nbytes / 1e6:.0f} MB of fp32 weights per pass; kernel: "
-          f"{ops.decode_gemv_isa()}; load {load_before[0]:.2f}")
-    print(f"{'tokens':>6} {'thr':>3} {'native ms':>9} {'linear ms':>9} {'native GB/s':>11} {'linear GB/s':>11} "
-          f"{'linear/native time':>18}")
+          f"{ops.decode_gemv_isa()}; huge pages: {moved.reason or 'yes'}; load {load_before[0]:.2f}")
+    print(f"{'tokens':>6} {'thr':>3} " + " ".join(f"{n + ' ms':>15}" for n in impls) + " "
+          + " ".join(f"{n + ' GB/s':>17}" for n in impls) + f" {'linear/native time':>18}"
+          + (f" {'4K/huge time':>12}" if "native_huge" in impls else ""))
     rows, before = [], torch.get_num_threads()
     try:
         for threads in (int(t) for t in args.threads.split(",")):
@@ -77,15 +85,18 @@ def main() -> None:
                 seconds = {name: [] for name in impls}
                 for _ in range(args.passes + 1):          # the first pass of each is a warm-up
                     for name, fn in impls.items():
-                        seconds[name].append(time_pass(fn, weights, xs))
+                        seconds[name].append(time_pass(fn, list(huge) if name == "native_huge" else weights, xs))
                 med = {name: statistics.median(s[1:]) for name, s in seconds.items()}
                 row = {"tokens": tokens, "threads": threads, **{f"{n}_ms": 1e3 * m for n, m in med.items()},
                        **{f"{n}_gb_per_s": nbytes / m / 1e9 for n, m in med.items()},
                        "linear_over_native": med["linear"] / med["native"]}
+                if "native_huge" in med:
+                    row["native_over_native_huge"] = med["native"] / med["native_huge"]
                 rows.append(row)
-                print(f"{tokens:>6} {threads:>3} {row['native_ms']:>9.2f} {row['linear_ms']:>9.2f} "
-                      f"{row['native_gb_per_s']:>11.1f} {row['linear_gb_per_s']:>11.1f} "
-                      f"{row['linear_over_native']:>18.2f}", flush=True)
+                print(f"{tokens:>6} {threads:>3} " + " ".join(f"{row[n + '_ms']:>15.2f}" for n in impls) + " "
+                      + " ".join(f"{row[n + '_gb_per_s']:>17.1f}" for n in impls)
+                      + f" {row['linear_over_native']:>18.2f}"
+                      + (f" {row['native_over_native_huge']:>12.2f}" if "native_huge" in med else ""), flush=True)
     finally:
         torch.set_num_threads(before)
     for tokens in sorted({r["tokens"] for r in rows}):
