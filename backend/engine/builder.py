@@ -198,7 +198,8 @@ def build_fast_decode(config: EngineConfig, model: LlamaForCausalLM, kv_cache: K
         return FastDecode(None, "off")
     if kv_cache.device.type == "cuda":
         from backend.engine.cuda_graph_decode import CudaGraphDecodeStep
-        step = CudaGraphDecodeStep.build(model, kv_cache, windows, None, config.max_num_seqs, max_model_len)
+        step = CudaGraphDecodeStep.build(model, kv_cache, windows, None, config.max_num_seqs, max_model_len,
+                                         config.num_speculative_tokens if config.speculative else 0)
     else:
         from backend.engine.native_decode import NativeDecodeStep
         step = NativeDecodeStep.build(model, kv_cache, windows, scale=None)
