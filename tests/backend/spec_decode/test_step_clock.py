@@ -27,7 +27,7 @@ def test_step_seconds_and_clock_follow_the_threads_of_the_step(tiny_checkpoint, 
 
     spec.after_step = record
     engine.generate(repeating_prompts(1, 3, stem_len=8, span_range=(4, 8), gap_range=(0, 4)),
-                    SamplingParams(max_tokens=12, temperature=0.0))
+                    SamplingParams(max_tokens=64, temperature=0.0))   # enough steps for a whole probe
     assert seen
     for threads, seconds, clock in seen:
         assert seconds > 0
