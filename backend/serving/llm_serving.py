@@ -231,8 +231,13 @@ class LLMServing:
                 del self._inflight[out.request_id]
         if flight is None:
             return
-        if self.telemetry is not None:
-            self._note_output(flight, out)
+        try:
+            self._respond(flight, out)
+        finally:   # after the response: the last token does not wait for the request's telemetry
+            if self.telemetry is not None:
+                self._note_output(flight, out)
+
+    def _respond(self, flight: _InFlight, out: RequestOutput) -> None:
         reason = out.finish_reason.value if out.finish_reason is not None else None
         meta = wire.LLMResponseMeta(
             request_id=out.request_id, seq_index=out.seq_index, finished=out.finished,
@@ -267,8 +272,8 @@ class LLMServing:
     def _send(self, sender, ids: list[int], lps: list[float] | None, meta: wire.LLMResponseMeta, final: bool) -> None:
         pb = self.pb
         tensors = [
-            pb.Tensor(wire.OUTPUT_IDS, np.asarray([ids], dtype=np.int32).reshape(1, -1)),
-            pb.Tensor(wire.OUTPUT_LOG_PROBS, np.asarray([lps or []], dtype=np.float32).reshape(1, -1)),
+            pb.Tensor(wire.OUTPUT_IDS, np.array(ids, dtype=np.int32).reshape(1, -1)),
+            pb.Tensor(wire.OUTPUT_LOG_PROBS, np.array(lps or (), dtype=np.float32).reshape(1, -1)),
             pb.Tensor(wire.RESPONSE, np.asarray([[meta.to_json().encode()]], dtype=np.object_)),
         ]
         flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
