@@ -11,7 +11,9 @@ process's CPU time (``utime + stime`` of ``/proc/<pid>/stat``, all threads) befo
 the ``preprocess`` / ``llm`` / ``postprocess`` stubs and this client. CPU time, unlike wall time, does not
 grow while other jobs hold the cores, so the split is readable on a busy machine. The ``llm`` stub's time
 includes the engine's forward; its per-thread split (engine loop vs output thread vs the rest) comes from
-``/proc/<pid>/task``. With ``--py-spy``, ``py-spy record`` samples the ``llm`` and ``postprocess`` stubs
+``/proc/<pid>/task``. TPOT p50 is printed twice: as the client saw it and as the engine measured it (``tpot_s``
+of the llm's request log lines): their gap is what the delivery of the first and last tokens adds, the
+engine's own TPOT against an in-process run is what the pipeline's processes take from the engine. With ``--py-spy``, ``py-spy record`` samples the ``llm`` and ``postprocess`` stubs
 (``--nonblocking``, 250 Hz) and the hottest Python frames of each thread are printed; the raw collapsed
 stacks are written to ``bench/results/profile_<model>.txt``.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -74,6 +77,26 @@ def thread_seconds(pid: int) -> dict[int, float]:
             out[int(task.name)] = cpu_seconds(task / "stat")
         except (OSError, ValueError):
             pass
+    return out
+
+
+def engine_tpots(log_path: Path | None, start: int) -> list[float]:
+    """``tpot_s`` of the llm's request log lines written to the server log after byte ``start``."""
+    if log_path is None or not log_path.is_file():
+        return []
+    with open(log_path, "rb") as f:
+        f.seek(start)
+        lines = f.read().decode(errors="replace").splitlines()
+    out = []
+    for line in lines:
+        if '"request_finished"' not in line:
+            continue
+        try:
+            rec = json.loads(line[line.index("{"):])
+        except ValueError:
+            continue
+        if rec.get("tpot_s") is not None:
+            out.append(float(rec["tpot_s"]))
     return out
 
 
@@ -152,6 +175,7 @@ def measure(args, url: str, server) -> int:
     missing = [m for m in STUBS if m not in pids]
     if missing:
         raise LauncherError(f"stub processes not found for {missing}")
+    log_start = server.log_path.stat().st_size if server.log_path is not None else 0
     spy = PySpy({m: pids[m] for m in ("llm", "postprocess")}, args.out) if args.py_spy else None
     before = {name: cpu_seconds(Path(f"/proc/{pid}/stat")) for name, pid in pids.items()}
     llm_threads_before = thread_seconds(pids["llm"])
@@ -167,10 +191,14 @@ def measure(args, url: str, server) -> int:
     done = [r for r in records if r is not None and r.error is None]
     responses = sum(len(r.events) for r in done)
     tokens = sum(r.tokens for r in done)
-    tpot = sorted(m["tpot"] for m in map(request_metrics, done) if m.get("tpot") is not None)
+    tpot = [m["tpot"] for m in map(request_metrics, done) if m.get("tpot") is not None]
+    time.sleep(0.5)   # the llm writes a request's log line on its telemetry thread, after the final response
+    engine_tpot = engine_tpots(server.log_path, log_start)
     print(f"\n{len(done)}/{len(records)} requests, {tokens} tokens in {responses} responses with tokens "
           f"({tokens / max(responses, 1):.2f} tokens per response), {wall:.2f} s wall, "
-          f"{tokens / wall:.0f} tok/s, TPOT p50 {1e3 * percentile(tpot, 50):.3f} ms, load {os.getloadavg()[0]:.2f}")
+          f"{tokens / wall:.0f} tok/s, load {os.getloadavg()[0]:.2f}")
+    print(f"TPOT p50: {1e3 * percentile(tpot, 50):.3f} ms as the client saw it, {1e3 * percentile(engine_tpot, 50):.3f} ms "
+          f"in the engine (llm request log, {len(engine_tpot)} requests)")
     print(f"{'process':<12} {'CPU s':>7} {'% of wall':>9} {'ms/response':>11} {'us/token':>9}")
     for name in ("tritonserver", *STUBS, "client"):
         s = used[name]
