@@ -1,7 +1,7 @@
 """Decode speed: the fast decode step against the eager one, 1 and 2 threads, in one run.
 
     .venv/bin/python bench/bench_decode.py [--model models/demo-target] [--model .cache/models/random-82m]
-                                           [--batches 1,32] [--repeats 3] [--spec none]
+                                           [--batches 1,32] [--repeats 3] [--spec none] [--modes eager,fast]
 
 Per model, batch size, thread count and ``fast_decode`` setting: ``batch`` prompts of 64 tokens, 128 greedy
 tokens each (EOS ignored), driven by ``LLMEngine.step()`` on this thread; decode tokens/s counts the steps after
@@ -56,15 +56,20 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--spec", default="none", help="speculative_method of every engine (none | ngram)")
+    ap.add_argument("--modes", default="eager,fast", help="fast_decode settings measured: eager, fast or both")
     args = ap.parse_args()
     models = args.model or ["models/demo-target"]
     batches = [int(b) for b in args.batches.split(",")]
     thread_counts = [int(t) for t in args.threads.split(",")]
+    modes = {"eager": False, "fast": True}
+    if not args.modes or any(m not in modes for m in args.modes.split(",")):
+        ap.error(f"--modes: a comma-separated subset of {', '.join(modes)}")
+    fast_settings = [modes[m] for m in modes if m in args.modes.split(",")]
     load_before = os.getloadavg()
     engines = {}
     for model in models:
         for threads in thread_counts:
-            for fast in (False, True):
+            for fast in fast_settings:
                 cfg = EngineConfig(model_path=model, fast_decode=fast, cpu_threads=threads, max_num_seqs=64,
                                    num_kv_blocks=(max(batches) * (PROMPT + NEW)) // 16 + 64, max_model_len=512,
                                    speculative_method=args.spec)
@@ -80,28 +85,33 @@ def main() -> None:
     med = {k: statistics.median(tps for tps, _ in v) for k, v in samples.items()}
     cpu_ms = {k: 1e3 * statistics.median(c for _, c in v) for k, v in samples.items()}
     rows = []
-    print(f"{'model':<28} {'batch':>5} {'thr':>3} {'eager tok/s':>11} {'fast tok/s':>10} {'fast/eager':>10} "
-          f"{'CPU ms/step eager / fast':>25}")
+    names = {False: "eager", True: "fast"}
+    print(f"{'model':<28} {'batch':>5} {'thr':>3} " + " ".join(f"{names[f] + ' tok/s':>11}" for f in fast_settings)
+          + (f" {'fast/eager':>10}" if len(fast_settings) == 2 else "")
+          + f" {'CPU ms/step ' + ' / '.join(names[f] for f in fast_settings):>25}")
     for model in models:
         for batch in batches:
             for threads in thread_counts:
-                eager, fast = med[(model, threads, False, batch)], med[(model, threads, True, batch)]
-                rows.append({"model": model, "batch": batch, "threads": threads, "eager_tok_per_s": eager,
-                             "fast_tok_per_s": fast, "fast_over_eager": fast / eager,
-                             "cpu_ms_per_step_eager": cpu_ms[(model, threads, False, batch)],
-                             "cpu_ms_per_step_fast": cpu_ms[(model, threads, True, batch)],
-                             "samples_eager": samples[(model, threads, False, batch)],
-                             "samples_fast": samples[(model, threads, True, batch)]})
-                print(f"{Path(model).name:<28} {batch:>5} {threads:>3} {eager:>11.0f} {fast:>10.0f} "
-                      f"{fast / eager:>10.2f} {cpu_ms[(model, threads, False, batch)]:>12.2f} / "
-                      f"{cpu_ms[(model, threads, True, batch)]:.2f}", flush=True)
+                row = {"model": model, "batch": batch, "threads": threads}
+                for f in fast_settings:
+                    key = (model, threads, f, batch)
+                    row |= {f"{names[f]}_tok_per_s": med[key], f"cpu_ms_per_step_{names[f]}": cpu_ms[key],
+                            f"samples_{names[f]}": samples[key]}
+                line = f"{Path(model).name:<28} {batch:>5} {threads:>3} " + " ".join(
+                    f"{row[names[f] + '_tok_per_s']:>11.0f}" for f in fast_settings)
+                if len(fast_settings) == 2:
+                    row["fast_over_eager"] = row["fast_tok_per_s"] / row["eager_tok_per_s"]
+                    line += f" {row['fast_over_eager']:>10.2f}"
+                rows.append(row)
+                print(line + f" {' / '.join(format(row['cpu_ms_per_step_' + names[f]], '.2f') for f in fast_settings):>25}",
+                      flush=True)
             if len(thread_counts) == 2:
                 lo, hi = thread_counts
-                for fast in (False, True):
+                for fast in fast_settings:
                     r = med[(model, hi, fast, batch)] / med[(model, lo, fast, batch)]
-                    print(f"{'':<28} {batch:>5} {'':>3} {hi} threads / {lo} ({'fast' if fast else 'eager'}): {r:.2f}")
+                    print(f"{'':<28} {batch:>5} {'':>3} {hi} threads / {lo} ({names[fast]}): {r:.2f}")
     write_json(Path(__file__).resolve().parent / "results" / "decode.json",
-               {"rows": rows, "repeats": args.repeats, "spec": args.spec,
+               {"rows": rows, "repeats": args.repeats, "spec": args.spec, "modes": args.modes,
                 "machine": machine(load_before), "commit": git_commit()})
 
 

@@ -23,9 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from backend.config import EngineConfig  # noqa: E402
-from backend.engine.llm_engine import LLMEngine  # noqa: E402
-from contracts.sampling_params import GuideSpec, SamplingParams  # noqa: E402
+from backend.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from contracts.sampling_params import GuideSpec, SamplingParams
 
 SCHEMA = json.dumps({
     "type": "object",

@@ -11,7 +11,8 @@ Prints, per cell, tokens/s and the ratio to ``none`` (with ``--rounds N``, every
 alternating order, and the ratio is the median of the per-round ratios, their range in brackets), the
 mean accepted length (tokens per verified step), the acceptance rate, and the measured costs behind
 them (the adaptive policy's plain decode step time and extra seconds per speculating sequence for each
-draft length at the cell's batch-size bucket). For the draft model at batch 1 it also works out, from
+draft length at the cell's batch-size bucket; CPU time of the engine loop's thread, since the engines run
+one thread, see backend/spec_decode/step_costs.py). For the draft model at batch 1 it also works out, from
 those costs and the fixed-k acceptance, the speed-up to expect and the acceptance that would reach the
 1.3x goal. Writes bench/results/spec.json and spec.png.
 
@@ -34,7 +35,7 @@ from tokenizers import Tokenizer
 
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine, output_token_ids
-from backend.spec_decode.adaptive import bucket
+from backend.spec_decode.step_costs import bucket
 from bench.closed_loop import run_engine_level
 from bench.report import git_commit, machine, write_json
 from bench.stats import summarize
@@ -212,10 +213,15 @@ def main(argv=None) -> int:
         if "draft" in m:
             cfg["draft_model_path"] = args.draft
         engines[m] = LLMEngine(EngineConfig(**cfg)).start()
-    plain = engines.get("none") or LLMEngine(EngineConfig(model_path=args.model, device="cpu")).start()
-    builders = {"repeat": lambda: repeat_workload(tok, plain, 64, 1, max_tokens),
+    # the repeat workload's continuations come from an engine of their own: generating them in the `none`
+    # engine would leave the prompts' prefixes in its prefix cache, a head start on prefill over the others
+    writer = LLMEngine(EngineConfig(model_path=args.model, device="cpu", fast_decode=args.fast_decode == "on")).start()
+    builders = {"repeat": lambda: repeat_workload(tok, writer, 64, 1, max_tokens),
                 "mixed": lambda: [r.prompt_ids for r in mixed_workload(tok, 64, 2, (16, 384), (max_tokens, max_tokens))]}
-    prompts = {wl: builders[wl]() for wl in workloads}
+    try:
+        prompts = {wl: builders[wl]() for wl in workloads}
+    finally:
+        writer.shutdown()
     cells = []
     t0 = time.perf_counter()
     try:

@@ -60,7 +60,7 @@ def function_headers(n: int) -> list[str]:
     _, heldout = corpus_files(include_tests=False)
     heads = []
     for f in heldout:
-        m = re.search(r"^def \w+\(.*\):$", read_text(f) or "", re.M)
+        m = re.search(r"^def \w+\(.*\):$", read_text(f) or "", re.MULTILINE)
         if m:
             heads.append(m.group(0))
             if len(heads) == n:
@@ -84,9 +84,12 @@ def distillation_note(draft_stats: dict) -> list[str]:
     if not runs:
         return []
     lines = []
-    for r in runs:
-        head = (f"The draft was then distilled from the target (`tools/distill_draft.py`): {r['steps']} steps "
-                f"({r['tokens_seen'] / 1e6:.1f}M tokens, {r['training_minutes']:.0f} min, one thread) of")
+    for i, r in enumerate(runs):
+        lead = "The draft was then distilled from the target" if i == 0 else \
+            f"Distillation run {i + 1} continued from that draft"
+        head = (f"{lead} (`tools/distill_draft.py`): {r['steps']} steps "
+                f"({r['tokens_seen'] / 1e6:.1f}M tokens, {r['training_minutes']:.0f} min, one thread, "
+                f"peak learning rate {r['peak_lr']:g}) of")
         loss = (f"KL(target || draft) at temperature {r['temperature']:g} on the training split, the target's "
                 "logits computed on the fly;")
         agree = (f"held-out greedy agreement {100 * r['heldout_agreement_before']:.1f}% before, "
@@ -132,8 +135,9 @@ def main() -> None:
     for name, fn in rows:
         lines.append(f"| {name} | {fn('target')} | {fn('draft')} |")
     lines.append(f"| held-out perplexity (this report) | {ppl_t:.2f} | {ppl_d:.2f} |")
-    lines += ["", f"Draft greedy token equals target greedy token on {100 * agree:.1f}% of held-out positions "
-              f"({len(y):,} positions).", "", "## Greedy continuations of held-out function headers (target, 48 tokens)", ""]
+    agreement = (f"Draft greedy token equals target greedy token on {100 * agree:.1f}% of held-out positions "
+                 f"({len(y):,} positions).")
+    lines += ["", agreement, "", "## Greedy continuations of held-out function headers (target, 48 tokens)", ""]
     for head, cont in samples:
         lines += ["```python", head + cont, "```", ""]
     args.out.write_text("\n".join(lines))

@@ -19,6 +19,7 @@ from backend.model.config import ModelConfig
 from backend.model.llama import LlamaForCausalLM
 from backend.model.loader import load_model
 from backend.model.quant import quantize_model
+from backend.sampling.bitmask_kernels import TORCH_KERNELS, BitmaskKernels
 from backend.sampling.sampler import Sampler
 from backend.spec_decode.ngram import NgramProposer
 from backend.spec_decode.speculator import Speculator
@@ -137,9 +138,10 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     scheduler = Scheduler(config, num_blocks=blocks, max_model_len=max_model_len, vocab_size=mcfg.vocab_size,
                           eos_token_ids=eos, cache_key=checkpoint_identity(folder),
                           sliding_window=uniform_window(windows))
-    sampler = Sampler(vocab_size=mcfg.vocab_size, device=device, seed=config.seed, eos_token_ids=sorted(eos))
     attn = make_attention_backend(kv_cache, windows=windows)
     fast = build_fast_decode(config, model, kv_cache, windows, max_model_len)
+    sampler = Sampler(vocab_size=mcfg.vocab_size, device=device, seed=config.seed, eos_token_ids=sorted(eos),
+                      bitmask_kernels=native_bitmask_kernels(fast, device))
     runner = ModelRunner(model, kv_cache, attn, sampler, device, fast_decode=fast.step)
     structured = StructuredOutputManager(
         lambda: xgrammar_backend(folder, mcfg.vocab_size, eos, device), vocab_size=mcfg.vocab_size,
@@ -196,11 +198,20 @@ def build_fast_decode(config: EngineConfig, model: LlamaForCausalLM, kv_cache: K
         return FastDecode(None, "off")
     if kv_cache.device.type == "cuda":
         from backend.engine.cuda_graph_decode import CudaGraphDecodeStep
-        step = CudaGraphDecodeStep.build(model, kv_cache, windows, None, config.max_num_seqs, max_model_len)
+        step = CudaGraphDecodeStep.build(model, kv_cache, windows, None, config.max_num_seqs, max_model_len,
+                                         config.num_speculative_tokens if config.speculative else 0)
     else:
         from backend.engine.native_decode import NativeDecodeStep
         step = NativeDecodeStep.build(model, kv_cache, windows, scale=None)
     return FastDecode(None, f"off ({step})") if isinstance(step, str) else FastDecode(step, "")
+
+
+def native_bitmask_kernels(fast: FastDecode, device: torch.device) -> BitmaskKernels:
+    """The grammar mask's native ops where the native decode step runs (its library is built), else torch's."""
+    if fast.step is None or device.type != "cpu":
+        return TORCH_KERNELS
+    from backend.native import native_ops
+    return BitmaskKernels.of(native_ops().ops)
 
 
 def build_speculator(config: EngineConfig, target_folder: Path, target: ModelConfig, num_blocks: int,

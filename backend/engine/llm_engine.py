@@ -63,6 +63,7 @@ class LLMEngine:
         self.speculator = self.parts.speculator   # None unless speculative_method is ngram or draft
         self.pacer = StreamPacer(config.stream_interval, config.stream_responses_per_s)
         self.threads = ThreadPolicy(self.parts.cpu_threads)   # per-step threads on the CPU (1 = fixed)
+        self._on_cpu = str(getattr(self.runner, "device", "cpu")).startswith("cpu")   # steps end on this thread
         self.structured = self.parts.structured_output      # None: guided requests are refused
         self._callbacks: dict[str, OutputCallback] = {}
         self._inbox: deque[InboxMessage] = deque()
@@ -172,7 +173,7 @@ class LLMEngine:
         self._idle = not plan.scheduled
         if plan.scheduled:
             threads = self.threads.choose(plan.num_batched_tokens)
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.thread_time()
             started = time.monotonic()
             marks = mark_scheduled(plan, started)
             spec = self.speculator
@@ -185,6 +186,10 @@ class LLMEngine:
                 self._fail(so.accept(plan, output))                     # advance the matchers
             now = time.perf_counter()
             seconds = now - t0
+            # the speculator's costs: a CPU step on one thread, the work it did (CPU time), not what others took
+            one_thread = threads == 1 and self._on_cpu
+            spec_clock = time.thread_time if one_thread else time.perf_counter
+            spec_seconds = time.thread_time() - cpu0 if one_thread else seconds
             mark_step_done(plan, marks, output.sampled_token_ids, started, time.monotonic())
             self.scheduler.stream_interval = self.pacer.observe(now, sum(map(len, output.sampled_token_ids)))
             self._dispatch(self.scheduler.update_from_output(plan, output))
@@ -194,7 +199,7 @@ class LLMEngine:
                 self._jump_forward(plan)
             self._steps += 1
             if spec is not None:
-                spec.after_step(self.scheduler, plan, output, seconds)   # drafts for the next step
+                spec.after_step(self.scheduler, plan, output, spec_seconds, spec_clock)   # drafts for the next step
 
     def _jump_forward(self, plan) -> None:
         """Append what each guided sequence's grammar forces next (no logprobs for such tokens, so

@@ -101,8 +101,8 @@ class ModelRunner:
         order = list(dict.fromkeys(forward.rows))                    # plan indices that sample, in row order
         if len(order) == len(forward.rows):                          # no drafts: one row per sequence
             seqs = [sched[i].seq for i in order]
-            if grammar_bitmask is None and all(is_plain_greedy(s) for s in seqs):   # argmax, no batch to build
-                for i, t in zip(order, forward.logits.argmax(dim=-1).tolist()):
+            if all(is_plain_greedy(s) for s in seqs):   # (masked) argmax, no batch to build
+                for i, t in zip(order, self._argmax(forward.logits, grammar_bitmask)):
                     sampled[i] = [t]
                 return ModelRunnerOutput(sampled, logprobs)
             result = self.sampler.sample(forward.logits,
@@ -115,8 +115,8 @@ class ModelRunner:
             return ModelRunnerOutput(sampled, logprobs)
         seqs = [sched[i].seq for i in order]
         drafts = [sched[i].seq.draft_token_ids[:sched[i].num_draft_tokens] for i in order]
-        if grammar_bitmask is None and all(is_plain_greedy(s) for s in seqs):   # no batch, no probabilities
-            for i, tokens in zip(order, greedy_verify(forward.logits.argmax(dim=-1).tolist(), drafts)):
+        if all(is_plain_greedy(s) for s in seqs):   # no batch, no probabilities
+            for i, tokens in zip(order, greedy_verify(self._argmax(forward.logits, grammar_bitmask), drafts)):
                 sampled[i] = tokens
             return ModelRunnerOutput(sampled, logprobs)
         qs = [draft_probs.get(s.seq_id) for s in seqs] if draft_probs else None
@@ -125,3 +125,10 @@ class ModelRunner:
             sampled[i] = result.token_ids[j]
             logprobs[i] = result.logprobs[j]
         return ModelRunnerOutput(sampled, logprobs)
+
+    def _argmax(self, logits: torch.Tensor,                 # [num_rows, vocab]
+                bitmask: torch.Tensor | None) -> list[int]:  # [num_rows, ceil(vocab / 32)] int32, or None
+        """Each row's argmax; among the tokens its grammar allows when there is a bitmask."""
+        if bitmask is None:
+            return logits.argmax(dim=-1).tolist()
+        return self.sampler.bitmask_kernels.masked_argmax(logits, bitmask).tolist()

@@ -5,7 +5,8 @@
 table, o-proj, gate-up, SiLU * up, down) and the LM head with no Python and no op dispatch between
 them; its inputs come from the persistent buffers of ``PersistentDecodeBatch``. Steps that are not
 pure decode/verify steps (prefill chunks in the batch) stay eager, and so do models the op does not
-cover: ``unsupported_reason`` says which and why (the load line shows it).
+cover: ``unsupported_reason`` says which and why (the load line shows it). At build the model's weights move
+onto transparent huge pages (``huge_pages.py``; a batch-1 step streams all of them), where the kernel allows.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from torch import nn
 from backend.core.kv_cache import KVCache
 from backend.core.plan import ForwardOutput, SchedulerOutput
 from backend.engine.decode_batch import PersistentDecodeBatch, decode_step_shape, eager_only_reason
+from backend.engine.huge_pages import HugePageResult, move_to_huge_pages
 from backend.model.llama import LlamaForCausalLM
 
 
@@ -69,8 +71,9 @@ class NativeDecodeStep:
     """Runs decode and verify steps through ``decode_forward``; ``build_seconds`` is the load time it added."""
 
     def __init__(self, ops, model: LlamaForCausalLM, kv_cache: KVCache, scale: float | None,
-                 build_seconds: float = 0.0):
+                 build_seconds: float = 0.0, huge_pages: HugePageResult | None = None):
         cfg = model.config
+        self.huge_pages = huge_pages   # where the weights went (None: not moved by build)
         self._op = ops.decode_forward
         self.weights = NativeWeights.of(model)
         self.k_cache, self.v_cache = list(kv_cache.k), list(kv_cache.v)
@@ -96,7 +99,8 @@ class NativeDecodeStep:
             return build.reason
         if not hasattr(build.ops, "decode_forward"):
             return "the native library has no decode_forward op"
-        return cls(build.ops, model, kv_cache, scale, build_seconds=time.perf_counter() - t0)
+        pages = move_to_huge_pages(model)
+        return cls(build.ops, model, kv_cache, scale, build_seconds=time.perf_counter() - t0, huge_pages=pages)
 
     def accepts(self, plan: SchedulerOutput) -> bool:
         """Decode and verify steps (mixed prefill steps stay eager)."""

@@ -1,33 +1,72 @@
 """Intra-op threads per step on the CPU: more threads only where they measurably help.
 
-On a small CPU shared with the rest of the server, an OpenMP barrier per op makes a second thread
-slower for small steps (a descheduled thread stalls every op) while large prefill steps gain from it.
-So the engine picks, per step, between 1 thread and ``cpu_threads`` by step size: steps are bucketed
-by their token count (powers of two), each bucket keeps an exponential average of seconds per step
-for each thread count, both are tried first, the faster one is used after that, and the slower one
-is re-tried every ``RETRY_EVERY`` steps of the bucket (costs drift with the machine's load).
+On a small CPU shared with the rest of the server, an OpenMP barrier per op can make a second thread
+slower for small steps (a descheduled thread stalls every op) while large steps gain from it. So the
+engine picks, per step, between 1 thread and ``cpu_threads``, per bucket of step sizes (token counts,
+powers of two), from a *probe*: ``PROBE_RUN`` consecutive steps with each count, the first step of each
+run not counted (threads waking up), and the median seconds per step of the rest compared (one slow
+step, the machine's noise, cannot decide it). ``cpu_threads`` is kept only when its median beats one
+thread's by ``MARGIN`` (otherwise the second core stays free for the rest of the server). A bucket
+probes at its first step and again after every ``RETRY_EVERY`` steps of it, since costs drift with the
+machine's load, and at once when the median of its last ``PROBE_RUN`` steps exceeds the chosen count's
+probe median ``SLOWDOWN`` times while the choice is ``cpu_threads``: a second thread that loses its core to
+another process stalls every barrier (steps of 0.3 ms took 170 ms on this 2-core machine under a load of 5),
+so that choice must not last once it goes wrong (the slow steps stand for its run of that probe). For the same
+reason a probe runs the current choice first
+and cuts the other count's run short at its second counted step slower than ``ABORT`` times the choice's.
 ``torch.set_num_threads`` costs well under a microsecond.
 """
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
-DECAY = 0.2
-RETRY_EVERY = 50
+PROBE_RUN = 6        # steps per thread count in a probe; the first of each run is not counted
+RETRY_EVERY = 200    # steps of a bucket between probes
+MARGIN = 0.03        # cpu_threads must be this much faster than 1 thread (median seconds per step)
+SLOWDOWN = 1.5       # re-probe early when cpu_threads' recent median is this many times its probe median
+ABORT = 3.0          # a probe's second run stops at two counted steps this many times slower than the first run
 
 
 def bucket(num_tokens: int) -> int:
     return 1 << max(0, num_tokens - 1).bit_length()
 
 
+def probe_plan(*counts: int) -> list[tuple[int, bool]]:
+    """(threads, counted) per step of a probe: a run of each count in turn, its first step not counted."""
+    return [(t, i > 0) for t in counts for i in range(PROBE_RUN)]
+
+
+def faster_count(samples: dict[int, list[float]], max_threads: int) -> tuple[int, float | None]:
+    """``max_threads`` when its median seconds per step beat one thread's by ``MARGIN``, else 1; and the
+    chosen count's median (None: it has no samples)."""
+    med = {t: statistics.median(v) for t, v in samples.items() if v}
+    if 1 not in med or max_threads not in med:
+        return 1, med.get(1)
+    threads = max_threads if med[max_threads] < (1.0 - MARGIN) * med[1] else 1
+    return threads, med[threads]
+
+
+@dataclass
+class _Bucket:
+    choice: int = 1                                                         # threads between probes
+    probed: bool = False
+    since_probe: int = 0                                                    # steps since the last probe ended
+    plan: list[tuple[int, bool]] = field(default_factory=list)              # the probe's remaining steps
+    samples: dict[int, list[float]] = field(default_factory=dict)           # the probe's counted seconds
+    reference: float | None = None                                          # the choice's probe median
+    recent: deque = field(default_factory=lambda: deque(maxlen=PROBE_RUN))  # seconds of the last steps after it
+    pending: str = ""                                                       # the step under way: probe, steady
+
+
 @dataclass
 class ThreadPolicy:
     max_threads: int
-    _seconds: dict[tuple[int, int], float] = field(default_factory=dict)   # (bucket, threads) -> EMA
-    _steps: dict[int, int] = field(default_factory=dict)                  # bucket -> steps seen
-    _current: int = 0
+    _buckets: dict[int, _Bucket] = field(default_factory=dict)
+    _current: int = 0                                                       # what torch was last set to
 
     @property
     def active(self) -> bool:
@@ -37,24 +76,39 @@ class ThreadPolicy:
         """Threads for a step of ``num_tokens`` tokens (set on torch before the forward)."""
         if not self.active:
             return self.max_threads
-        b = bucket(num_tokens)
-        n = self._steps.get(b, 0)
-        self._steps[b] = n + 1
-        options = (1, self.max_threads)
-        unseen = [t for t in options if (b, t) not in self._seconds]
-        if unseen:
-            threads = unseen[0]
+        b = self._buckets.setdefault(bucket(num_tokens), _Bucket())
+        if not b.plan and b.samples:                      # a probe just ended
+            (b.choice, b.reference), b.samples, b.since_probe = faster_count(b.samples, self.max_threads), {}, 0
+            b.recent.clear()
+        if not b.plan and (not b.probed or b.since_probe >= RETRY_EVERY):
+            other = self.max_threads if b.choice == 1 else 1
+            b.plan, b.probed = probe_plan(b.choice, other), True
+        if b.plan:
+            threads, counted = b.plan.pop(0)
+            b.pending = "probe" if counted else ""
         else:
-            best = min(options, key=lambda t: self._seconds[(b, t)])
-            threads = (options[1] if best == options[0] else options[0]) if n % RETRY_EVERY == 0 else best
+            threads, b.pending = b.choice, "steady"
+            b.since_probe += 1
         if threads != self._current:
             torch.set_num_threads(threads)
             self._current = threads
         return threads
 
     def observe(self, num_tokens: int, threads: int, seconds: float) -> None:
-        if not self.active:
+        """The seconds the step just chosen for took."""
+        b = self._buckets.get(bucket(num_tokens))
+        if not self.active or b is None:
             return
-        key = (bucket(num_tokens), threads)
-        old = self._seconds.get(key)
-        self._seconds[key] = seconds if old is None else old + DECAY * (seconds - old)
+        if b.pending == "probe":
+            b.samples.setdefault(threads, []).append(seconds)
+            first = b.samples.get(b.choice)
+            if threads != b.choice and first:
+                limit = ABORT * statistics.median(first)
+                if sum(s > limit for s in b.samples[threads]) >= 2:
+                    b.plan.clear()                            # the other count lost already: end the probe
+        elif b.pending == "steady":
+            b.recent.append(seconds)
+            if b.choice != 1 and b.reference is not None and len(b.recent) == PROBE_RUN and \
+                    statistics.median(b.recent) > SLOWDOWN * b.reference:
+                b.samples, b.plan = {b.choice: list(b.recent)}, probe_plan(1)   # a probe of one thread only
+        b.pending = ""

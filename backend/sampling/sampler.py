@@ -18,12 +18,12 @@ import torch
 from backend.core.outputs import TokenLogprob
 from backend.core.sequence import Sequence
 from backend.sampling.batch import GREEDY_EPS, SamplingBatch, build_sampling_batch
+from backend.sampling.bitmask_kernels import TORCH_KERNELS, BitmaskKernels
 from backend.sampling.ops import (
     apply_bans,
     apply_min_p,
     apply_penalties,
     apply_temperature,
-    apply_token_bitmask,
     apply_top_k_top_p,
     gather_logprobs,
     inverse_cdf_draw,
@@ -50,10 +50,11 @@ class VerifyOutput:
 def mask_and_penalise(
     logits: torch.Tensor,   # [num_rows, vocab] fp32, modified in place
     batch: SamplingBatch,
+    kernels: BitmaskKernels = TORCH_KERNELS,   # how the grammar bitmask is applied
 ) -> torch.Tensor:          # [num_rows, vocab]
     """Grammar mask, bad words, min_tokens, then the penalties: what greedy rows take the argmax of."""
     if batch.grammar_bitmask is not None:
-        logits = apply_token_bitmask(logits, batch.grammar_bitmask)
+        logits = kernels.apply_(logits, batch.grammar_bitmask)
     if batch.bad_word_bans is not None:
         logits = apply_bans(logits, *batch.bad_word_bans)
     if batch.min_tokens_bans is not None:
@@ -86,9 +87,10 @@ def process_logits(
 def compute_probs(
     logits: torch.Tensor,   # [num_rows, vocab] raw (not modified)
     batch: SamplingBatch,
+    kernels: BitmaskKernels = TORCH_KERNELS,
 ) -> torch.Tensor:          # [num_rows, vocab] fp32
     """The distribution each row is actually sampled from: greedy rows are one-hot at their argmax."""
-    penalised = mask_and_penalise(logits.to(torch.float32, copy=True), batch)
+    penalised = mask_and_penalise(logits.to(torch.float32, copy=True), batch, kernels)
     probs = logits_to_probs(filter_logits(penalised.clone(), batch))
     if batch.any_greedy:
         one_hot = torch.zeros_like(probs).scatter_(1, penalised.argmax(dim=-1, keepdim=True), 1.0)
@@ -100,10 +102,13 @@ def sample_tokens(
     logits: torch.Tensor,                    # [num_rows, vocab] raw (not modified)
     batch: SamplingBatch,
     generator: torch.Generator | None = None,  # the engine's RNG for unseeded rows (None: torch's default)
+    kernels: BitmaskKernels = TORCH_KERNELS,   # how the grammar bitmask is applied
 ) -> torch.Tensor:                           # [num_rows] int64
-    if batch.all_greedy and not batch.has_masks and not batch.has_penalties:
-        return logits.argmax(dim=-1)  # fast path: plain greedy batch
-    penalised = mask_and_penalise(logits.to(torch.float32, copy=True), batch)
+    if batch.all_greedy and batch.bad_word_bans is None and batch.min_tokens_bans is None \
+            and not batch.has_penalties:       # fast path: greedy rows, at most a grammar mask
+        mask = batch.grammar_bitmask
+        return logits.argmax(dim=-1) if mask is None else kernels.masked_argmax(logits, mask)
+    penalised = mask_and_penalise(logits.to(torch.float32, copy=True), batch, kernels)
     if batch.all_greedy:
         return penalised.argmax(dim=-1)
     greedy_ids = penalised.argmax(dim=-1) if batch.any_greedy else None
@@ -143,8 +148,10 @@ class Sampler:
     ``drop`` (the runner drops the sequences each plan reports finished)."""
 
     def __init__(self, vocab_size: int, device: torch.device | str = "cpu", seed: int | None = None,
-                 eos_token_ids: Seq[int] = (), seq_seed_salt: int = 0):
+                 eos_token_ids: Seq[int] = (), seq_seed_salt: int = 0,
+                 bitmask_kernels: BitmaskKernels = TORCH_KERNELS):
         self.vocab_size = vocab_size
+        self.bitmask_kernels = bitmask_kernels   # the grammar mask: native on the CPU with the native step
         self.seq_seed_salt = seq_seed_salt    # another sampler of the same requests (a draft model) needs another
         self.device = torch.device(device)
         self.eos_token_ids = tuple(eos_token_ids)
@@ -192,7 +199,7 @@ class Sampler:
         if logits.shape != (batch.num_rows, batch.vocab_size):
             raise ValueError(f"logits {tuple(logits.shape)} do not match the batch "
                              f"({batch.num_rows} rows, vocab {batch.vocab_size})")
-        token_ids = sample_tokens(logits, batch, self.generator)
+        token_ids = sample_tokens(logits, batch, self.generator, self.bitmask_kernels)
         logprobs = build_logprobs(logits, token_ids, batch.num_logprobs) \
             if batch.max_num_logprobs is not None else None
         return SamplerOutput(token_ids, logprobs)
@@ -215,7 +222,7 @@ class Sampler:
         rows_seqs = [s for s, k in zip(seqs, counts) for _ in range(k + 1)]
         outputs = [s.output_token_ids + d[:j] for s, d, k in zip(seqs, drafts, counts) for j in range(k + 1)]
         batch = self.build_batch(rows_seqs, output_token_ids=outputs, grammar_bitmask=grammar_bitmask)
-        probs = compute_probs(logits, batch)                                   # [R, vocab]
+        probs = compute_probs(logits, batch, self.bitmask_kernels)             # [R, vocab]
         b, k_max, dev = len(seqs), max(counts), logits.device
         first = torch.tensor(_row_starts(counts), dtype=torch.int64, device=dev)      # [B] first row of each seq
         offs = torch.arange(k_max + 1, device=dev)

@@ -11,52 +11,41 @@ tokens in the forward, the rejection sampling), divided by the sequences that ve
     (1 + E(k)) / (t(B) / B + x(B, k)),
 
 and ``k > 0`` only when that beats plain decoding by ``MARGIN``. ``t`` and ``x`` are measured per
-batch-size bucket (powers of two), ``x`` for each draft length (the longest draft run in the step),
-because neither is linear: a verify step has fixed costs per speculating sequence, a draft model
-costs one forward per draft position whatever the batch, and where a step is compute-bound (large
-batches) extra verify tokens cost as much as any other token and ``k`` drops, possibly to 0. An
-unmeasured ``x(B, k)`` is interpolated linearly in ``k`` between measured lengths (``x(B, 0) = 0``),
-which errs low, so an untried length that looks best is tried and then known; above the longest
-measured length it grows in proportion to ``k``; a bucket with no measurement borrows the nearest
-bucket's. A cost's estimate is the median of its last ``WINDOW`` observations (the minimum while it has
-fewer than ``SETTLED``): on a shared machine other processes slow some steps down, and a step descheduled
-for a while says nothing about speculation. A length measured only a few times is taken at no more than
-what the other lengths imply, so one slow first step does not rule it out for good.
-
-To keep ``t`` current while everyone speculates, the engine runs one step without drafts when a
-bucket's plain time is unknown or stale (``plain_step_due``: every ``PLAIN_EVERY`` speculative steps,
-``PLAIN_EVERY_UNSETTLED`` at first); the first step with drafts in a bucket then measures ``x`` at the full
-``k``, so a bucket's costs are known after two steps.
+batch-size bucket and draft length (``StepCosts``, backend/spec_decode/step_costs.py).
 
 Acceptance is learnt per position with a weight that starts at ``1 / (PRIOR_WEIGHT + 1)`` and falls
 to ``MIN_WEIGHT`` (an average while there are few observations, then an exponential one), starting
 from the engine-wide estimates, so a workload where drafts fail stops paying for them from one
-request to the next instead of relearning it in every request. A sequence at ``k = 0`` is re-probed
+request to the next instead of relearning it in every request. The engine-wide estimates are learnt
+the same way (an average at first, then weight ``GLOBAL_DECAY``): the optimistic prior is gone after
+a handful of verifications, and a change of workload (greedy code, then sampled prose) is followed
+within a few requests. A sequence at ``k = 0`` is re-probed
 with its full ``k`` (one probe then measures every position: a repetitive request among unrepetitive
 ones is recognised from one probe) after ``PROBE_EVERY`` steps, the interval doubling (up to
 ``PROBE_MAX``) while probes keep failing and never shorter than what keeps all sequences' probes within
 ``PROBE_BUDGET`` of the plain step time (at large batches a probing sequence costs nearly a whole share
 of the step; a draft model's probe costs ``k`` draft forwards), so a change in acceptance is noticed at
-a bounded cost.
+a bounded cost. A probe's cost there is its expected loss, ``x(B, k)`` less the tokens the sequence's
+acceptance says it yields: a sequence just below break-even (one early rejection in a repetitive
+request) is probed again after ``PROBE_EVERY`` steps, not after the whole request. Between probes a sequence at ``k = 0`` costs the policy one counter increment per step:
+nothing it could learn from has happened since it chose ``k = 0`` (no verification), and with the fast
+decode step (~0.5 ms at batch 1) re-deciding every step would itself cost a few percent.
 """
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, field
+
+from backend.spec_decode.step_costs import StepCosts, bucket
 
 PRIOR_ACCEPTANCE = 0.9     # optimistic engine-wide start: the first requests speculate with the full k
 PRIOR_WEIGHT = 1.0         # pseudo-observations behind a new sequence's start (the engine-wide estimate)
 MIN_WEIGHT = 0.25          # weight of a new acceptance observation once a position has a few
-GLOBAL_DECAY = 0.1         # weight of a new observation in the engine-wide estimates
-WINDOW = 7                 # step-time observations kept per cost (bucket, draft length)
-SETTLED = 3                # observations before a cost's estimate is their median rather than their minimum
+GLOBAL_DECAY = 0.2         # weight of a new observation in the engine-wide estimates, once they have a few
 MARGIN = 0.05              # speculate only when expected tokens/s beats plain decoding by this fraction
 PROBE_EVERY = 16           # steps at k = 0 before a probe with the full k
 PROBE_MAX = 128            # the probe interval doubles up to this while probes fail
 PROBE_BUDGET = 0.02        # and is at least long enough for all probes to cost <= 2% of the plain step time
-PLAIN_EVERY = 64           # speculative steps in a bucket before its plain step time is measured again
-PLAIN_EVERY_UNSETTLED = 8  # the same while the plain estimate rests on fewer than SETTLED steps
 FORGET_AFTER = 512         # proposal rounds without a choice for a sequence before its state is dropped
 
 
@@ -85,107 +74,11 @@ def best_num_drafts(acceptance: list[float], step_share: float, extra_seconds: l
 
 def probe_interval_for_budget(num_seqs: int, plain_seconds: float, probe_seconds: float) -> int:
     """Steps between one sequence's probes so that the probes of ``num_seqs`` sequences cost at most
-    ``PROBE_BUDGET`` of the plain step time: ``num_seqs * x(B, k) / (PROBE_BUDGET * t(B))``. At large
+    ``PROBE_BUDGET`` of the plain step time: ``num_seqs * loss / (PROBE_BUDGET * t(B))``, where ``loss`` is
+    what one probe costs: ``x(B, k)``, less what it is expected to yield (``E(k) * t(B) / B``). At large
     batches drafts cost a verifying sequence about a whole share of the step (its own multi-token
     attention, its rejection), so probing every few steps would be most of the loss."""
     return math.ceil(num_seqs * probe_seconds / (PROBE_BUDGET * max(plain_seconds, 1e-12)))
-
-
-def bucket(num_seqs: int) -> int:
-    """Batch-size bucket: the power of two at or above ``num_seqs``."""
-    return 1 << max(0, num_seqs - 1).bit_length()
-
-
-def interpolate_extra(measured: dict[int, float], k: int) -> float:
-    """``x(k)`` from the measured lengths: exact, else linear between neighbours (``x(0) = 0``), else
-    in proportion to ``k`` above the longest measured one. ``measured`` must not be empty."""
-    if k in measured:
-        return measured[k]
-    lo = max((j for j in measured if j < k), default=0)
-    hi = min((j for j in measured if j > k), default=None)
-    x_lo = measured.get(lo, 0.0)
-    if hi is None:
-        return x_lo * k / lo
-    return x_lo + (measured[hi] - x_lo) * (k - lo) / (hi - lo)
-
-
-@dataclass
-class RecentTimes:
-    """The last ``WINDOW`` observations of one cost. The estimate is their median, or their minimum while
-    there are fewer than ``SETTLED`` (other processes only ever slow a step down, never speed it up)."""
-
-    values: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
-
-    def add(self, seconds: float) -> None:
-        self.values.append(seconds)
-
-    @property
-    def settled(self) -> bool:
-        return len(self.values) >= SETTLED
-
-    def estimate(self) -> float:
-        v = sorted(self.values)
-        return v[len(v) // 2] if self.settled else v[0]
-
-
-@dataclass
-class StepCosts:
-    """Measured step costs per batch-size bucket: plain decode steps, and the extra per speculating
-    sequence of a step with drafts, per draft length."""
-
-    plain: dict[int, RecentTimes] = field(default_factory=dict)               # bucket -> step without drafts
-    extra: dict[int, dict[int, RecentTimes]] = field(default_factory=dict)    # bucket -> {k: extra per sequence}
-    since_plain: dict[int, int] = field(default_factory=dict)   # bucket -> speculative steps since a plain one
-
-    def observe_plain(self, num_seqs: int, seconds: float) -> None:
-        b = bucket(num_seqs)
-        self.plain.setdefault(b, RecentTimes()).add(seconds)
-        self.since_plain[b] = 0
-
-    def observe_speculative(self, num_seqs: int, num_speculating: int, max_drafts: int, seconds: float) -> None:
-        """A step over ``num_seqs`` sequences, ``num_speculating`` of them verifying at most ``max_drafts``
-        drafts, took ``seconds`` (its proposal included)."""
-        b = bucket(num_seqs)
-        self.since_plain[b] = self.since_plain.get(b, 0) + 1
-        if b in self.plain and num_speculating > 0 and max_drafts > 0:
-            per_seq = max(0.0, seconds - self.plain[b].estimate()) / num_speculating
-            self.extra.setdefault(b, {}).setdefault(max_drafts, RecentTimes()).add(per_seq)
-
-    def plain_step_due(self, num_seqs: int) -> bool:
-        """No plain step measured at this bucket, or ``PLAIN_EVERY`` speculative steps since the last one
-        (``PLAIN_EVERY_UNSETTLED`` while the plain estimate rests on few steps)."""
-        b = bucket(num_seqs)
-        if b not in self.plain:
-            return True
-        every = PLAIN_EVERY if self.plain[b].settled else PLAIN_EVERY_UNSETTLED
-        return self.since_plain.get(b, 0) >= every
-
-    def plain_seconds(self, num_seqs: int) -> float | None:
-        t = self.plain.get(bucket(num_seqs))
-        return None if t is None else t.estimate()
-
-    def extra_seconds(self, num_seqs: int, k: int, optimistic: bool = True) -> float | None:
-        """Estimated ``x(B, k)``; None while no bucket has a step with drafts measured.
-
-        ``optimistic``: a length measured fewer than ``SETTLED`` times is taken at no more than what the
-        other lengths imply, so that one slow first step does not rule it out for good."""
-        b = bucket(num_seqs)
-        if not self.extra.get(b):
-            known = [c for c, by_k in self.extra.items() if by_k]
-            if not known:
-                return None
-            b = min(known, key=lambda c: (abs(c.bit_length() - b.bit_length()), c))
-        by_k = self.extra[b]
-        measured = {j: t.estimate() for j, t in by_k.items()}
-        x = interpolate_extra(measured, k)
-        if optimistic and k in by_k and not by_k[k].settled and len(measured) > 1:
-            x = min(x, interpolate_extra({j: v for j, v in measured.items() if j != k}, k))
-        return x
-
-    def snapshot(self) -> tuple[dict[int, float], dict[int, dict[int, float]]]:
-        """(bucket -> plain step seconds, bucket -> {k: extra seconds per speculating sequence})."""
-        return ({b: t.estimate() for b, t in sorted(self.plain.items())},
-                {b: {k: t.estimate() for k, t in sorted(by_k.items())} for b, by_k in sorted(self.extra.items())})
 
 
 @dataclass
@@ -193,7 +86,8 @@ class _SeqState:
     acceptance: list[float]
     observations: list[int]
     last_seen: int = 0
-    steps_at_zero: int = 0
+    steps_at_zero: int = 0           # rounds at k = 0 since the last speculative one
+    probe_at: int = 0                # ... at which the next probe goes (0: not at k = 0)
     probe_interval: int = PROBE_EVERY
 
 
@@ -210,16 +104,20 @@ class AdaptiveDraftLength:
     enabled: bool = True
     costs: StepCosts = field(default_factory=StepCosts)
     global_acceptance: list[float] = field(default_factory=list)   # engine-wide per-position estimates
+    global_observations: list[int] = field(default_factory=list)   # behind each of them
     _seqs: dict[int, _SeqState] = field(default_factory=dict)
     _round: int = 0                   # proposal rounds so far
     _pending_draft_seconds: float = 0.0   # the proposer's time for the drafts the next step verifies
     _step_speculating: int = 0        # sequences that verified drafts in the step being observed
     _step_max_drafts: int = 0         # the longest draft run among them
     _round_estimates: dict = field(default_factory=dict)   # (num_decoding, k_max) -> costs, for this round
+    _remeasure: bool = False          # this round: the bucket's draft costs are stale, everyone drafts fully
 
     def __post_init__(self) -> None:
         if not self.global_acceptance:
             self.global_acceptance = [PRIOR_ACCEPTANCE] * self.max_k
+        if not self.global_observations:
+            self.global_observations = [0] * self.max_k
 
     def _state(self, seq_id: int) -> _SeqState:
         st = self._seqs.get(seq_id)
@@ -228,6 +126,18 @@ class AdaptiveDraftLength:
         st.last_seen = self._round
         return st
 
+    def idle(self, seq_id: int) -> bool:
+        """Whether the sequence sits at ``k = 0`` with no probe due this round (the step is counted; the caller
+        proposes nothing and need not ``choose``). Nothing was verified since ``k = 0`` was chosen, so the
+        acceptance that chose it has not moved; deciding again every step would cost more than the decision
+        is worth (a plain decode step of the fast path is ~0.5 ms)."""
+        st = self._seqs.get(seq_id)
+        if st is None or self._remeasure or not 0 < st.steps_at_zero < st.probe_at - 1:
+            return False
+        st.steps_at_zero += 1
+        st.last_seen = self._round
+        return True
+
     def choose(self, seq_id: int, k_max: int, num_decoding: int) -> int:
         """Drafts to propose for one sequence this step (``k_max``: its own cap)."""
         k_max = min(k_max, self.max_k)
@@ -235,32 +145,43 @@ class AdaptiveDraftLength:
             return 0
         if not self.enabled:
             return k_max
+        if self.idle(seq_id):
+            return 0
         st = self._state(seq_id)
+        if self._remeasure:                   # stale costs: everyone drafts fully once; this sequence's probe too
+            st.steps_at_zero = st.probe_at = 0
+            return k_max
         n = max(1, num_decoding)
-        plain, extras, probe_every = self._estimates(n, k_max)
+        plain, extras, _, probe_seconds = self._estimates(n, k_max)
         if plain is None or extras[0] is None:           # costs unknown: speculate fully to measure them
             return k_max
         k = best_num_drafts(st.acceptance, plain / n, extras)
         if k > 0:
-            st.steps_at_zero, st.probe_interval = 0, PROBE_EVERY
+            st.steps_at_zero, st.probe_at, st.probe_interval = 0, 0, PROBE_EVERY
             return k
         st.steps_at_zero += 1
-        if st.steps_at_zero >= max(st.probe_interval, probe_every):   # probe: learns every position at once
-            st.steps_at_zero = 0
+        # a probe's expected loss: its cost less the tokens it is expected to yield (a sequence just below
+        # break-even, e.g. after one early rejection, is probed again soon; one whose drafts fail, rarely)
+        loss = max(0.0, probe_seconds - expected_accepted(st.acceptance, k_max) * plain / n)
+        st.probe_at = max(st.probe_interval, probe_interval_for_budget(n, plain, loss))
+        if st.steps_at_zero >= st.probe_at:              # probe: learns every position at once
+            st.steps_at_zero = st.probe_at = 0
             st.probe_interval = min(PROBE_MAX, 2 * st.probe_interval)
             return k_max
         return 0
 
-    def _estimates(self, n: int, k_max: int) -> tuple[float | None, list[float | None], int]:
-        """(plain step seconds, ``x(n, 1..k_max)``, probe interval for the budget), computed once per round."""
+    def _estimates(self, n: int, k_max: int) -> tuple[float | None, list[float | None], int, float]:
+        """(plain step seconds, ``x(n, 1..k_max)``, interval between probes costing ``x(n, k_max)`` each within
+        the budget, ``x(n, k_max)`` (not optimistic)), computed once per round."""
         key = (n, k_max)
         if key not in self._round_estimates:
             plain = self.costs.plain_seconds(n)
             extras = [self.costs.extra_seconds(n, k) for k in range(1, k_max + 1)]
-            probe_every = 0
+            probe_every, probe_seconds = 0, 0.0
             if plain is not None and extras[0] is not None:
-                probe_every = probe_interval_for_budget(n, plain, self.costs.extra_seconds(n, k_max, optimistic=False))
-            self._round_estimates[key] = (plain, extras, probe_every)
+                probe_seconds = self.costs.extra_seconds(n, k_max, optimistic=False)
+                probe_every = probe_interval_for_budget(n, plain, probe_seconds)
+            self._round_estimates[key] = (plain, extras, probe_every, probe_seconds)
         return self._round_estimates[key]
 
     def observe_verify(self, seq_id: int, num_drafts: int, num_accepted: int) -> None:
@@ -271,7 +192,9 @@ class AdaptiveDraftLength:
             weight = max(MIN_WEIGHT, 1.0 / (PRIOR_WEIGHT + st.observations[j] + 1))
             st.acceptance[j] += weight * (hit - st.acceptance[j])
             st.observations[j] += 1
-            self.global_acceptance[j] += GLOBAL_DECAY * (hit - self.global_acceptance[j])
+            g = max(GLOBAL_DECAY, 1.0 / (PRIOR_WEIGHT + self.global_observations[j] + 1))
+            self.global_acceptance[j] += g * (hit - self.global_acceptance[j])
+            self.global_observations[j] += 1
         if num_drafts > 0:
             self._step_speculating += 1
             self._step_max_drafts = max(self._step_max_drafts, num_drafts)
@@ -293,7 +216,13 @@ class AdaptiveDraftLength:
         self._round += 1
         if self._round % FORGET_AFTER == 0:               # sequences chosen for but never freed (k stayed 0)
             self._seqs = {s: st for s, st in self._seqs.items() if self._round - st.last_seen < FORGET_AFTER}
-        return self.enabled and self.costs.plain_step_due(max(1, num_decoding))
+        if not self.enabled:
+            return False
+        n = max(1, num_decoding)
+        # stale draft costs are re-measured, no more often than the probe budget allows at this batch size
+        self._remeasure = self.costs.remeasure_due(n) and \
+            self.costs.since_speculative[bucket(n)] >= self._estimates(n, self.max_k)[2]   # probes costing x
+        return self.costs.plain_step_due(n)
 
     def observe_draft(self, seconds: float, num_draft_tokens: int) -> None:
         """The proposer took ``seconds`` for the drafts (``num_draft_tokens`` in all) the next step verifies."""

@@ -1,7 +1,8 @@
 """The engine's speculation driver: after each step, pick each decoding sequence's ``k``, ask the
 proposer for drafts, and hand them to the scheduler; learn from every verification.
 
-The engine calls ``after_step(plan, output, seconds)`` once a step's results are applied, and
+The engine calls ``after_step(plan, output, seconds, clock)`` once a step's results are applied (``seconds``
+on ``clock``, which also times the proposer: the loop thread's CPU time for a step on one thread), and
 ``release_gone`` after taking aborts from its inbox. Drafts
 enter the scheduler only through ``Scheduler.update_draft_token_ids``; the draft distributions
 ``q`` (draft model, sampled requests) are kept here until the next step's verification asks for
@@ -21,6 +22,7 @@ proposer), so its proposals need a cut only after an EOS.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -76,7 +78,9 @@ class Speculator:
                           max_model_len - seq.num_tokens - 1))
 
     def after_step(self, scheduler: Scheduler, plan: SchedulerOutput, output: ModelRunnerOutput,
-                   step_seconds: float) -> None:
+                   step_seconds: float, clock: Callable[[], float] = time.perf_counter) -> None:
+        """Learn from the step's verifications and time (``step_seconds``, measured on ``clock``); propose the
+        next step's drafts, timed on the same clock."""
         decode_only, drafts = True, 0
         for sched, tokens in zip(plan.scheduled, output.sampled_token_ids):
             if sched.num_draft_tokens:
@@ -87,25 +91,28 @@ class Speculator:
         if decode_only and plan.scheduled:
             self.policy.observe_step(len(plan.scheduled), drafts, step_seconds)
         self.release_gone(scheduler)
-        self._propose(scheduler)
+        self._propose(scheduler, clock)
 
-    def _propose(self, scheduler: Scheduler) -> None:
+    def _propose(self, scheduler: Scheduler, clock: Callable[[], float]) -> None:
         self.draft_probs = {}
         decoding = [s for s in scheduler.running if s.num_tokens - s.num_computed_tokens == 1]
         if not decoding or self.policy.plain_step_due(len(decoding)):
             return
         seqs, ks = [], []
+        policy = self.policy
         for seq in decoding:
-            k = self.policy.choose(seq.seq_id, self.seq_max_k(seq, scheduler.max_model_len), len(decoding))
+            if policy.idle(seq.seq_id):                    # at k = 0 between probes: nothing to decide
+                continue
+            k = policy.choose(seq.seq_id, self.seq_max_k(seq, scheduler.max_model_len), len(decoding))
             if k > 0:
                 seqs.append(seq)
                 ks.append(k)
         if not seqs:
             return
         self._tracked.update(s.seq_id for s in seqs)
-        t0 = time.perf_counter()
+        t0 = clock()
         proposal = self.proposer.propose(seqs, ks, self.grammar)
-        self.policy.observe_draft(time.perf_counter() - t0, sum(ks))
+        self.policy.observe_draft(clock() - t0, sum(ks))
         if self.grammar is not None:
             self._check_guided(seqs, proposal)
         scheduler.update_draft_token_ids(proposal.draft_token_ids)

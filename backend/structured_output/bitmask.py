@@ -62,11 +62,14 @@ class BitmaskBuffer:
         t = torch.full((rows, self.words), -1, dtype=torch.int32)
         return t.pin_memory() if self.pin else t
 
-    def rows(self, n: int) -> torch.Tensor:   # [n, words] int32, all ones
+    def rows(self, n: int, reset: bool = True) -> torch.Tensor:   # [n, words] int32
+        """The first ``n`` rows: all ones, or as the last step left them when not ``reset`` (the caller
+        overwrites every row)."""
         if n > self._buf.shape[0]:
             self._buf = self._alloc(max(n, 2 * self._buf.shape[0]))
         view = self._buf[:n]
-        view.fill_(-1)
+        if reset:
+            view.fill_(-1)
         return view
 
 

@@ -15,8 +15,9 @@ One step, on the loop thread (``LLMEngine.step``):
    (a step without guided rows does no grammar work). On CUDA it is filled on a worker thread while
    the loop thread launches the forward (xgrammar's fill releases the GIL; the forward touches no
    matcher, so the worker owns them until ``result()`` returns). On the CPU it is filled by
-   ``result()`` on the loop thread after the forward: there the forward's own threads occupy the
-   cores and a worker measured slower (GIL and core contention, docs/engine.md). One row per sampled
+   ``result()`` on the loop thread after the forward, eager or native: a fill takes 1-2 µs a row,
+   less than handing it to a worker and back (a thread wake-up per step, milliseconds on busy cores;
+   docs/engine.md). One row per sampled
    position; a sequence verifying drafts has ``drafts + 1`` consecutive rows, row ``i`` filled after
    advancing its matcher through the first ``i`` drafts, then rolled back (so the state stays at the
    last accepted token);
@@ -112,6 +113,7 @@ class StructuredOutputManager:
         self._lock = threading.Lock()
         self._requests: dict[str, _GuidedRequest] = {}
         self._inflight: dict[tuple[str, str], Future] = {}
+        self._compiling: set[str] = set()       # requests whose grammar is not compiled yet (what poll looks at)
         self._news = False                      # a compile ended since the last poll
         self._on_event: Callable[[], None] | None = None
         cuda = torch.device(device).type == "cuda"
@@ -144,11 +146,13 @@ class StructuredOutputManager:
                 self._inflight[key] = fut
                 self.num_compiles += 1
             entry.future = fut
+            self._compiling.add(request_id)
 
     def drop(self, request_id: str) -> None:
         """Forget a request that ended (any reason); an unfinished compile of it runs on."""
         with self._lock:
             self._requests.pop(request_id, None)
+            self._compiling.discard(request_id)
 
     def is_guided(self, request_id: str) -> bool:
         with self._lock:
@@ -195,17 +199,19 @@ class StructuredOutputManager:
     def poll(self) -> list[tuple[str, str]]:
         """Take finished compiles; return ``(request_id, error)`` of requests whose compile failed
         or outlived ``compile_timeout_s`` (the caller ends them; they are forgotten here)."""
+        if not self._compiling:                  # nothing to look at (a read without the lock: a compile
+            return []                            # submitted meanwhile is seen by the next step's poll)
         now = self._clock()
         failures = []
         with self._lock:
             self._news = False
-            for rid, e in self._requests.items():
-                if e.compiled is not None or e.future is None:
-                    continue
+            for rid in list(self._compiling):
+                e = self._requests[rid]
                 if e.future.done():
                     exc = e.future.exception()
                     if exc is None:
                         e.compiled = e.future.result()
+                        self._compiling.discard(rid)
                         continue
                     msg = str(exc) if isinstance(exc, ValueError) else \
                         f"{GUIDE}: compiling the grammar failed ({type(exc).__name__}: {exc})"
@@ -215,6 +221,7 @@ class StructuredOutputManager:
                                            f"guided_compile_timeout_s ({self.compile_timeout_s:g} s)")))
             for rid, _ in failures:
                 del self._requests[rid]
+                self._compiling.discard(rid)
         return failures
 
     def is_ready(self, seq: Sequence) -> bool:
@@ -261,7 +268,8 @@ class StructuredOutputManager:
         positions: row ``k`` of them is filled after advancing through the first ``k`` drafts."""
         if not self._requests or not rows:
             return None
-        bitmask = self._bitmask.rows(len(rows))
+        if len(set(rows)) == len(rows):
+            return self._fill_rows(plan, rows)
         entries = []                               # (matcher, first row, drafts) of each guided sequence
         j = 0
         while j < len(rows):
@@ -276,7 +284,25 @@ class StructuredOutputManager:
             j += n
         if not entries:
             return None
+        bitmask = self._bitmask.rows(len(rows))
         fill_verified_positions(self._backend.fill_bitmasks, entries, bitmask)
+        return bitmask
+
+    def _fill_rows(self, plan: SchedulerOutput, rows: list[int]) -> torch.Tensor | None:
+        """``fill_bitmask`` of a step without drafts (a row per sampling sequence): one batched fill; the
+        buffer is reset to all ones only when some row is not guided."""
+        matchers, filled = [], []
+        for j, i in enumerate(rows):
+            seq = plan.scheduled[i].seq
+            if seq.params.guide is not None:
+                m = self._matcher(seq)
+                if m is not None and not m.is_terminated():
+                    matchers.append(m)
+                    filled.append(j)
+        if not matchers:
+            return None
+        bitmask = self._bitmask.rows(len(rows), reset=len(filled) < len(rows))
+        self._backend.fill_bitmasks(matchers, bitmask, filled)
         return bitmask
 
     def _jumps(self, seq: Sequence) -> bool:

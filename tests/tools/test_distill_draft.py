@@ -27,3 +27,16 @@ def test_kl_gradient_moves_the_draft_towards_the_target():
 def test_greedy_agreement_counts_equal_argmaxes():
     student = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.0, 2.0], [3.0, 0.0]])
     assert greedy_agreement(student, torch.tensor([1, 0, 0, 1])) == 0.5
+
+
+def test_distillation_note_names_every_run_and_its_agreement():
+    from tools.model_report import distillation_note
+
+    run = {"kind": "distill", "steps": 10, "tokens_seen": 2e6, "training_minutes": 3.0, "peak_lr": 1e-3,
+           "temperature": 1.0, "heldout_agreement_before": 0.5, "heldout_agreement_after": 0.55}
+    later = dict(run, heldout_agreement_before=0.55, heldout_agreement_after=0.61)
+    text = "\n".join(distillation_note({"runs": [{"steps": 5}, run, later]}))
+    assert text.startswith("The draft was then distilled from the target")
+    assert "Distillation run 2 continued from that draft" in text
+    assert "50.0% before, 55.0% after" in text and "55.0% before, 61.0% after" in text
+    assert distillation_note({"runs": [{"steps": 5}]}) == []

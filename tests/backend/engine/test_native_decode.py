@@ -108,18 +108,6 @@ def test_native_forward_matches_eager(ops, model_kind, ctx_lens, query_lens):
     torch.testing.assert_close(cache.data, eager_cache.data, atol=1e-5, rtol=1e-5)   # the same K/V written
 
 
-def test_gemv_matches_linear(ops):
-    gen = torch.Generator().manual_seed(0)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)   # the last shape is split across threads
-    try:
-        for tokens, n, k in [(1, 320, 192), (5, 1027, 64), (8, 3, 33), (3, 4099, 512)]:
-            x, w = torch.randn(tokens, k, generator=gen), torch.randn(n, k, generator=gen)
-            torch.testing.assert_close(ops.decode_gemv(x, w), torch.nn.functional.linear(x, w), atol=2e-4, rtol=1e-4)
-    finally:
-        torch.set_num_threads(threads)
-
-
 def test_unsupported_models_stay_eager():
     model = make_model(6, 2, True, False)
     cache = KVCache(2, 8, BLOCK, 2, 8)

@@ -7,18 +7,24 @@ import pytest
 
 from backend.spec_decode.adaptive import (
     FORGET_AFTER,
-    PLAIN_EVERY,
-    PLAIN_EVERY_UNSETTLED,
+    GLOBAL_DECAY,
+    PRIOR_ACCEPTANCE,
     PROBE_EVERY,
     PROBE_MAX,
-    SETTLED,
     AdaptiveDraftLength,
-    StepCosts,
     best_num_drafts,
-    bucket,
     expected_accepted,
-    interpolate_extra,
     probe_interval_for_budget,
+)
+from backend.spec_decode.step_costs import (
+    PLAIN_EVERY,
+    PLAIN_EVERY_UNSETTLED,
+    SETTLED,
+    STALE_AFTER,
+    RecentTimes,
+    StepCosts,
+    bucket,
+    interpolate_extra,
 )
 
 
@@ -135,14 +141,22 @@ def test_reprobes_with_backoff_and_within_the_budget_at_large_batches():
     assert gaps[0] >= 2 * PROBE_EVERY and gaps[1] >= 4 * PROBE_EVERY     # the interval doubles while probes fail
     assert min(gaps[-2:]) >= PROBE_MAX and pol._seqs[1].probe_interval == PROBE_MAX
     # 32 sequences, where drafts cost a verifying sequence 1.5 ms against a 13.5 ms step: probes of all
-    # of them within 2% of the step time means one probe per sequence in 178 steps
+    # of them within 2% of the step time means one probe per sequence in 178 steps if a probe yielded nothing;
+    # after one rejection the first position's acceptance is 0.45 (the others unobserved, 0.9): a probe is
+    # expected to yield E(4) tokens, so its expected loss, and the interval, are smaller, and grow as probes fail
+    assert probe_interval_for_budget(32, 0.0135, 0.0015) == 178
+    first_loss = 0.0015 - expected_accepted([0.45, 0.9, 0.9, 0.9], 4) * 0.0135 / 32
+    shortest = probe_interval_for_budget(32, 0.0135, first_loss)
+    assert 90 < shortest < 178
     big = Sim(AdaptiveDraftLength(4), plain=lambda n: 0.0135, fixed=0.0015, per_token=0.0)
     seqs = list(range(32))
     steps = [big.step(seqs, lambda s, k: 0) for _ in range(500)]
     assert steps[1] == [4] * 32 and not any(any(ks) for ks in steps[2:40])   # measured at k = 4, then off
     for i in range(32):
         probes = [t for t, ks in enumerate(steps) if t >= 2 and ks[i]]
-        assert 1 <= len(probes) <= 3 and all(b - a >= 178 for a, b in itertools.pairwise(probes))
+        gaps = [b - a for a, b in itertools.pairwise(probes)]
+        assert 1 <= len(probes) <= 4 and probes[0] >= shortest and all(g >= shortest for g in gaps)
+        assert gaps == sorted(gaps)                # each failed probe lowers the acceptance: longer gaps
 
 
 def test_k_rises_when_drafts_are_accepted():
@@ -197,3 +211,84 @@ def test_states_of_sequences_never_freed_are_dropped():
 
 def test_bucket_is_the_next_power_of_two():
     assert [bucket(n) for n in (1, 2, 3, 5, 8, 9, 32)] == [1, 2, 4, 8, 8, 16, 32]
+
+
+def test_a_sequence_at_zero_is_not_re_decided_between_probes(monkeypatch):
+    """k = 0 costs a counter per step: the estimates and the rate maths run only when a probe may be due."""
+    pol = AdaptiveDraftLength(4)
+    sim = Sim(pol, plain=lambda n: 0.002, fixed=0.0005, per_token=0.0002)
+    for _ in range(10):
+        sim.step([1], lambda s, k: 0)
+    st = pol._seqs[1]
+    assert st.steps_at_zero > 0 and st.probe_at > st.steps_at_zero
+    assert not pol.idle(99)                                 # unknown sequences are decided, never skipped
+    at = st.steps_at_zero
+    assert pol.idle(1) and st.steps_at_zero == at + 1      # the speculator's shortcut counts the step
+    from backend.spec_decode import adaptive
+    decisions = []
+    real = adaptive.best_num_drafts
+    monkeypatch.setattr(adaptive, "best_num_drafts", lambda *a: decisions.append(1) or real(*a))
+    ks = []
+    while not ks or ks[-1] == 0:
+        ks.append(sim.step([1], lambda s, k: 0)[0])
+    assert ks[-1] == 4 and len(ks) >= PROBE_EVERY // 2      # the probe comes on schedule, with the full k
+    assert len(decisions) == 1                              # decided once: on the round the probe was due
+
+
+def test_engine_wide_acceptance_is_an_average_at_first():
+    """The optimistic prior goes after a few verifications; later ones move it by GLOBAL_DECAY."""
+    pol = AdaptiveDraftLength(4)
+    for seq in range(4):
+        pol.observe_verify(seq, 4, 0)                       # the first draft rejected, four times
+    assert pol.global_acceptance[0] == pytest.approx(PRIOR_ACCEPTANCE / 5)
+    assert pol.global_acceptance[1] == PRIOR_ACCEPTANCE    # never reached: unchanged
+    for seq in range(100):
+        pol.observe_verify(seq, 4, 0)
+    before = pol.global_acceptance[0]
+    pol.observe_verify(999, 4, 1)                           # accepted once
+    assert pol.global_acceptance[0] == pytest.approx(before + GLOBAL_DECAY * (1 - before))
+
+
+def test_recent_times_estimate_follows_every_observation():
+    times = RecentTimes()
+    for t, want in ((0.003, 0.003), (0.001, 0.001), (0.002, 0.002), (0.009, 0.003), (0.0005, 0.002)):
+        times.add(t)
+        assert times.estimate() == want                     # min while unsettled, then the median
+
+
+def test_stale_draft_costs_are_re_measured_and_replaced():
+    """Costs measured while the machine was slow switch drafts off; after STALE_AFTER plain steps every
+    sequence drafts once, the new measurement replaces the old one, and drafts that pay come back."""
+    pol = AdaptiveDraftLength(4)
+    slow = Sim(pol, plain=lambda n: 0.002, fixed=0.010, per_token=0.002)     # verify steps descheduled
+    for _ in range(12):
+        slow.step([1], lambda s, k: k)
+    stale = pol.costs.extra_seconds(1, 4, optimistic=False)
+    assert stale > 0.01
+    due = max(STALE_AFTER, probe_interval_for_budget(1, 0.002, stale))  # within the probe budget
+    fast = Sim(pol, plain=lambda n: 0.002, fixed=0.0002, per_token=0.0001)  # the machine is quiet again
+    ks = [fast.step([2], lambda s, k: k)[0] for _ in range(due + 8)]
+    first = next(i for i, k in enumerate(ks) if k)
+    assert ks[first] == 4 and STALE_AFTER <= first <= due + 2           # re-measured, in one step
+    assert pol.costs.extra_seconds(1, 4) < 0.001 and set(ks[first:]) - {0} == {4} and ks[-1] == 4
+    # drafts that still do not pay: one step with drafts per STALE_AFTER plain ones
+    pol2 = AdaptiveDraftLength(4)
+    sim = Sim(pol2, plain=lambda n: 0.002, fixed=0.0005, per_token=0.0002)
+    ks = [sim.step([s // 40], lambda s, k: 0)[0] for s in range(4 * STALE_AFTER)]   # short requests
+    assert sum(1 for k in ks[8:] if k) <= 4 * (len(ks) // STALE_AFTER + 1)
+
+
+@pytest.mark.parametrize("acceptance, interval", [
+    ([0.0] * 4, 50),                  # drafts fail: a probe loses its whole cost, x = 2 ms of a 2 ms step
+    ([0.4, 0.5, 0.5, 0.5], PROBE_EVERY),   # just below break-even: a probe is expected to yield 0.75 tokens
+])
+def test_probe_interval_budgets_a_probes_expected_loss(acceptance, interval):
+    pol = AdaptiveDraftLength(4)
+    for _ in range(SETTLED):
+        pol.costs.observe_plain(1, 0.002)
+        for k in range(1, 5):
+            pol.costs.observe_speculative(1, 1, k, 0.004)       # x = 2 ms whatever k: a fixed cost per verify
+    pol._state(1).acceptance = list(acceptance)
+    assert pol.choose(1, 4, 1) == 0
+    loss = 0.002 - expected_accepted(acceptance, 4) * 0.002
+    assert pol._seqs[1].probe_at == max(PROBE_EVERY, probe_interval_for_budget(1, 0.002, loss)) == interval

@@ -1,11 +1,12 @@
-"""N-gram prompt lookup: the longest recurring suffix, its latest occurrence, the tokens after it."""
+"""N-gram prompt lookup: the longest recurring suffix, its latest occurrence, the tokens after it (the
+incremental index against a brute-force reference)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from backend.core.sequence import Sequence
-from backend.spec_decode.ngram import NgramProposer, ngram_lookup
+from backend.spec_decode.ngram import BULK, NgramIndex, NgramProposer
 from contracts.sampling_params import SamplingParams
 
 
@@ -28,17 +29,33 @@ def naive_lookup(ctx: list[int], n_min: int, n_max: int, k: int) -> list[int]:
     ([4, 1, 2, 8, 6, 1, 2, 7, 3, 4, 1, 2], 1, 3, 2, [8, 6]),   # "4 1 2" beats the later "1 2"
 ])
 def test_lookup_cases(ctx, n_min, n_max, k, want):
-    assert ngram_lookup(np.array(ctx), n_min, n_max, k).tolist() == want == naive_lookup(ctx, n_min, n_max, k)
+    index = NgramIndex(n_min, n_max)
+    index.extend(ctx)
+    assert index.lookup(k) == want == naive_lookup(ctx, n_min, n_max, k)
 
 
-def test_lookup_matches_the_naive_reference_on_random_contexts():
+def test_index_matches_the_naive_reference_on_random_streams_grown_in_random_chunks():
     rng = np.random.default_rng(0)
-    for _ in range(300):
-        ctx = rng.integers(0, 5, size=int(rng.integers(1, 60))).tolist()
+    for _ in range(200):
         n_min = int(rng.integers(1, 3))
         n_max = int(rng.integers(n_min, 6))
-        k = int(rng.integers(1, 5))
-        assert ngram_lookup(np.array(ctx), n_min, n_max, k).tolist() == naive_lookup(ctx, n_min, n_max, k), ctx
+        vocab = int(rng.integers(2, 7))
+        index, ctx = NgramIndex(n_min, n_max), []
+        while len(ctx) < 160:
+            # a prompt, then accepted runs, now and then a long one (both ways of indexing, from any start)
+            size = int(rng.integers(1, 7)) if ctx and rng.random() < 0.8 else int(rng.integers(1, 2 * BULK))
+            chunk = rng.integers(0, vocab, size=size).tolist()
+            index.extend(chunk)
+            ctx += chunk
+            k = int(rng.integers(1, 6))
+            assert index.lookup(k) == naive_lookup(ctx, n_min, n_max, k), (ctx, n_min, n_max, k)
+
+
+def test_index_refuses_bad_orders():
+    with pytest.raises(ValueError, match="ngram_min"):
+        NgramIndex(0, 2)
+    with pytest.raises(ValueError, match="ngram_max"):
+        NgramIndex(3, 2)
 
 
 def test_proposer_follows_the_growing_sequence():
@@ -51,4 +68,4 @@ def test_proposer_follows_the_growing_sequence():
     seq.output_token_ids.append(5)                                 # "5" never seen: nothing to propose
     assert prop.propose([seq], [3]).draft_token_ids == {}
     prop.free([0])
-    assert prop._contexts == {}
+    assert prop._indexes == {}

@@ -83,6 +83,22 @@ def test_matcher_accept_validate_rollback_and_eos_only_at_the_end(xgr_backend):
     assert m.accept_tokens([tok[b"b"], EOS]) and m.is_terminated()
 
 
+def test_fills_overwrite_whole_rows(xgr_backend):
+    """The engine reuses its bitmask buffer without resetting rows a fill writes: a fill (single or batched)
+    must write every word of its row, whatever the row held."""
+    c = xgr_backend.compile("regex", "ab")
+    matchers = [xgr_backend.matcher(c) for _ in range(3)]
+    a = xgr_backend.tokenizer_info.decoded_vocab.index(b"a")
+    assert matchers[1].accept_tokens([a])
+    for rows in ([0, 1, 2], [1]):
+        masks = []
+        for garbage in (0, -1, 0x5A5A5A5A):
+            bitmask = torch.full((3, 128), garbage, dtype=torch.int32)
+            xgr_backend.fill_bitmasks([matchers[r] for r in rows], bitmask, rows)
+            masks.append(bitmask[rows])
+        assert all(torch.equal(masks[0], m) for m in masks[1:])
+
+
 def test_jump_forward_tokens_spell_the_forced_text(xgr_backend):
     schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"],
               "additionalProperties": False}

@@ -1,0 +1,88 @@
+"""Model weights on transparent huge pages, for the CPU decode step that streams all of them every token.
+
+A batch-1 decode step reads every weight once, so it walks hundreds of MB through the TLB: with 4 KiB pages
+that is a page walk every 64 cache lines. Linux backs anonymous memory with 2 MiB pages where asked
+(``/sys/kernel/mm/transparent_hugepage/enabled`` in ``[madvise]`` mode, the usual default) or everywhere
+(``[always]``); torch's allocator asks only under ``THP_MEM_ALLOC_ENABLE=1``, read once at its first
+allocation. So ``move_to_huge_pages`` copies a model's float32 parameters into one arena advised with
+``MADV_HUGEPAGE`` before its pages are touched, and points the parameters at it (tied weights stay tied).
+Nothing happens when the kernel's mode is ``never`` or the system call is unavailable: the result says why.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+HUGE_PAGE = 2 << 20
+MADV_HUGEPAGE = 14
+ALIGN_FLOATS = 16            # each tensor starts on a 64-byte cache line
+THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+@dataclass(frozen=True)
+class HugePageResult:
+    moved_bytes: int         # bytes of parameters now in the arena (0: none moved)
+    reason: str = ""         # why none were moved
+
+
+def thp_mode(path: Path = THP_ENABLED) -> str:
+    """The kernel's transparent-huge-page mode (always, madvise or never), or "" when unknown."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return ""
+    return text[text.find("[") + 1:text.find("]")] if "[" in text else ""
+
+
+def _madvise_huge(start: int, length: int) -> bool:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), ctypes.c_int(MADV_HUGEPAGE)) == 0
+
+
+def huge_page_arena(numel: int) -> torch.Tensor | None:
+    """An uninitialised float32 tensor of ``numel`` elements starting on a 2 MiB boundary, advised for huge
+    pages before any of its pages is touched; None when the advice fails."""
+    pad = HUGE_PAGE // 4
+    raw = torch.empty(numel + pad, dtype=torch.float32)   # large: fresh mmap'd memory, no page touched yet
+    ptr = raw.data_ptr()
+    start = -(-ptr // HUGE_PAGE) * HUGE_PAGE
+    length = -(-(numel * 4) // HUGE_PAGE) * HUGE_PAGE
+    if start + length > ptr + raw.numel() * 4:
+        length -= HUGE_PAGE                                  # the last partial huge page stays 4 KiB pages
+    if length <= 0 or not _madvise_huge(start, length):
+        return None
+    offset = (start - ptr) // 4
+    return raw[offset:offset + numel]
+
+
+def move_to_huge_pages(model: nn.Module, min_bytes: int = 16 * HUGE_PAGE) -> HugePageResult:
+    """Copy ``model``'s float32 CPU parameters into one huge-page arena (see the module docstring)."""
+    mode = thp_mode()
+    if mode not in ("always", "madvise"):
+        return HugePageResult(0, f"transparent huge pages are {mode or 'unavailable'}")
+    params: dict[int, list[nn.Parameter]] = {}
+    for p in model.parameters():
+        if p.device.type == "cpu" and p.dtype == torch.float32 and p.is_contiguous():
+            params.setdefault(p.data_ptr(), []).append(p)
+    sizes = {ptr: -(-group[0].numel() // ALIGN_FLOATS) * ALIGN_FLOATS for ptr, group in params.items()}
+    total = sum(sizes.values())
+    if total * 4 < min_bytes:
+        return HugePageResult(0, f"{total * 4} bytes of weights: too few to matter")
+    arena = huge_page_arena(total)
+    if arena is None:
+        return HugePageResult(0, "madvise(MADV_HUGEPAGE) failed")
+    at = 0
+    with torch.no_grad():
+        for ptr, group in params.items():
+            first = group[0]
+            view = arena[at:at + first.numel()].view(first.shape)
+            view.copy_(first)
+            for p in group:                                  # tied parameters share one copy
+                p.data = view
+            at += sizes[ptr]
+    return HugePageResult(total * 4)

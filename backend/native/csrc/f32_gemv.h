@@ -1,0 +1,31 @@
+// f32 GEMV / skinny GEMM for decode and verify steps: y[t, n] = x[t] . w[n] (+ bias[n]) for a few tokens.
+//
+// A step of a few tokens is bound by reading the weight, so each weight row is streamed from memory once and
+// dotted with every token while it sits in registers: R rows at a time (independent accumulators, enough to
+// hide the FMA latency); software prefetch is a build-time knob, off by default (measured no faster; the decode
+// step keeps its weights on huge pages, backend/engine/huge_pages.py). The instruction set is picked at build time
+// from the compiler's flags (-march=native): AVX-512F, else AVX2 + FMA, else plain C++ (8-float lanes the
+// compiler vectorises as it can). f32_gemv_kernel.cpp has no torch dependency (tests/backend/native compiles
+// it alone for each instruction set); f32_gemv.cpp splits the rows over torch's threads.
+#pragma once
+
+#include <cstdint>
+
+namespace triton_llm_native {
+
+// Tokens the kernel dots with one pass over the weight; a call with more takes them this many at a time (the
+// projections of larger steps go to at::linear instead: compute-bound there, where MKL's GEMM wins).
+constexpr int64_t kGemvMaxTokens = 8;
+
+// Rows [n_begin, n_end) of y [T, N] = x [T, K] @ w [N, K]^T (+ bias [N], may be null); all row-major, contiguous.
+void gemv_f32_rows(const float* x, const float* w, const float* bias, float* y, int64_t T, int64_t N, int64_t K,
+                   int64_t n_begin, int64_t n_end);
+
+// The instruction set the kernel was built for: "avx512", "avx2" or "generic".
+const char* gemv_f32_isa();
+
+// All rows of y, split over torch's intra-op threads (one fork and one barrier per call; a call with less work
+// than a thread's worth stays on the calling thread). Defined in f32_gemv.cpp.
+void gemv_f32(const float* x, const float* w, const float* bias, float* y, int64_t T, int64_t N, int64_t K);
+
+}  // namespace triton_llm_native

@@ -1,0 +1,33 @@
+// The decode step's paged KV: writing each token's K/V into its cache slot, and GQA attention of each token over
+// its sequence's blocks (decode_forward.cpp). Token t of a step sits at positions[t] of the sequence whose
+// block-table row is token_rows[t] and sees the keys at positions 0..positions[t] of that row.
+#pragma once
+
+#include <cstdint>
+
+namespace triton_llm_native {
+
+struct Paged {
+  const int32_t* block_tables;  // [rows, width]
+  int64_t width;
+  int64_t block_size;
+  int64_t slot(int64_t row, int64_t pos) const {
+    return static_cast<int64_t>(block_tables[row * width + pos / block_size]) * block_size + pos % block_size;
+  }
+};
+
+// Copy each token's K and V (heads [H, H+KVH) and [H+KVH, H+2KVH) of its qkv row) into its cache slot.
+// qkv: [T, row_stride]; k_cache, v_cache: [blocks * block_size, KVH * head_dim].
+void write_kv(const float* qkv, int64_t row_stride, int64_t num_heads, int64_t kv_heads, int64_t head_dim,
+              const int64_t* positions, const int32_t* token_rows, const Paged& paged, float* k_cache,
+              float* v_cache, int64_t T);
+
+// out[t, h] = softmax(q[t, h] . K[0..pos] * scale) V[0..pos], the G = H / KVH query heads of one KV head
+// together (GQA: query head h reads KV head h / G). Keys are walked block by block of the row's table
+// (no division per key). out: [T, H * head_dim].
+void paged_attention(const float* qkv, int64_t row_stride, int64_t num_heads, int64_t kv_heads,
+                     int64_t head_dim, const int64_t* positions, const int32_t* token_rows, const Paged& paged,
+                     const float* k_cache, const float* v_cache, float scale, float* out, int64_t T,
+                     int64_t max_ctx);
+
+}  // namespace triton_llm_native

@@ -1,0 +1,52 @@
+"""The grammar bitmask on logits rows: the native ops of ``backend/native/csrc/bitmask.cpp`` (one call, no
+temporaries) where the engine runs its native step, torch's ops (``ops.apply_token_bitmask``) elsewhere.
+
+Both give the same result: ``apply_`` sets disallowed tokens to ``-inf`` in place; ``masked_argmax`` is the
+argmax of the masked rows without writing them (greedy guided rows need nothing else).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from backend.sampling.ops import apply_token_bitmask
+
+NATIVE_OPS = ("apply_token_bitmask_", "masked_argmax")
+
+
+@dataclass(frozen=True)
+class BitmaskKernels:
+    native: Any | None = None   # torch.ops.triton_llm holding NATIVE_OPS; None: torch ops only
+
+    @classmethod
+    def of(cls, ops: Any | None) -> BitmaskKernels:
+        """Native kernels when ``ops`` (a ``native_ops().ops``) has them, else the torch ones."""
+        return cls(ops if ops is not None and all(hasattr(ops, name) for name in NATIVE_OPS) else None)
+
+    def _native_for(self, logits: torch.Tensor, bitmask: torch.Tensor) -> bool:
+        return (self.native is not None and logits.device.type == "cpu" and logits.dtype == torch.float32
+                and logits.stride(-1) == 1 and bitmask.stride(-1) == 1)
+
+    def apply_(
+        self,
+        logits: torch.Tensor,   # [num_rows, vocab] fp32, modified in place
+        bitmask: torch.Tensor,  # [num_rows, ceil(vocab / 32)] int32
+    ) -> torch.Tensor:          # [num_rows, vocab] (``logits``, masked)
+        if self._native_for(logits, bitmask):
+            self.native.apply_token_bitmask_(logits, bitmask)
+            return logits
+        return apply_token_bitmask(logits, bitmask)
+
+    def masked_argmax(
+        self,
+        logits: torch.Tensor,   # [num_rows, vocab] (not modified)
+        bitmask: torch.Tensor,  # [num_rows, ceil(vocab / 32)] int32
+    ) -> torch.Tensor:          # [num_rows] int64
+        if self._native_for(logits, bitmask):
+            return self.native.masked_argmax(logits, bitmask)
+        return apply_token_bitmask(logits.to(torch.float32, copy=True), bitmask).argmax(dim=-1)
+
+
+TORCH_KERNELS = BitmaskKernels()

@@ -1,0 +1,156 @@
+"""Measured step costs of speculative decoding, for the adaptive draft length (backend/spec_decode/adaptive.py).
+
+``t(B)``: a plain decode step over ``B`` sequences; ``x(B, k)``: everything a step with drafts costs beyond a
+plain one, per speculating sequence, when the longest draft run is ``k``. Both are measured per
+batch-size bucket (powers of two), ``x`` for each draft length (the longest draft run in the step),
+because neither is linear: a verify step has fixed costs per speculating sequence, a draft model
+costs one forward per draft position whatever the batch, and where a step is compute-bound (large
+batches) extra verify tokens cost as much as any other token and ``k`` drops, possibly to 0. An
+unmeasured ``x(B, k)`` is interpolated linearly in ``k`` between measured lengths (``x(B, 0) = 0``),
+which errs low, so an untried length that looks best is tried and then known; above the longest
+measured length it grows in proportion to ``k``; a bucket with no measurement borrows the nearest
+bucket's. A cost's estimate is the median of its last ``WINDOW`` observations (the minimum while it has
+fewer than ``SETTLED``): on a shared machine other processes slow some steps down, and a step descheduled
+for a while says nothing about speculation. A length measured only a few times is taken at no more than
+what the other lengths imply, so one slow first step does not rule it out for good.
+
+To keep ``t`` current while everyone speculates, the engine runs one step without drafts when a
+bucket's plain time is unknown or stale (``plain_step_due``: every ``PLAIN_EVERY`` speculative steps,
+``PLAIN_EVERY_UNSETTLED`` at first); the first step with drafts in a bucket then measures ``x`` at the full
+``k``, so a bucket's costs are known after two steps. The other way round, after ``STALE_AFTER`` plain steps
+in a bucket without a step with drafts, every sequence drafts its full ``k`` for one step
+(``remeasure_due``) and that measurement replaces the bucket's draft costs: costs measured while other
+processes slowed the machine down (a long step is descheduled more often than a short one) would otherwise
+keep speculation off for good, since nothing would ever measure them again. That step is every sequence's
+probe at once, and the policy runs it no more often than its probe budget allows.
+
+The engine passes step times on the loop thread's CPU clock when the step ran on one thread (the
+shipped setting), wall time otherwise: the work a step does, not the time other processes took the core.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+WINDOW = 7                 # step-time observations kept per cost (bucket, draft length)
+SETTLED = 3                # observations before a cost's estimate is their median rather than their minimum
+PLAIN_EVERY = 64           # speculative steps in a bucket before its plain step time is measured again
+PLAIN_EVERY_UNSETTLED = 8  # the same while the plain estimate rests on fewer than SETTLED steps
+STALE_AFTER = 128          # plain steps in a bucket without a step with drafts before its draft costs are re-measured
+
+
+def bucket(num_seqs: int) -> int:
+    """Batch-size bucket: the power of two at or above ``num_seqs``."""
+    return 1 << max(0, num_seqs - 1).bit_length()
+
+
+def interpolate_extra(measured: dict[int, float], k: int) -> float:
+    """``x(k)`` from the measured lengths: exact, else linear between neighbours (``x(0) = 0``), else
+    in proportion to ``k`` above the longest measured one. ``measured`` must not be empty."""
+    if k in measured:
+        return measured[k]
+    lo = max((j for j in measured if j < k), default=0)
+    hi = min((j for j in measured if j > k), default=None)
+    x_lo = measured.get(lo, 0.0)
+    if hi is None:
+        return x_lo * k / lo
+    return x_lo + (measured[hi] - x_lo) * (k - lo) / (hi - lo)
+
+
+@dataclass
+class RecentTimes:
+    """The last ``WINDOW`` observations of one cost. The estimate is their median, or their minimum while
+    there are fewer than ``SETTLED`` (other processes only ever slow a step down, never speed it up)."""
+
+    values: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    _estimate: float = 0.0     # kept up to date by ``add``: read every step, changed once per observation
+
+    def add(self, seconds: float) -> None:
+        self.values.append(seconds)
+        v = sorted(self.values)
+        self._estimate = v[len(v) // 2] if self.settled else v[0]
+
+    @property
+    def settled(self) -> bool:
+        return len(self.values) >= SETTLED
+
+    def estimate(self) -> float:
+        return self._estimate
+
+
+@dataclass
+class StepCosts:
+    """Measured step costs per batch-size bucket: plain decode steps, and the extra per speculating
+    sequence of a step with drafts, per draft length."""
+
+    plain: dict[int, RecentTimes] = field(default_factory=dict)               # bucket -> step without drafts
+    extra: dict[int, dict[int, RecentTimes]] = field(default_factory=dict)    # bucket -> {k: extra per sequence}
+    since_plain: dict[int, int] = field(default_factory=dict)   # bucket -> speculative steps since a plain one
+    since_speculative: dict[int, int] = field(default_factory=dict)   # bucket -> plain steps since one with drafts
+
+    def observe_plain(self, num_seqs: int, seconds: float) -> None:
+        b = bucket(num_seqs)
+        times = self.plain.get(b)
+        if times is None:
+            times = self.plain[b] = RecentTimes()
+        times.add(seconds)
+        self.since_plain[b] = 0
+        self.since_speculative[b] = self.since_speculative.get(b, 0) + 1
+
+    def observe_speculative(self, num_seqs: int, num_speculating: int, max_drafts: int, seconds: float) -> None:
+        """A step over ``num_seqs`` sequences, ``num_speculating`` of them verifying at most ``max_drafts``
+        drafts, took ``seconds`` (its proposal included)."""
+        b = bucket(num_seqs)
+        self.since_plain[b] = self.since_plain.get(b, 0) + 1
+        if b in self.plain and num_speculating > 0 and max_drafts > 0:
+            per_seq = max(0.0, seconds - self.plain[b].estimate()) / num_speculating
+            if self.remeasure_due(num_seqs):             # a re-measurement replaces what was known
+                self.extra.pop(b, None)
+            self.since_speculative[b] = 0
+            by_k = self.extra.setdefault(b, {})
+            times = by_k.get(max_drafts)
+            if times is None:
+                times = by_k[max_drafts] = RecentTimes()
+            times.add(per_seq)
+
+    def plain_step_due(self, num_seqs: int) -> bool:
+        """No plain step measured at this bucket, or ``PLAIN_EVERY`` speculative steps since the last one
+        (``PLAIN_EVERY_UNSETTLED`` while the plain estimate rests on few steps)."""
+        b = bucket(num_seqs)
+        if b not in self.plain:
+            return True
+        every = PLAIN_EVERY if self.plain[b].settled else PLAIN_EVERY_UNSETTLED
+        return self.since_plain.get(b, 0) >= every
+
+    def remeasure_due(self, num_seqs: int) -> bool:
+        """``STALE_AFTER`` plain steps at this bucket since its last step with drafts: its draft costs (or the
+        nearest bucket's it borrows) may date from another load on the machine, and while they say drafts do
+        not pay no step would ever measure them again."""
+        return self.since_speculative.get(bucket(num_seqs), 0) >= STALE_AFTER
+
+    def plain_seconds(self, num_seqs: int) -> float | None:
+        t = self.plain.get(bucket(num_seqs))
+        return None if t is None else t.estimate()
+
+    def extra_seconds(self, num_seqs: int, k: int, optimistic: bool = True) -> float | None:
+        """Estimated ``x(B, k)``; None while no bucket has a step with drafts measured.
+
+        ``optimistic``: a length measured fewer than ``SETTLED`` times is taken at no more than what the
+        other lengths imply, so that one slow first step does not rule it out for good."""
+        b = bucket(num_seqs)
+        if not self.extra.get(b):
+            known = [c for c, by_k in self.extra.items() if by_k]
+            if not known:
+                return None
+            b = min(known, key=lambda c: (abs(c.bit_length() - b.bit_length()), c))
+        by_k = self.extra[b]
+        measured = {j: t.estimate() for j, t in by_k.items()}
+        x = interpolate_extra(measured, k)
+        if optimistic and k in by_k and not by_k[k].settled and len(measured) > 1:
+            x = min(x, interpolate_extra({j: v for j, v in measured.items() if j != k}, k))
+        return x
+
+    def snapshot(self) -> tuple[dict[int, float], dict[int, dict[int, float]]]:
+        """(bucket -> plain step seconds, bucket -> {k: extra seconds per speculating sequence})."""
+        return ({b: t.estimate() for b, t in sorted(self.plain.items())},
+                {b: {k: t.estimate() for k, t in sorted(by_k.items())} for b, by_k in sorted(self.extra.items())})

@@ -1,0 +1,56 @@
+"""Weights moved onto transparent huge pages (backend/engine/huge_pages.py): same values, ties kept, the arena
+2 MiB-aligned and advised; nothing moved when the kernel's mode forbids it or the model is small."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from backend.engine import huge_pages
+from backend.engine.huge_pages import HUGE_PAGE, huge_page_arena, move_to_huge_pages, thp_mode
+
+
+def tied_model() -> nn.Module:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Embedding(512, 96), nn.Linear(96, 700), nn.Linear(700, 512, bias=False))
+    m.tail = nn.Linear(96, 512, bias=False)
+    m.tail.weight = m[0].weight                     # tied to the embedding
+    return m
+
+
+def test_thp_mode_reads_the_bracketed_word(tmp_path):
+    f = tmp_path / "enabled"
+    f.write_text("always [madvise] never\n")
+    assert thp_mode(f) == "madvise"
+    assert thp_mode(tmp_path / "missing") == ""
+
+
+@pytest.mark.skipif(thp_mode() not in ("always", "madvise"), reason="transparent huge pages are off here")
+def test_parameters_move_with_their_values_and_ties():
+    m = tied_model()
+    before = {n: p.detach().clone() for n, p in m.named_parameters(remove_duplicate=False)}
+    x = torch.randint(0, 512, (5,))
+    expected = m[2](m[1](m[0](x))), m.tail(m[0](x))
+    result = move_to_huge_pages(m, min_bytes=0)
+    assert result.moved_bytes >= sum(p.numel() * 4 for p in m.parameters()) and result.reason == ""
+    for n, p in m.named_parameters(remove_duplicate=False):
+        assert torch.equal(p, before[n]), n
+    assert m.tail.weight.data_ptr() == m[0].weight.data_ptr()           # still one tensor
+    ptrs = sorted(p.data_ptr() for p in m.parameters())
+    assert all(p % 64 == 0 for p in ptrs) and ptrs[0] % HUGE_PAGE == 0   # one arena, aligned
+    assert torch.equal(m[2](m[1](m[0](x))), expected[0]) and torch.equal(m.tail(m[0](x)), expected[1])
+
+
+def test_nothing_moves_when_the_mode_is_never_or_the_model_small(monkeypatch):
+    m = tied_model()
+    ptrs = [p.data_ptr() for p in m.parameters()]
+    assert "too few" in move_to_huge_pages(m).reason                     # ~1 MB < the 32 MiB default
+    monkeypatch.setattr(huge_pages, "thp_mode", lambda: "never")
+    assert move_to_huge_pages(m, min_bytes=0) == huge_pages.HugePageResult(0, "transparent huge pages are never")
+    assert [p.data_ptr() for p in m.parameters()] == ptrs
+
+
+@pytest.mark.skipif(thp_mode() not in ("always", "madvise"), reason="transparent huge pages are off here")
+def test_arena_is_aligned_and_sized():
+    a = huge_page_arena(3 * HUGE_PAGE // 4 + 5)
+    assert a is not None and a.numel() == 3 * HUGE_PAGE // 4 + 5 and a.data_ptr() % HUGE_PAGE == 0
