@@ -120,12 +120,16 @@ class LLMResponseMeta:
     stop_ack: bool = False             # the answer to a `stop` request (no sequence of its own)
 
     def to_json(self) -> str:
-        d = {k: v for k, v in dataclasses.asdict(self).items() if v not in (None, False)}
+        # one per streamed response: the fields' values are flat, so vars() needs no deep copy (asdict)
+        d = {k: v for k, v in vars(self).items() if v not in (None, False)}   # 0 too: the defaults
         d["request_id"] = self.request_id
-        return json.dumps(d, separators=(",", ":"))
+        return _COMPACT.encode(d)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "LLMResponseMeta":
         d = json.loads(text)
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        return cls(**{k: v for k, v in d.items() if k in _META_FIELDS})
+
+
+_META_FIELDS = frozenset(f.name for f in dataclasses.fields(LLMResponseMeta))
+_COMPACT = json.JSONEncoder(separators=(",", ":"))

@@ -23,17 +23,28 @@ import numpy as np
 
 from contracts import wire
 from contracts.tracing import traced_call
-from contracts.triton_config import DEFAULT_TOKENIZER, int_param, model_parameters, resolve_path, str_param
+from contracts.triton_config import (
+    DEFAULT_TOKENIZER,
+    int_param,
+    model_parameters,
+    positive_float_param,
+    resolve_path,
+    str_param,
+)
 from postprocess.processor import Postprocessor
 
 log = logging.getLogger(__name__)
 LLM_MODEL = "llm"
+MAX_CANCEL_INTERVAL_S = 1.0   # however many streams, each is asked at least this often
 GUIDED_INVALID_METRIC = "triton_llm_guided_output_invalid_total"   # finished guided outputs failing their guide
 
 
 class PostprocessServing:
     def __init__(self, processor: Postprocessor, pb_utils, *, llm_model: str = LLM_MODEL, max_remembered: int = 4096,
-                 cancel_check_interval_s: float = 0.05, clock=time.monotonic, tracer=None):
+                 cancel_check_interval_s: float = 0.05, cancel_checks_per_s: float = 50.0, clock=time.monotonic,
+                 tracer=None):
+        if not cancel_checks_per_s > 0:
+            raise ValueError(f"cancel_checks_per_s: expected a number > 0, got {cancel_checks_per_s!r}")
         self.processor = processor
         self.pb = pb_utils
         self.last_meta: wire.LLMResponseMeta | None = None   # of the response being processed (for tracing)
@@ -48,6 +59,7 @@ class PostprocessServing:
         self._max_remembered = max_remembered
         self._cancel_checked: OrderedDict[str, float] = OrderedDict()  # engine id -> last is_cancelled() call
         self._cancel_interval = cancel_check_interval_s
+        self._cancel_rate = cancel_checks_per_s
         self._clock = clock
         family = getattr(pb_utils, "MetricFamily", None)   # kept alive with the metric (Triton's rule)
         self._invalid_family = family and family(name=GUIDED_INVALID_METRIC, kind=family.COUNTER, description=(
@@ -66,6 +78,7 @@ class PostprocessServing:
 
         return cls(Postprocessor(load_tokenizer(path), max_requests=max_states), pb_utils,
                    llm_model=str_param(params, "llm_model", LLM_MODEL),
+                   cancel_checks_per_s=positive_float_param(params, "cancel_checks_per_s", 50.0),
                    tracer=ModelTracer.from_env(model_config.get("name", "postprocess")))
 
     def execute(self, requests) -> list:
@@ -131,20 +144,26 @@ class PostprocessServing:
             return self._response("", "", meta, [], 0, 0)
 
     def _should_check_cancel(self, engine_id: str, last: bool) -> bool:
-        """``is_cancelled()`` is a round trip to the server: ask at most every ``cancel_check_interval_s``
-        per request (the first response of a request is always checked)."""
+        """Whether to ask ``is_cancelled()`` now. It is a round trip to the server that blocks this (single)
+        instance, so it is rationed: a request is asked once ``cancel_check_interval_s`` have passed since
+        its first response or its last check, and all requests together about ``cancel_checks_per_s``
+        times a second (with many streams each is asked less often, but at least every
+        ``MAX_CANCEL_INTERVAL_S``). Never on a request's final response: the engine is done with it, so
+        there is nothing left to stop, and the last token would wait for the answer."""
         now = self._clock()
         if last:
-            previous = self._cancel_checked.pop(engine_id, None)
-            return previous is None or now - previous >= self._cancel_interval
-        previous = self._cancel_checked.get(engine_id)
-        if previous is not None and now - previous < self._cancel_interval:
+            self._cancel_checked.pop(engine_id, None)
             return False
+        previous = self._cancel_checked.get(engine_id)
+        if previous is not None:
+            rationed = min(len(self._cancel_checked) / self._cancel_rate, MAX_CANCEL_INTERVAL_S)
+            if now - previous < max(self._cancel_interval, rationed):
+                return False
         self._cancel_checked[engine_id] = now
         self._cancel_checked.move_to_end(engine_id)
         while len(self._cancel_checked) > self._max_remembered:
             self._cancel_checked.popitem(last=False)
-        return True
+        return previous is not None
 
     def stop_engine(self, engine_id: str, reason: str = "stop_string") -> None:
         """BLS ``stop`` to the llm model (decoupled): it answers at once with a final response.

@@ -5,13 +5,23 @@ emitter calls them in the order received, so each request's outputs keep their o
 output stays last. Sending a response (Triton's decoupled sender, telemetry) is Python work of about
 a millisecond; the forward of the next step releases the GIL (native ops, MKL), so on a machine with
 a second core the two overlap instead of adding up.
+
+When the consumer is behind (its calls take longer than the engine's steps, e.g. a decoupled
+send waiting on tritonserver), outputs queue up here. Each batch taken from the queue is first
+coalesced (``coalesce``): consecutive streamed outputs of one sequence become one output carrying
+all their tokens, so a slow consumer pays its per-call cost once for tokens that are already late,
+instead of falling further behind. Nothing is held back for it: only outputs already waiting are
+merged, and a sequence's last output is never merged into a later one.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections import deque
 from collections.abc import Callable
+
+from backend.core.outputs import RequestOutput
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +68,7 @@ class OutputEmitter:
                     self._cv.wait()
                 if not self._queue:
                     return
-                batch = list(self._queue)
+                batch = coalesce(list(self._queue))
                 self._queue.clear()
                 self._busy = True
             for callback, output in batch:
@@ -66,3 +76,36 @@ class OutputEmitter:
                     callback(output)
                 except Exception:  # a broken consumer must not take the engine down
                     log.exception("on_output callback failed for %s", getattr(output, "request_id", "?"))
+
+
+def coalesce(calls: list[tuple[Callable, object]]) -> list[tuple[Callable, object]]:
+    """Merge each ``RequestOutput`` into the previous call's output of the same sequence (same callback,
+    request and sequence, that output not ``finished``, no output of another of the request's sequences
+    between them). The merged output takes the earlier one's place: its tokens go out no later than
+    they would have. Other calls pass through in order."""
+    out: list[tuple[Callable, object]] = []
+    last: dict[tuple[int, str], int] = {}    # (callback, request) -> index in ``out`` of its latest output
+    for callback, output in calls:
+        if not isinstance(output, RequestOutput):
+            out.append((callback, output))
+            continue
+        key = (id(callback), output.request_id)
+        i = last.get(key)
+        if i is not None:
+            prev = out[i][1]
+            if prev.seq_index == output.seq_index and not prev.finished:
+                out[i] = (callback, merge_outputs(prev, output))
+                continue
+        last[key] = len(out)
+        out.append((callback, output))
+    return out
+
+
+def merge_outputs(first: RequestOutput, then: RequestOutput) -> RequestOutput:
+    """One output for two consecutive outputs of a sequence: ``first``'s tokens (and logprobs) then
+    ``then``'s; everything cumulative or final (flags, reason, counts, stats) is ``then``'s."""
+    logprobs = None
+    if first.logprobs is not None or then.logprobs is not None:
+        logprobs = (first.logprobs or []) + (then.logprobs or [])
+    return dataclasses.replace(then, new_token_ids=list(first.new_token_ids) + list(then.new_token_ids),
+                               logprobs=logprobs)

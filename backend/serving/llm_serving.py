@@ -45,6 +45,9 @@ SERVING_PARAMETERS = {"cancel_poll_interval_s": "0.2", "metrics_interval_s": "1.
                       "engine_stall_timeout_s": "30", "engine_unhealthy_action": "shutdown"}
 
 
+CANCEL_CHECKS_PER_SWEEP = 16   # is_cancelled() calls per cancel_poll_interval_s, over all requests in flight
+
+
 def split_parameters(params: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """(engine parameters, serving parameters with defaults)."""
     serving = {k: params.get(k) or d for k, d in SERVING_PARAMETERS.items()}
@@ -63,6 +66,7 @@ class _InFlight:
     seen_seqs: set = field(default_factory=set)
     pending: dict = field(default_factory=dict)  # non-stream: seq_index -> (token ids, logprobs, options) held until it ends
     aborted: bool = False
+    cancel_checked_at: float = 0.0    # time.monotonic() of the last is_cancelled() call
     # for telemetry (only when it is on)
     params: Any = None                # the request's SamplingParams
     prompt_sha256: str = ""
@@ -231,8 +235,13 @@ class LLMServing:
                 del self._inflight[out.request_id]
         if flight is None:
             return
-        if self.telemetry is not None:
-            self._note_output(flight, out)
+        try:
+            self._respond(flight, out)
+        finally:   # after the response: the last token does not wait for the request's telemetry
+            if self.telemetry is not None:
+                self._note_output(flight, out)
+
+    def _respond(self, flight: _InFlight, out: RequestOutput) -> None:
         reason = out.finish_reason.value if out.finish_reason is not None else None
         meta = wire.LLMResponseMeta(
             request_id=out.request_id, seq_index=out.seq_index, finished=out.finished,
@@ -267,8 +276,8 @@ class LLMServing:
     def _send(self, sender, ids: list[int], lps: list[float] | None, meta: wire.LLMResponseMeta, final: bool) -> None:
         pb = self.pb
         tensors = [
-            pb.Tensor(wire.OUTPUT_IDS, np.asarray([ids], dtype=np.int32).reshape(1, -1)),
-            pb.Tensor(wire.OUTPUT_LOG_PROBS, np.asarray([lps or []], dtype=np.float32).reshape(1, -1)),
+            pb.Tensor(wire.OUTPUT_IDS, np.array(ids, dtype=np.int32).reshape(1, -1)),
+            pb.Tensor(wire.OUTPUT_LOG_PROBS, np.array(lps or (), dtype=np.float32).reshape(1, -1)),
             pb.Tensor(wire.RESPONSE, np.asarray([[meta.to_json().encode()]], dtype=np.object_)),
         ]
         flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
@@ -286,21 +295,30 @@ class LLMServing:
     def _watch_cancellations(self) -> None:
         # is_cancelled() is asked under the lock, and only of requests still in flight: _on_output removes
         # a request under the same lock before sending its final response, after which Triton frees the
-        # response factory that is_cancelled() reads (asking then crashed tritonserver).
+        # response factory that is_cancelled() reads (asking then crashed tritonserver). Each call is a round
+        # trip to the server, so the lock is taken per request (the output thread, which needs it for every
+        # response, never waits for a whole sweep), and a sweep asks at most CANCEL_CHECKS_PER_SWEEP of the
+        # requests, those asked longest ago first.
         while not self._closed.wait(self._poll_s):
-            cancelled = []
+            self._sweep_cancellations()
+
+    def _sweep_cancellations(self) -> None:
+        with self._lock:
+            due = sorted((f for f in self._inflight.values() if not f.aborted), key=lambda f: f.cancel_checked_at)
+        cancelled = []
+        for f in due[:CANCEL_CHECKS_PER_SWEEP]:
             with self._lock:
-                for f in self._inflight.values():
-                    if f.aborted:
-                        continue
-                    try:
-                        if f.request.is_cancelled():
-                            f.aborted, f.stopped_by, f.stopped_at = True, "cancelled", time.monotonic()
-                            cancelled.append(f.engine_id)
-                    except Exception:
-                        pass
-            for engine_id in cancelled:
-                self.engine.abort(engine_id)
+                if self._inflight.get(f.engine_id) is not f or f.aborted:
+                    continue
+                f.cancel_checked_at = time.monotonic()
+                try:
+                    if f.request.is_cancelled():
+                        f.aborted, f.stopped_by, f.stopped_at = True, "cancelled", time.monotonic()
+                        cancelled.append(f.engine_id)
+                except Exception:
+                    pass
+        for engine_id in cancelled:
+            self.engine.abort(engine_id)
 
     def num_in_flight(self) -> int:
         with self._lock:

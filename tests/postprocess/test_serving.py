@@ -101,45 +101,68 @@ def test_postprocess_error_of_one_sequence_is_reported_on_the_final_response(pos
     assert final.has_error() and final.error().message() == "boom"
 
 
-def test_postprocess_cancelled_request_stops_the_engine(post):
-    serving, pb = post
+def test_postprocess_cancelled_request_stops_the_engine(tokenizer):
+    now = [0.0]
+    pb = make_pb_utils()
+    serving = PostprocessServing(Postprocessor(tokenizer), pb, cancel_check_interval_s=0.05, clock=lambda: now[0])
     r = llm_response("e4", [5], options=options())
     r.cancelled = True
-    serving.process(r)
-    r2 = llm_response("e4", [6])
-    r2.cancelled = True
-    serving.process(r2)
-    assert [k["request_id"] for k, _ in pb.bls_calls] == ["e4"]
+    serving.process(r)        # the first response is not asked (it would delay the first token)
+    assert pb.bls_calls == []
+    for ids in ([6], [7]):
+        now[0] += 0.06
+        r = llm_response("e4", ids)
+        r.cancelled = True
+        serving.process(r)
+    assert [k["request_id"] for k, _ in pb.bls_calls] == ["e4"]   # stopped once
     reason = pb.bls_calls[0][0]["inputs"][1].as_numpy().reshape(-1)[0]
     assert wire.parse_stop_reason(reason) == "cancelled"
 
 
-def test_postprocess_asks_is_cancelled_at_most_every_interval(tokenizer):
+class CountedCancel(Request):
+    """A request whose ``is_cancelled()`` calls are counted (in ``calls``) and answer False."""
+
+    def __init__(self, request: Request, calls: list):
+        super().__init__({})
+        self.inputs, self.calls = request.inputs, calls
+
+    def is_cancelled(self):
+        self.calls.append(1)
+        return False
+
+
+def test_postprocess_asks_is_cancelled_at_most_every_interval_and_never_on_the_final(tokenizer):
     now = [0.0]
     calls = []
-
-    class Counted(Request):
-        def is_cancelled(self):
-            calls.append(1)
-            return False
-
-    pb = make_pb_utils()
-    serving = PostprocessServing(Postprocessor(tokenizer), pb, cancel_check_interval_s=0.05, clock=lambda: now[0])
-
-    def response(ids, **meta):
-        r = llm_response("e7", ids, **meta)
-        c = Counted({})
-        c.inputs = r.inputs
-        return c
-
-    serving.process(response([5], options=options()))
+    serving = PostprocessServing(Postprocessor(tokenizer), make_pb_utils(), cancel_check_interval_s=0.05,
+                                 clock=lambda: now[0])
+    serving.process(CountedCancel(llm_response("e7", [5], options=options()), calls))
     for k in range(10):
         now[0] += 0.02
-        serving.process(response([6]))
-    assert len(calls) == 4  # at t = 0, 0.06, 0.12, 0.18
-    now[0] += 0.001
-    serving.process(response([], finished=True, request_finished=True, finish_reason="length"))
-    assert len(calls) == 4 and "e7" not in serving._cancel_checked
+        serving.process(CountedCancel(llm_response("e7", [6]), calls))
+    assert len(calls) == 3  # at t = 0.06, 0.12, 0.18 (not at the first response, t = 0)
+    now[0] += 1.0
+    serving.process(CountedCancel(llm_response("e7", [], finished=True, request_finished=True,
+                                               finish_reason="length"), calls))
+    assert len(calls) == 3 and "e7" not in serving._cancel_checked
+
+
+def test_postprocess_rations_is_cancelled_across_many_streams(tokenizer):
+    now = [0.0]
+    calls = []
+    serving = PostprocessServing(Postprocessor(tokenizer), make_pb_utils(), cancel_check_interval_s=0.05,
+                                 cancel_checks_per_s=50.0, clock=lambda: now[0])
+    streams = [f"m{i}" for i in range(32)]
+    for rid in streams:
+        serving.process(CountedCancel(llm_response(rid, [5], options=options()), calls))
+    for _ in range(50):   # one response per stream every 0.1 s, for 5 s
+        now[0] += 0.1
+        for rid in streams:
+            serving.process(CountedCancel(llm_response(rid, [6]), calls))
+    # 32 streams at 50 checks/s: each asked every 32 / 50 = 0.64 s (not every 0.1 s): ~7 times in 5 s
+    assert 32 * 6 <= len(calls) <= 32 * 8
+    with pytest.raises(ValueError, match="cancel_checks_per_s"):
+        PostprocessServing(Postprocessor(tokenizer), make_pb_utils(), cancel_checks_per_s=0)
 
 
 def test_postprocess_stop_ack_is_an_empty_response(post):

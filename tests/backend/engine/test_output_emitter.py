@@ -6,8 +6,9 @@ import threading
 import time
 
 from backend.config import EngineConfig
+from backend.core.outputs import FinishReason, RequestOutput, TokenLogprob
 from backend.engine.llm_engine import LLMEngine
-from backend.engine.output_emitter import OutputEmitter
+from backend.engine.output_emitter import OutputEmitter, coalesce
 from contracts.sampling_params import SamplingParams
 
 
@@ -22,6 +23,61 @@ def test_calls_run_in_order_and_survive_a_failing_callback():
     assert em.flush(5)
     assert seen == [0, 1, 2, 3, 4, 6, 7, 8]
     em.stop()
+
+
+def out(rid, ids, seq=0, **kw):
+    return RequestOutput(rid, seq, list(ids), num_output_tokens=kw.pop("total", 0), **kw)
+
+
+def test_coalesce_merges_queued_outputs_of_a_sequence_in_the_earlier_place():
+    a, b = (lambda _: None), (lambda _: None)
+    calls = [(a, out("r1", [1], total=1)), (b, out("r2", [7], total=1)), (a, out("r1", [2, 3], total=3)),
+             (b, out("r2", [8], total=2)), (a, out("r1", [4], total=4, finished=True, request_finished=True,
+                                                   finish_reason=FinishReason.LENGTH))]
+    got = coalesce(calls)
+    assert [(cb, o.request_id) for cb, o in got] == [(a, "r1"), (b, "r2")]
+    r1, r2 = got[0][1], got[1][1]
+    assert r1.new_token_ids == [1, 2, 3, 4] and r1.num_output_tokens == 4
+    assert r1.finished and r1.request_finished and r1.finish_reason is FinishReason.LENGTH
+    assert r2.new_token_ids == [7, 8] and not r2.finished and r2.num_output_tokens == 2
+    assert [o.new_token_ids for _, o in calls] == [[1], [7], [2, 3], [8], [4]]   # the inputs are not modified
+
+
+def test_coalesce_keeps_finished_outputs_other_sequences_and_other_calls_apart():
+    a = (lambda _: None)
+    lp = [TokenLogprob(1, -0.5)]
+    calls = [(a, out("r1", [1], seq=0, logprobs=lp)), (a, out("r1", [5], seq=1)), (a, out("r1", [2], seq=0)),
+             (a, out("r2", [9], finished=True)), (a, out("r2", [], request_finished=True, finished=True)),
+             (a, "not an output"), (a, out("r3", [4], logprobs=lp)), (a, out("r3", [6], logprobs=[TokenLogprob(6, -1.0)]))]
+    got = [o for _, o in coalesce(calls)]
+    # r1: sequence 1's output lies between sequence 0's two, which stay apart (order within the request kept)
+    assert [(o.request_id, o.seq_index, o.new_token_ids) for o in got[:3]] == [("r1", 0, [1]), ("r1", 1, [5]),
+                                                                            ("r1", 0, [2])]
+    assert got[3].new_token_ids == [9] and got[4].request_finished   # a finished output takes nothing after it
+    assert got[5] == "not an output"
+    assert got[6].new_token_ids == [4, 6] and [lp.token_id for lp in got[6].logprobs] == [1, 6]
+
+
+def test_a_slow_consumer_gets_the_outputs_that_queued_meanwhile_as_one():
+    seen = []
+    entered, release = threading.Event(), threading.Event()
+
+    def cb(o):
+        if not seen:
+            entered.set()
+            release.wait(5)
+        seen.append(o)
+
+    em = OutputEmitter()
+    em.submit([(cb, out("r", [0], total=1))])
+    assert entered.wait(5)
+    for i in range(1, 6):   # the engine goes on while the consumer is busy
+        em.submit([(cb, out("r", [i], total=i + 1, finished=i == 5, request_finished=i == 5))])
+    release.set()
+    assert em.flush(5)
+    em.stop()
+    assert [o.new_token_ids for o in seen] == [[0], [1, 2, 3, 4, 5]]
+    assert seen[-1].request_finished and seen[-1].num_output_tokens == 6
 
 
 def test_stop_from_inside_a_callback_does_not_deadlock():

@@ -171,6 +171,29 @@ def test_cancelled_request_is_aborted_by_the_watcher(setup):
     assert engine.aborted == [rid]  # once
 
 
+def test_the_watcher_asks_a_bounded_number_of_requests_per_sweep_oldest_first():
+    from backend.serving.llm_serving import CANCEL_CHECKS_PER_SWEEP
+
+    engine, pb = FakeEngine(), make_pb_utils()
+    serving = LLMServing(engine, pb, cancel_poll_interval_s=3600)   # sweeps driven by hand below
+    calls: list[str] = []
+    try:
+        requests = [llm_request() for _ in range(2 * CANCEL_CHECKS_PER_SWEEP + 3)]
+        for i, r in enumerate(requests):
+            r.is_cancelled = (lambda i=i: calls.append(i) or i == len(requests) - 1)
+        serving.execute(requests)
+        sweeps = 0
+        while not engine.aborted:
+            serving._sweep_cancellations()
+            sweeps += 1
+            assert len(calls) <= sweeps * CANCEL_CHECKS_PER_SWEEP
+        assert sweeps == 3 and engine.aborted == [engine.added[-1][0]]
+        n = len(requests)
+        assert sorted(calls[:n]) == list(range(n))   # each asked once before any is asked again
+    finally:
+        serving.shutdown()
+
+
 def test_engine_rejection_becomes_final_error_naming_field():
     engine, pb = FakeEngine(reject="max_tokens: prompt (3) + max_tokens (5000) exceed the context (1024)"), make_pb_utils()
     serving = LLMServing(engine, pb)
