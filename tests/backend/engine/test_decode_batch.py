@@ -9,16 +9,13 @@ import pytest
 from backend.config import EngineConfig
 from backend.engine.decode_batch import PersistentDecodeBatch, decode_step_shape
 from backend.engine.llm_engine import LLMEngine, output_token_ids
-from backend.native import native_ops
 from contracts.sampling_params import SamplingParams
 from tests.helpers.oracle import repeating_prompts
 
 
 @pytest.fixture(scope="module", autouse=True)
-def native():
-    build = native_ops()
-    if not build.available:
-        pytest.skip(f"native ops unavailable: {build.reason}")
+def native(native_lib):
+    """Every test here runs the native step."""
 
 
 def checked_engine(config: EngineConfig, log: dict) -> LLMEngine:

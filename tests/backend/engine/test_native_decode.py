@@ -18,7 +18,6 @@ from backend.core.kv_cache import KVCache
 from backend.engine.native_decode import NativeDecodeStep, unsupported_reason
 from backend.model.config import ModelConfig
 from backend.model.llama import LlamaForCausalLM
-from backend.native import native_ops
 from tests.helpers.paged_reference import random_layout
 
 BLOCK = 4
@@ -26,11 +25,8 @@ NUM_BLOCKS = 160
 
 
 @pytest.fixture(scope="module")
-def ops():
-    build = native_ops()
-    if not build.available:
-        pytest.skip(f"native ops unavailable: {build.reason}")
-    return build.ops
+def ops(native_lib):
+    return native_lib
 
 
 def make_model(heads: int, kv_heads: int, tie: bool, bias: bool, seed: int = 0) -> LlamaForCausalLM:

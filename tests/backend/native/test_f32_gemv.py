@@ -14,7 +14,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from backend.native import native_ops
 from backend.native.build import CSRC
 
 # (tokens, out rows, in columns): rows not a multiple of the kernel's row block, columns not a multiple of a
@@ -24,11 +23,8 @@ SHAPES = [(1, 1280, 768), (2, 37, 16), (3, 9, 33), (4, 100, 7), (5, 1027, 64), (
 
 
 @pytest.fixture(scope="module")
-def ops():
-    build = native_ops()
-    if not build.available:
-        pytest.skip(f"native ops unavailable: {build.reason}")
-    return build.ops
+def ops(native_lib):
+    return native_lib
 
 
 def case(tokens: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
