@@ -1,4 +1,4 @@
-// The f32 GEMV kernel of f32_gemv.h, one template over three lane types (no torch here).
+// The f32 GEMV kernel of f32_gemv.h, one template over the lane types of each build (no torch here).
 #include "f32_gemv.h"
 
 #include <cstring>
