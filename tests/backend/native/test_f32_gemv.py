@@ -19,7 +19,7 @@ from backend.native.build import CSRC
 # (tokens, out rows, in columns): rows not a multiple of the kernel's row block, columns not a multiple of a
 # vector (and fewer than one), more tokens than one pass takes (8).
 SHAPES = [(1, 1280, 768), (2, 37, 16), (3, 9, 33), (4, 100, 7), (5, 1027, 64), (6, 13, 200), (7, 8, 48),
-          (8, 515, 130), (9, 21, 96), (12, 70, 40)]
+          (8, 515, 130), (9, 21, 96), (12, 70, 40), (5, 70, 700), (8, 19, 520)]
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +53,11 @@ def test_op_matches_matmul(ops, threads):
         torch.set_num_threads(before)
 
 
-def test_each_token_and_row_is_independent_of_the_rest(ops):
+@pytest.mark.parametrize("k", [256, 600])  # short rows (pinned, 256-bit lanes) and long rows (kPinMaxK)
+def test_each_token_and_row_is_independent_of_the_rest(ops, k):
     """Bit for bit: a token's output does not depend on the other tokens of the step, nor on how rows are split
     over threads (each output is one accumulation in a fixed order): batch-invariant greedy decoding."""
-    x, w, b = case(8, 1283, 256, seed=7)
+    x, w, b = case(8, 1283, k, seed=7)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
