@@ -34,7 +34,7 @@ def test_ratio_fields_and_goal_lines_keep_their_names(capsys):
                                            "meets_goal"]
     bp.COMPARISON.print_ratios(r)
     assert capsys.readouterr().out.splitlines() == [
-        "TPOT at concurrency 1: pipeline 11.00 ms / in-process 10.00 ms = 1.100 (goal <= 1.15: met)",
+        "TPOT at concurrency 1: pipeline 11.00 ms / in-process 10.00 ms = 1.100 (goal <= 1.1: met)",
         "throughput at concurrency 32: pipeline 80 tok/s / in-process 100 tok/s = 0.800 (goal >= 0.85: NOT met)"]
     assert report.Comparison().ratios([_level(1, 90, 100, 11.0, 10.0)])["tpot_ratio"] == {
         "concurrency": 1, "pipeline_ms": 11.0, "engine_ms": 10.0, "ratio": pytest.approx(1.1)}  # no goal, no verdict
