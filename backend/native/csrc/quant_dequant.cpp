@@ -7,6 +7,7 @@
 
 #include <optional>
 
+#include "quant_args.h"
 #include "quant_rows.h"
 
 namespace triton_llm_native::quant {
@@ -16,20 +17,10 @@ namespace {
 // batches past 8 tokens (then one matmul). Same values as quant_pack.dequantize_int4, bit for bit.
 at::Tensor quant_dequant_int4(const at::Tensor& packed, const at::Tensor& scale, const std::optional<at::Tensor>& zeros,
                               at::Tensor out) {
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous(),
-              "quant_dequant_int4: packed must be a contiguous 2-D uint8 tensor");
-  const int64_t rows = packed.size(0), in = packed.size(1) * 2;
+  const int64_t in = check_int4_layout(packed, scale, zeros, kBlock, "quant_dequant_int4");
+  const int64_t rows = packed.size(0), groups = scale.size(1);
   TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.size(0) == rows && out.size(1) == in,
               "quant_dequant_int4: out must be a contiguous float32 [", rows, ", ", in, "] tensor");
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.dim() == 2 &&
-              scale.size(0) == rows, "quant_dequant_int4: scale must be contiguous float32 [", rows, ", groups]");
-  const int64_t groups = scale.size(1);
-  TORCH_CHECK(in % groups == 0 && (in / groups) % kBlock == 0, "quant_dequant_int4: ", groups, " groups of ", in,
-              " columns: each must be a multiple of ", kBlock, " columns");
-  if (zeros) {
-    TORCH_CHECK(zeros->scalar_type() == at::kFloat && zeros->is_contiguous() && zeros->sizes() == scale.sizes(),
-                "quant_dequant_int4: zeros must be contiguous float32 shaped like scale");
-  }
   const uint8_t* p = packed.data_ptr<uint8_t>();
   const float* sc = scale.data_ptr<float>();
   const float* zp = zeros ? zeros->data_ptr<float>() : nullptr;

@@ -22,6 +22,7 @@
 #include <optional>
 #include <type_traits>
 
+#include "quant_args.h"
 #include "quant_q8.h"
 #include "quant_rows.h"
 
@@ -138,20 +139,11 @@ at::Tensor quant_gemv_int8(const at::Tensor& x, const at::Tensor& qweight, const
 // x [n, in] fp32, packed [out, in / 2] uint8 (blocks of 32), scale and zeros [out, groups] fp32 -> [n, out]
 at::Tensor quant_gemv_int4(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
                            const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous(),
-              "quant_gemv_int4: packed must be a contiguous 2-D uint8 tensor");
-  const int64_t out = packed.size(0), in = packed.size(1) * 2;
+  const int64_t out = packed.size(0);
   check_common(x, scale, bias, out, "quant_gemv_int4");
-  TORCH_CHECK(x.size(1) == in && scale.dim() == 2 && scale.size(0) == out && scale.size(1) >= 1,
-              "quant_gemv_int4: shapes do not match: x ", x.sizes(), ", packed ", packed.sizes(), ", scale ",
-              scale.sizes());
+  const int64_t in = check_int4_layout(packed, scale, zeros, kBlock, "quant_gemv_int4");
+  TORCH_CHECK(x.size(1) == in, "quant_gemv_int4: shapes do not match: x ", x.sizes(), ", packed ", packed.sizes());
   const int64_t groups = scale.size(1);
-  TORCH_CHECK(in % groups == 0 && (in / groups) % kBlock == 0, "quant_gemv_int4: ", groups, " groups of ", in,
-              " columns: each must be a multiple of ", kBlock, " columns");
-  if (zeros) {
-    TORCH_CHECK(zeros->scalar_type() == at::kFloat && zeros->is_contiguous() && zeros->sizes() == scale.sizes(),
-                "quant_gemv_int4: zeros must be contiguous float32 shaped like scale");
-  }
   at::Tensor y = at::empty({x.size(0), out}, x.options());
   dispatch_tokens<Int4Kernel>(x.size(0), x.data_ptr<float>(), in, packed.data_ptr<uint8_t>(),
                               scale.data_ptr<float>(), zeros ? zeros->data_ptr<float>() : (const float*)nullptr,
@@ -162,20 +154,11 @@ at::Tensor quant_gemv_int4(const at::Tensor& x, const at::Tensor& packed, const 
 // Design (b): as quant_gemv_int4, the activations quantized to int8 per (token, group); group % 64 == 0.
 at::Tensor quant_gemv_int4_q8(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
                               const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous(),
-              "quant_gemv_int4_q8: packed must be a contiguous 2-D uint8 tensor");
-  const int64_t out = packed.size(0), in = packed.size(1) * 2;
+  const int64_t out = packed.size(0);
   check_common(x, scale, bias, out, "quant_gemv_int4_q8");
-  TORCH_CHECK(x.size(1) == in && scale.dim() == 2 && scale.size(0) == out && scale.size(1) >= 1,
-              "quant_gemv_int4_q8: shapes do not match: x ", x.sizes(), ", packed ", packed.sizes(), ", scale ",
-              scale.sizes());
+  const int64_t in = check_int4_layout(packed, scale, zeros, kChunk, "quant_gemv_int4_q8");
+  TORCH_CHECK(x.size(1) == in, "quant_gemv_int4_q8: shapes do not match: x ", x.sizes(), ", packed ", packed.sizes());
   const int64_t groups = scale.size(1);
-  TORCH_CHECK(in % groups == 0 && (in / groups) % kChunk == 0, "quant_gemv_int4_q8: ", groups, " groups of ", in,
-              " columns: each must be a multiple of ", kChunk, " columns");
-  if (zeros) {
-    TORCH_CHECK(zeros->scalar_type() == at::kFloat && zeros->is_contiguous() && zeros->sizes() == scale.sizes(),
-                "quant_gemv_int4_q8: zeros must be contiguous float32 shaped like scale");
-  }
   at::Tensor y = at::empty({x.size(0), out}, x.options());
   dispatch_tokens<Int4Q8Kernel>(x.size(0), x.data_ptr<float>(), in, packed.data_ptr<uint8_t>(),
                                 scale.data_ptr<float>(), zeros ? zeros->data_ptr<float>() : (const float*)nullptr,
