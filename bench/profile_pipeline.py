@@ -36,6 +36,7 @@ if str(REPO) not in sys.path:
 
 from bench.closed_loop import run_pipeline_level
 from bench.server import LauncherError, engine_config, repository_overrides, run_with_server
+from bench.soak import server_processes as soak_server_processes
 from bench.stats import percentile, request_metrics
 from bench.workload import make_workload
 
@@ -52,22 +53,7 @@ def cpu_seconds(stat_path: Path) -> float:
 
 def server_processes(root_pid: int) -> dict[str, int]:
     """tritonserver (``root_pid``) and its Python stubs, named by the model each stub serves."""
-    found = {"tritonserver": root_pid}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid != root_pid or not cmd or b"stub" not in Path(cmd[0].decode(errors="replace")).name.encode():
-            continue
-        model_file = Path(cmd[1].decode(errors="replace")) if len(cmd) > 1 else Path()
-        for model in STUBS:   # .../model_repository/<model>/1/model.py
-            if model in model_file.parts:
-                found[model] = int(entry.name)
-    return found
+    return {name.removeprefix("stub:"): pid for name, pid in soak_server_processes(root_pid).items()}
 
 
 def thread_seconds(pid: int) -> dict[int, float]:
