@@ -2,6 +2,7 @@
 // on narrower targets) and the few operations on them the decode step's attention and activation loops use.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -53,6 +54,29 @@ inline float hsum16(f32x16 v) {  // a tree of halves, not 15 dependent scalar ad
                   __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
   const f32x4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
   return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+inline float hmax16(f32x16 v) {
+  const f32x8 a8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  const f32x8 b8 = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const f32x8 m8 = a8 > b8 ? a8 : b8;
+  const f32x4 a4 = __builtin_shufflevector(m8, m8, 0, 1, 2, 3), b4 = __builtin_shufflevector(m8, m8, 4, 5, 6, 7);
+  const f32x4 m4 = a4 > b4 ? a4 : b4;
+  return std::max(std::max(m4[0], m4[1]), std::max(m4[2], m4[3]));
+}
+
+// Transpose the 16 x 16 matrix whose rows are r[0..16) in place (row i lane j <-> row j lane i): four rounds of
+// the perfect shuffle (row 2i, 2i+1 <- the lanes of rows i and i+8 interleaved), 64 two-source permutes.
+inline void transpose16(f32x16* r) {
+  for (int round = 0; round < 4; ++round) {
+    f32x16 n[16];
+    for (int i = 0; i < 8; ++i) {
+      n[2 * i] = __builtin_shufflevector(r[i], r[i + 8], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+      n[2 * i + 1] =
+          __builtin_shufflevector(r[i], r[i + 8], 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    }
+    for (int i = 0; i < 16; ++i) r[i] = n[i];
+  }
 }
 
 inline float dot(const float* a, const float* b, int64_t n) {
