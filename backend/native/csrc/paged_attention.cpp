@@ -40,6 +40,7 @@ namespace {
 constexpr int64_t kMaxGroupTokens = 16;
 constexpr int64_t kSpanFloats = 4096;  // K^T of one span (16 KiB) stays in L1 beside the chunk's scores
 constexpr int kMaxD16 = 8;             // head_dim up to 128 on the tiled path
+constexpr int64_t kPrefetchTiles = 2;  // K rows prefetched this many tiles of 16 keys ahead
 
 // The queries of one chunk: at most max_chunk(D16), so that chunk x D16 accumulators fit the registers.
 constexpr int max_chunk(int d16) { return std::min(16, 24 / d16); }
@@ -164,14 +165,21 @@ struct Scratch {  // one thread's buffers, sized for the step's largest group
   std::vector<f32x16> kt;                // [span / 16][HD]
   std::vector<float> q, acc, scores;     // [Q][HD], [Q][HD], [max_chunk][span]
   std::vector<float> row_max, row_sum, alpha;
-  std::vector<int64_t> qpos, offsets;    // [Q], [span]
+  std::vector<int64_t> qpos, offsets;    // [Q], [span + 16 kPrefetchTiles]
 };
 
-// The span's keys, transposed in tiles of 16 (rows past n are zeros: their scores are masked anyway).
+// The span's keys, transposed in tiles of 16 (rows past n are zeros: their scores are masked anyway). Prefetches
+// the K rows kPrefetchTiles tiles ahead (offsets holds n_ahead >= n rows, into the next span) and the V rows of
+// each tile for the span's PV: blocks are scattered pages, where the hardware prefetchers stop.
 template <int D16>
-void transpose_keys(const float* k, const int64_t* offsets, int64_t n, f32x16* kt) {
+void transpose_keys(const float* k, const float* v, const int64_t* offsets, int64_t n, int64_t n_ahead,
+                    f32x16* kt) {
   constexpr int HD = 16 * D16;
   for (int64_t tt = 0; 16 * tt < n; ++tt) {
+    for (int64_t j = 16 * (tt + kPrefetchTiles); j < std::min(n_ahead, 16 * (tt + kPrefetchTiles + 1)); ++j)
+      for (int dd = 0; dd < D16; ++dd) __builtin_prefetch(k + offsets[j] + 16 * dd, 0, 3);
+    for (int64_t j = 16 * tt; j < std::min(n, 16 * (tt + 1)); ++j)
+      for (int dd = 0; dd < D16; ++dd) __builtin_prefetch(v + offsets[j] + 16 * dd, 0, 2);
     for (int dd = 0; dd < D16; ++dd) {
       f32x16 r[16];
       for (int i = 0; i < 16; ++i) r[i] = 16 * tt + i < n ? load16(k + offsets[16 * tt + i] + 16 * dd) : f32x16{};
@@ -198,17 +206,18 @@ void attend_group(const Step& st, TokenGroup g, int64_t kvh, Scratch& s) {
   std::fill(s.acc.begin(), s.acc.begin() + Q * HD, 0.f);
   std::fill(s.row_max.begin(), s.row_max.begin() + Q, -INFINITY);
   std::fill(s.row_sum.begin(), s.row_sum.begin() + Q, 0.f);
-  const int64_t span = static_cast<int64_t>(s.offsets.size());
+  const int64_t span = static_cast<int64_t>(s.offsets.size()) - 16 * kPrefetchTiles;
   const int64_t chunks = (Q + kMaxChunk - 1) / kMaxChunk, chunk = (Q + chunks - 1) / chunks;
   const int64_t bs = st.paged.block_size;
   const int32_t* table = st.paged.block_tables + static_cast<int64_t>(st.token_rows[g.first]) * st.paged.width;
   for (int64_t first = 0; first < ctx; first += span) {
     const int64_t n = std::min(span, ctx - first), tiles = (n + 15) / 16;
-    for (int64_t j = 0, b = first / bs, o = first % bs; j < n; ++j) {  // block walk: no division per key
+    const int64_t n_ahead = std::min(span + 16 * kPrefetchTiles, ctx - first);
+    for (int64_t j = 0, b = first / bs, o = first % bs; j < n_ahead; ++j) {  // block walk: no division per key
       s.offsets[j] = (static_cast<int64_t>(table[b]) * bs + o) * kv + kvh * HD;
       if (++o == bs) o = 0, ++b;
     }
-    transpose_keys<D16>(st.k_cache, s.offsets.data(), n, s.kt.data());
+    transpose_keys<D16>(st.k_cache, st.v_cache, s.offsets.data(), n, n_ahead, s.kt.data());
     for (int64_t q0 = 0; q0 < Q; q0 += chunk) {
       const int64_t m = std::min(chunk, Q - q0);
       const ChunkKernels& kern = kChunkKernels<D16>[m - 1];
@@ -242,7 +251,7 @@ void attend_tiled(const Step& st, const std::vector<TokenGroup>& groups, int64_t
     s.row_sum.resize(max_q);
     s.alpha.resize(max_chunk(D16));
     s.qpos.resize(max_q);
-    s.offsets.resize(span);
+    s.offsets.resize(span + 16 * kPrefetchTiles);
     for (int64_t w = begin; w < end; ++w) attend_group<D16>(st, groups[w / st.kv_heads], w % st.kv_heads, s);
   });
 }
