@@ -6,8 +6,9 @@
 // the span's K is transposed in tiles of 16 keys (K^T: one vector per head dimension), so that QK^T is
 // broadcast-FMAs of several queries at once into 16 scores per vector, with no horizontal sum per key; then an
 // online softmax (running max and sum per query, exp16) and PV with the accumulators of a chunk of queries in
-// registers, each V row loaded once per chunk. The queries go through in chunks of at most max_chunk(D16)
-// (chunk x head_dim / 16 accumulators). Head dims that are not 16, 32, ..., 128 take the per-token loop.
+// registers, each V row loaded once per chunk (the kernels: attention_tiles.h). The queries go through in chunks
+// of at most max_chunk(D16) (chunk x head_dim / 16 accumulators). Head dims that are not 16, 32, ..., 128 take
+// the per-token loop.
 // Split over torch's threads by (group, KV head) when the step is large enough.
 #include "paged_attention.h"
 
@@ -19,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "attention_tiles.h"
 #include "vec16.h"
 
 namespace triton_llm_native {
@@ -40,7 +42,6 @@ namespace {
 constexpr int64_t kMaxGroupTokens = 16;
 constexpr int64_t kSpanFloats = 4096;  // K^T of one span (16 KiB) stays in L1 beside the chunk's scores
 constexpr int kMaxD16 = 8;             // head_dim up to 128 on the tiled path
-constexpr int64_t kPrefetchTiles = 2;  // K rows prefetched this many tiles of 16 keys ahead
 
 // The queries of one chunk: at most max_chunk(D16), so that chunk x D16 accumulators fit the registers.
 constexpr int max_chunk(int d16) { return std::min(16, 24 / d16); }
@@ -74,80 +75,6 @@ std::vector<TokenGroup> token_groups(const int32_t* token_rows, int64_t T) {
   return groups;
 }
 
-// scores[m][16 tt + i] = q[m] . k[16 tt + i] (q pre-scaled), -inf where the key's position exceeds qpos[m].
-// kt: [tiles][HD] K^T tiles (lane i of kt[tt][d]: key 16 tt + i, dimension d); q: [M][HD]; scores: [M][stride].
-template <int D16, int M>
-void span_scores(const float* q, const f32x16* kt, int64_t tiles, int64_t first_key, const int64_t* qpos,
-                 float* scores, int64_t stride) {
-  constexpr int HD = 16 * D16;
-  constexpr int kChains = M <= 8 ? 2 : 1;  // independent FMA chains per query: enough in flight at small M
-  const i32x16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  const f32x16 neg_inf = f32x16{} - INFINITY;
-  for (int64_t tt = 0; tt < tiles; ++tt) {
-    const f32x16* k = kt + tt * HD;
-    f32x16 s[kChains][M] = {};
-#pragma GCC unroll 4
-    for (int d = 0; d < HD; d += kChains) {
-      for (int c = 0; c < kChains; ++c) {
-        const f32x16 kd = k[d + c];
-        for (int m = 0; m < M; ++m) s[c][m] += q[m * HD + d + c] * kd;
-      }
-    }
-    const int64_t key0 = first_key + 16 * tt;
-    for (int m = 0; m < M; ++m) {
-      f32x16 v = s[0][m];
-      if constexpr (kChains == 2) v += s[1][m];
-      if (key0 + 15 > qpos[m]) v = (lane + static_cast<int32_t>(key0)) <= static_cast<int32_t>(qpos[m]) ? v : neg_inf;
-      store16(scores + m * stride + 16 * tt, v);
-    }
-  }
-}
-
-// acc[m] = acc[m] * alpha[m] + sum_j p[m][j] V[j] over the span's n keys; V rows at v + offsets[j].
-// p: [M][stride]; acc: [M][HD].
-template <int D16, int M>
-void span_values(const float* p, int64_t stride, const float* v, const int64_t* offsets, int64_t n,
-                 const float* alpha, float* acc) {
-  constexpr int HD = 16 * D16;
-  f32x16 a[M][D16];
-  for (int m = 0; m < M; ++m)
-    for (int dd = 0; dd < D16; ++dd) a[m][dd] = load16(acc + m * HD + 16 * dd) * alpha[m];
-  for (int64_t j = 0; j < n; ++j) {
-    const float* row = v + offsets[j];
-    f32x16 vr[D16];
-    for (int dd = 0; dd < D16; ++dd) vr[dd] = load16(row + 16 * dd);
-    for (int m = 0; m < M; ++m) {
-      const float pm = p[m * stride + j];
-      for (int dd = 0; dd < D16; ++dd) a[m][dd] += pm * vr[dd];
-    }
-  }
-  for (int m = 0; m < M; ++m)
-    for (int dd = 0; dd < D16; ++dd) store16(acc + m * HD + 16 * dd, a[m][dd]);
-}
-
-// One step of the online softmax for a query over a span: s (tiles x 16 scores) becomes e^(s - max'), where max'
-// = max(row_max, max s); row_sum becomes row_sum e^(row_max - max') + sum e^(s - max'); returns e^(row_max - max').
-float softmax_update(float* s, int64_t tiles, float& row_max, float& row_sum) {
-  const f32x16 neg_inf = f32x16{} - INFINITY;
-  f32x16 mx = neg_inf;
-  for (int64_t tt = 0; tt < tiles; ++tt) {
-    const f32x16 v = load16(s + 16 * tt);
-    mx = v > mx ? v : mx;
-  }
-  const float new_max = std::max(row_max, hmax16(mx));  // finite: every query sees key 0, in the first span
-  const float alpha = row_max == -INFINITY ? 0.f : std::exp(row_max - new_max);
-  f32x16 sum = {};
-  for (int64_t tt = 0; tt < tiles; ++tt) {
-    const f32x16 v = load16(s + 16 * tt);
-    const f32x16 e = v == neg_inf ? f32x16{} : exp16(v - new_max);  // exp16 clamps: masked keys exactly 0
-    store16(s + 16 * tt, e);
-    sum += e;
-  }
-  row_max = new_max;
-  row_sum = row_sum * alpha + hsum16(sum);
-  return alpha;
-}
-
 struct ChunkKernels {
   void (*scores)(const float*, const f32x16*, int64_t, int64_t, const int64_t*, float*, int64_t);
   void (*values)(const float*, int64_t, const float*, const int64_t*, int64_t, const float*, float*);
@@ -161,33 +88,37 @@ constexpr std::array<ChunkKernels, sizeof...(Ms)> chunk_kernels(std::integer_seq
 template <int D16>
 constexpr auto kChunkKernels = chunk_kernels<D16>(std::make_integer_sequence<int, max_chunk(D16)>{});
 
-struct Scratch {  // one thread's buffers, sized for the step's largest group
-  std::vector<f32x16> kt;                // [span / 16][HD]
-  std::vector<float> q, acc, scores;     // [Q][HD], [Q][HD], [max_chunk][span]
-  std::vector<float> row_max, row_sum, alpha;
-  std::vector<int64_t> qpos, offsets;    // [Q], [span + 16 kPrefetchTiles]
-};
-
-// The span's keys, transposed in tiles of 16 (rows past n are zeros: their scores are masked anyway). Prefetches
-// the K rows kPrefetchTiles tiles ahead (offsets holds n_ahead >= n rows, into the next span) and the V rows of
-// each tile for the span's PV: blocks are scattered pages, where the hardware prefetchers stop.
-template <int D16>
-void transpose_keys(const float* k, const float* v, const int64_t* offsets, int64_t n, int64_t n_ahead,
-                    f32x16* kt) {
-  constexpr int HD = 16 * D16;
-  for (int64_t tt = 0; 16 * tt < n; ++tt) {
-    for (int64_t j = 16 * (tt + kPrefetchTiles); j < std::min(n_ahead, 16 * (tt + kPrefetchTiles + 1)); ++j)
-      for (int dd = 0; dd < D16; ++dd) __builtin_prefetch(k + offsets[j] + 16 * dd, 0, 3);
-    for (int64_t j = 16 * tt; j < std::min(n, 16 * (tt + 1)); ++j)
-      for (int dd = 0; dd < D16; ++dd) __builtin_prefetch(v + offsets[j] + 16 * dd, 0, 2);
-    for (int dd = 0; dd < D16; ++dd) {
-      f32x16 r[16];
-      for (int i = 0; i < 16; ++i) r[i] = 16 * tt + i < n ? load16(k + offsets[16 * tt + i] + 16 * dd) : f32x16{};
-      transpose16(r);
-      for (int i = 0; i < 16; ++i) kt[tt * HD + 16 * dd + i] = r[i];
-    }
+// One thread's buffers, sized for the step's largest query block (three allocations per parallel region).
+class Scratch {
+ public:
+  Scratch(int64_t max_q, int64_t head_dim, int64_t span, int64_t max_chunk)
+      : span(span), kt_(static_cast<size_t>(span / 16 * head_dim)),
+        floats_(static_cast<size_t>(2 * max_q * head_dim + max_chunk * span + 2 * max_q + max_chunk)),
+        ints_(static_cast<size_t>(max_q + span + 16 * kPrefetchTiles)) {
+    q = floats_.data();
+    acc = q + max_q * head_dim;
+    scores = acc + max_q * head_dim;
+    row_max = scores + max_chunk * span;
+    row_sum = row_max + max_q;
+    alpha = row_sum + max_q;
+    kt = kt_.data();
+    qpos = ints_.data();
+    offsets = qpos + max_q;
   }
-}
+  const int64_t span;      // keys per span
+  f32x16* kt;              // [span / 16][head_dim] K^T tiles of the span
+  float* q;                // [Q][head_dim] scaled queries
+  float* acc;              // [Q][head_dim] PV accumulators
+  float* scores;           // [max_chunk][span] a chunk's scores, then probabilities
+  float *row_max, *row_sum, *alpha;  // [Q], [Q], [max_chunk] online softmax
+  int64_t* qpos;           // [Q] each query's position
+  int64_t* offsets;        // [span + 16 kPrefetchTiles] float offset of each key's row in the caches
+
+ private:
+  std::vector<f32x16> kt_;
+  std::vector<float> floats_;
+  std::vector<int64_t> ints_;
+};
 
 // out for the G query heads of KV head kvh of every token of the group (the tiled path).
 template <int D16>
@@ -203,10 +134,10 @@ void attend_group(const Step& st, TokenGroup g, int64_t kvh, Scratch& s) {
     s.qpos[i] = st.positions[t];
     ctx = std::max(ctx, s.qpos[i] + 1);
   }
-  std::fill(s.acc.begin(), s.acc.begin() + Q * HD, 0.f);
-  std::fill(s.row_max.begin(), s.row_max.begin() + Q, -INFINITY);
-  std::fill(s.row_sum.begin(), s.row_sum.begin() + Q, 0.f);
-  const int64_t span = static_cast<int64_t>(s.offsets.size()) - 16 * kPrefetchTiles;
+  std::fill(s.acc, s.acc + Q * HD, 0.f);
+  std::fill(s.row_max, s.row_max + Q, -INFINITY);
+  std::fill(s.row_sum, s.row_sum + Q, 0.f);
+  const int64_t span = s.span;
   const int64_t chunks = (Q + kMaxChunk - 1) / kMaxChunk, chunk = (Q + chunks - 1) / chunks;
   const int64_t bs = st.paged.block_size;
   const int32_t* table = st.paged.block_tables + static_cast<int64_t>(st.token_rows[g.first]) * st.paged.width;
@@ -217,14 +148,14 @@ void attend_group(const Step& st, TokenGroup g, int64_t kvh, Scratch& s) {
       s.offsets[j] = (static_cast<int64_t>(table[b]) * bs + o) * kv + kvh * HD;
       if (++o == bs) o = 0, ++b;
     }
-    transpose_keys<D16>(st.k_cache, st.v_cache, s.offsets.data(), n, n_ahead, s.kt.data());
+    transpose_keys<D16>(st.k_cache, st.v_cache, s.offsets, n, n_ahead, s.kt);
     for (int64_t q0 = 0; q0 < Q; q0 += chunk) {
       const int64_t m = std::min(chunk, Q - q0);
       const ChunkKernels& kern = kChunkKernels<D16>[m - 1];
-      kern.scores(s.q.data() + q0 * HD, s.kt.data(), tiles, first, s.qpos.data() + q0, s.scores.data(), span);
+      kern.scores(s.q + q0 * HD, s.kt, tiles, first, s.qpos + q0, s.scores, span);
       for (int64_t i = 0; i < m; ++i)
-        s.alpha[i] = softmax_update(s.scores.data() + i * span, tiles, s.row_max[q0 + i], s.row_sum[q0 + i]);
-      kern.values(s.scores.data(), span, st.v_cache, s.offsets.data(), n, s.alpha.data(), s.acc.data() + q0 * HD);
+        s.alpha[i] = softmax_update(s.scores + i * span, tiles, s.row_max[q0 + i], s.row_sum[q0 + i]);
+      kern.values(s.scores, span, st.v_cache, s.offsets, n, s.alpha, s.acc + q0 * HD);
     }
   }
   for (int64_t i = 0; i < Q; ++i) {
@@ -242,16 +173,7 @@ void attend_tiled(const Step& st, const std::vector<TokenGroup>& groups, int64_t
   for (const TokenGroup& g : groups) max_q = std::max(max_q, g.count * G);
   const int64_t span = std::max<int64_t>(16, kSpanFloats / HD / 16 * 16);
   at::parallel_for(0, static_cast<int64_t>(groups.size()) * st.kv_heads, grain, [&](int64_t begin, int64_t end) {
-    Scratch s;
-    s.kt.resize(span / 16 * HD);
-    s.q.resize(max_q * HD);
-    s.acc.resize(max_q * HD);
-    s.scores.resize(max_chunk(D16) * span);
-    s.row_max.resize(max_q);
-    s.row_sum.resize(max_q);
-    s.alpha.resize(max_chunk(D16));
-    s.qpos.resize(max_q);
-    s.offsets.resize(span + 16 * kPrefetchTiles);
+    Scratch s(max_q, HD, span, max_chunk(D16));
     for (int64_t w = begin; w < end; ++w) attend_group<D16>(st, groups[w / st.kv_heads], w % st.kv_heads, s);
   });
 }
