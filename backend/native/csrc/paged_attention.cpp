@@ -198,9 +198,17 @@ void attend_per_token(const Step& st, int64_t T, int64_t max_ctx, int64_t grain)
       for (int64_t g = 0; g < G; ++g) {
         float* sg = scores.data() + g * max_ctx;
         const float m = *std::max_element(sg, sg + ctx);
-        float sum = 0.f;
-        for (int64_t j = 0; j < ctx; ++j) sum += (sg[j] = std::exp(sg[j] - m));
-        for (int64_t j = 0; j < ctx; ++j) sg[j] /= sum;
+        f32x16 sums = {};
+        int64_t j = 0;
+        for (; j + 16 <= ctx; j += 16) {
+          const f32x16 e = exp16(load16(sg + j) - m);
+          store16(sg + j, e);
+          sums += e;
+        }
+        float sum = hsum16(sums);
+        for (; j < ctx; ++j) sum += (sg[j] = std::exp(sg[j] - m));
+        const float inv = 1.f / sum;
+        for (j = 0; j < ctx; ++j) sg[j] *= inv;
       }
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t b = 0, j0 = 0; j0 < ctx; ++b, j0 += bs) {
