@@ -82,7 +82,9 @@ def native_step(ops, model, cache, tables, ctx_lens, query_lens, token_ids):
                     step.num_kv_heads, step.head_dim, step.eps, step.scale)
 
 
-MODELS = {"gqa_tied": (6, 2, True, False), "mha_untied": (4, 4, False, False), "gqa_bias": (8, 2, True, True)}
+# head_dim 8, 12, 6: the attention's per-token path; 16 (G = 3) and 48 (MHA): its tiled path (paged_attention.cpp)
+MODELS = {"gqa_tied": (6, 2, True, False), "mha_untied": (4, 4, False, False), "gqa_bias": (8, 2, True, True),
+          "gqa_hd16": (3, 1, True, False), "mha_hd48_bias": (1, 1, False, True)}
 
 
 @pytest.mark.parametrize("model_kind", sorted(MODELS))
