@@ -40,12 +40,11 @@ request speculates on its strong matches and skips its weak ones. A cheap propos
 proposes before the policy chooses, so the evidence is known when ``k`` is; a sequence at ``k = 0`` is
 idle per evidence class.
 
-When no sequence has drafted for ``SLEEP_AFTER`` rounds, the policy sleeps (``asleep``): the speculator then
-skips its per-step work entirely (a lookup, the policy's bookkeeping: ~40 us of Python, ~8% of a batch-1
-step of the demo target) for ``SLEEP_AFTER`` rounds, doubling up to ``PROBE_MAX`` while wake-ups find
-nothing worth drafting, and never less than the probe budget allows. The round it wakes is everyone's
-probe: every sequence with a proposal drafts its full ``k`` and the verification re-learns its acceptance,
-so a workload that turns repetitive is noticed within one sleep.
+When no sequence has drafted for ``DOZE_AFTER`` rounds the policy dozes (``asleep``): the speculator skips
+its per-step work entirely (the lookups and the policy's bookkeeping: ~26 us of Python at batch 1, ~8% of a
+batch-1 step of the demo target) in all but one round of ``DOZE_EVERY``, until a sequence drafts again. The
+awake rounds decide as usual (a strong n-gram match is still taken within ``DOZE_EVERY`` rounds), and the
+probes of sequences at ``k = 0`` count awake rounds, so dozing also spaces them out.
 """
 from __future__ import annotations
 
@@ -62,7 +61,8 @@ MARGIN = 0.05              # speculate only when expected tokens/s beats plain d
 PROBE_EVERY = 16           # steps at k = 0 before a probe with the full k
 PROBE_MAX = 128            # the probe interval doubles up to this while probes fail
 PROBE_BUDGET = 0.02        # and is at least long enough for all probes to cost <= 2% of the plain step time
-SLEEP_AFTER = 16           # rounds in which no sequence drafted before the speculator sleeps (that many rounds)
+DOZE_AFTER = 16            # rounds in a row in which no sequence drafted before the policy dozes
+DOZE_EVERY = 4             # while dozing, one round in this many is awake
 FORGET_AFTER = 512         # proposal rounds without a choice for a sequence before its state is dropped
 
 
@@ -129,11 +129,8 @@ class AdaptiveDraftLength:
     _step_max_drafts: int = 0         # the longest draft run among them
     _round_estimates: dict = field(default_factory=dict)   # (num_decoding, k_max) -> costs, for this round
     _remeasure: bool = False          # this round: the bucket's draft costs are stale, everyone drafts fully
-    _quiet_rounds: int = 0            # rounds in a row in which no sequence drafted
-    _sleep_left: int = 0              # rounds still to sleep
-    _sleep_rounds: int = SLEEP_AFTER  # the next sleep's length (doubles while wake-ups find nothing)
-    _waking: bool = False             # this round ends a sleep: everyone with a proposal drafts fully (a probe)
-    _woken_probe: bool = False        # the step being verified is a wake-up probe: an accepted draft keeps us awake
+    _quiet_rounds: int = 0            # rounds in a row in which no sequence drafted (awake rounds)
+    _dozed: int = 0                   # rounds skipped since the last awake one, while dozing
 
     def _global(self, evidence: int) -> tuple[list[float], list[int]]:
         """The engine-wide per-position acceptance of one evidence class and the observations behind it."""
@@ -155,7 +152,7 @@ class AdaptiveDraftLength:
         acceptance that chose it has not moved; deciding again every step would cost more than the decision
         is worth (a plain decode step of the fast path is ~0.5 ms)."""
         st = self._seqs.get((seq_id, evidence))
-        if st is None or self._remeasure or self._waking or not 0 < st.steps_at_zero < st.probe_at - 1:
+        if st is None or self._remeasure or not 0 < st.steps_at_zero < st.probe_at - 1:
             return False
         st.steps_at_zero += 1
         st.last_seen = self._round
@@ -172,7 +169,7 @@ class AdaptiveDraftLength:
         if self.idle(seq_id, evidence):
             return 0
         st = self._state(seq_id, evidence)
-        if self._remeasure or self._waking:   # stale costs or a wake-up: everyone drafts fully once (a probe)
+        if self._remeasure:                   # stale costs: everyone drafts fully once; this sequence's probe too
             st.steps_at_zero = st.probe_at = 0
             return k_max
         n = max(1, num_decoding)
@@ -221,8 +218,6 @@ class AdaptiveDraftLength:
             g = max(GLOBAL_DECAY, 1.0 / (PRIOR_WEIGHT + observations[j] + 1))
             acceptance[j] += g * (hit - acceptance[j])
             observations[j] += 1
-        if self._woken_probe and num_accepted > 0:      # drafts pay again: stay awake, sleep short next time
-            self._quiet_rounds, self._sleep_rounds = 0, SLEEP_AFTER
         if num_drafts > 0:
             self._step_speculating += 1
             self._step_max_drafts = max(self._step_max_drafts, num_drafts)
@@ -254,34 +249,19 @@ class AdaptiveDraftLength:
 
     def asleep(self) -> bool:
         """Called once per proposal round before anything else: whether the speculator should skip this round
-        (propose nothing, decide nothing). Counts the round."""
-        if self._sleep_left <= 0:
+        (propose nothing, decide nothing): dozing, and not the round in ``DOZE_EVERY`` that is awake."""
+        if self._quiet_rounds < DOZE_AFTER or self._dozed >= DOZE_EVERY - 1:
+            self._dozed = 0
             return False
-        self._sleep_left -= 1
+        self._dozed += 1
         self._round += 1
-        self._waking = self._sleep_left == 0
         return True
 
-    def end_round(self, num_decoding: int, drafted: bool) -> None:
-        """The round's proposal is settled: ``drafted`` whether any sequence drafts; after ``SLEEP_AFTER`` rounds
-        without drafts the policy sleeps (module docstring)."""
-        was_waking, self._waking = self._waking, False
-        self._woken_probe = was_waking and drafted
+    def end_round(self, drafted: bool) -> None:
+        """An awake round's proposal is settled: ``drafted`` whether any sequence drafts (module docstring)."""
         if not self.enabled:
             return
-        if was_waking:                       # the probe decides: back to sleep unless one of its drafts is accepted
-            self._quiet_rounds = SLEEP_AFTER - 1
-        elif drafted:
-            self._quiet_rounds, self._sleep_rounds = 0, SLEEP_AFTER
-        if drafted:
-            return
-        self._quiet_rounds += 1
-        if self._quiet_rounds >= SLEEP_AFTER:
-            n = max(1, num_decoding)
-            budget = self._estimates(n, self.max_k)[2]   # probes of everyone within the probe budget
-            self._sleep_left = max(self._sleep_rounds, budget)
-            self._sleep_rounds = min(PROBE_MAX, 2 * self._sleep_rounds)
-            self._quiet_rounds = 0
+        self._quiet_rounds = 0 if drafted else self._quiet_rounds + 1
 
     def observe_draft(self, seconds: float, num_draft_tokens: int) -> None:
         """The proposer took ``seconds`` for the drafts (``num_draft_tokens`` in all) the next step verifies."""

@@ -82,7 +82,7 @@ class Speculator:
                    step_seconds: float, clock: Callable[[], float] = time.perf_counter) -> None:
         """Learn from the step's verifications and time (``step_seconds``, measured on ``clock``); propose the
         next step's drafts, timed on the same clock."""
-        if self.policy.asleep():                  # nothing drafted for a while: skip the round (adaptive.py)
+        if self.policy.asleep():                  # dozing: nothing drafted for a while (adaptive.py)
             self.release_gone(scheduler)
             return
         decode_only, drafts = True, 0
@@ -104,7 +104,7 @@ class Speculator:
         if not decoding or self.policy.plain_step_due(len(decoding)):
             return
         proposal = self._proposal(scheduler, decoding, clock)
-        self.policy.end_round(len(decoding), bool(proposal.draft_token_ids))
+        self.policy.end_round(bool(proposal.draft_token_ids))
         if not proposal.draft_token_ids:
             return
         if self.grammar is not None:
