@@ -56,5 +56,10 @@ class Proposer(abc.ABC):
     def propose(self, seqs: list[Sequence], num_drafts: list[int], grammar: DraftGrammar | None = None) -> Proposal:
         ...
 
+    def catch_up(self, seqs: list[Sequence], num_drafts: list[int]) -> None:
+        """Work that is a one-off per request rather than a cost of each step (a draft model's pass over a new
+        sequence's prompt), done before ``propose`` so that the proposal's measured time is what a step costs.
+        Nothing by default."""
+
     def free(self, seq_ids: list[int]) -> None:
         """Forget per-sequence state of sequences that finished or were preempted."""

@@ -126,6 +126,7 @@ class Speculator:
             if not seqs:
                 return Proposal()
             self._tracked.update(s.seq_id for s in seqs)
+            self.proposer.catch_up(seqs, ks)     # one-offs per request (a draft's prompt) are not a step's cost
             t0 = clock()
             proposal = self.proposer.propose(seqs, ks, self.grammar)
         self.policy.observe_draft(clock() - t0, sum(len(d) for d in proposal.draft_token_ids.values()))
