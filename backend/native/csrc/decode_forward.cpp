@@ -12,7 +12,7 @@
 // next norm). Then the final norm and the LM head: returns logits [num_tokens, vocab].
 //
 // Modules: layer_ops (norm, RoPE, SiLU), paged_attention (K/V write, attention), f32_gemv (the projections of
-// steps of up to 8 tokens; larger steps call at::linear, MKL's GEMM). Sliding windows and quantized weights
+// steps of up to 16 tokens; larger steps call at::linear, MKL's GEMM). Sliding windows and quantized weights
 // are not handled: the Python side (backend/engine/native_decode.py) keeps those models on the eager path.
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -29,11 +29,11 @@ namespace {
 constexpr int kLayerWeights = 6;  // input_norm, qkv, o, post_norm, gate_up, down
 constexpr int kLayerBiases = 3;   // qkv, gate_up, down (empty tensor: none)
 
-// x [T, K] @ w[N, K]^T (+ bias): the projection of every layer; the f32 GEMV up to kGemvMaxTokens tokens.
+// x [T, K] @ w[N, K]^T (+ bias): the projection of every layer; the f32 GEMV up to kGemvChunkedMaxTokens tokens.
 at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
   const int64_t T = x.size(0), N = w.size(0), K = w.size(1);
   const bool has_bias = bias.defined() && bias.numel() > 0;
-  if (T > kGemvMaxTokens) {
+  if (T > kGemvChunkedMaxTokens) {
     return has_bias ? at::linear(x, w, bias).contiguous() : at::linear(x, w).contiguous();
   }
   at::Tensor y = at::empty({T, N}, x.options());
