@@ -26,6 +26,7 @@ from backend.core.scheduler import SpecDecodeCounters
 from backend.core.timeline import mark_scheduled, mark_step_done
 from backend.engine.builder import EngineParts, build_engine_parts
 from backend.engine.inbox import AbortRequest, AddRequest, InboxMessage
+from backend.engine.loop_clock import LoopClock, LoopTime
 from backend.engine.output_emitter import OutputEmitter
 from backend.engine.stream_pacer import StreamPacer
 from backend.engine.thread_policy import ThreadPolicy
@@ -52,6 +53,7 @@ class EngineStats:
     prefix_cache_hits: int         # of which were found
     steps: int
     spec: SpecDecodeCounters = field(default_factory=SpecDecodeCounters)   # speculative decoding, cumulative
+    loop: LoopTime | None = None   # the loop thread's step time: CPU, run queue, blocked (None: no loop thread)
 
 
 class LLMEngine:
@@ -70,6 +72,7 @@ class LLMEngine:
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._emitter: OutputEmitter | None = None          # the loop's output thread (None: inline callbacks)
+        self._loop_clock: LoopClock | None = None           # the loop thread's time (loop_clock.py)
         self._stopping = False
         self._steps = 0
         self._seeds = random.Random(config.seed)   # seeds for unseeded sampled requests (under _cv)
@@ -123,7 +126,8 @@ class LLMEngine:
             num_running=s.num_running, num_waiting=s.num_waiting, num_prefilling=s.num_prefilling,
             num_scheduled=s.num_scheduled,
             num_preemptions=s.num_preemptions, prefix_cache_queries=s.prefix_cache_queries,
-            prefix_cache_hits=s.prefix_cache_hits, steps=self._steps, spec=s.spec)
+            prefix_cache_hits=s.prefix_cache_hits, steps=self._steps, spec=s.spec,
+            loop=self._loop_clock.total() if self._loop_clock is not None else None)
 
     # ---- the loop (one thread) ---------------------------------------------------
     def start(self) -> "LLMEngine":
@@ -236,17 +240,21 @@ class LLMEngine:
 
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
+        clock = self._loop_clock = LoopClock.for_current_thread()
         while True:
             with self._cv:
                 while not self._stopping and not self.has_work():
                     self._cv.wait()
                 if self._stopping:
+                    clock.total()   # the last reading while this thread lives (stats() after shutdown keep it)
                     return
+            t0 = time.perf_counter()
             try:
                 self.step()
             except Exception as e:  # a failed step fails its requests, never the loop
                 log.exception("engine step failed")
                 self._finish_all(FinishReason.ERROR, f"engine error: {type(e).__name__}: {e}")
+            clock.add_busy(time.perf_counter() - t0)
             self._wait_while_idle()
 
     def _drain_inbox(self) -> None:
