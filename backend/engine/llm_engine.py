@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import sys
 import threading
 import time
 from collections import deque
@@ -73,6 +74,7 @@ class LLMEngine:
         self._thread: threading.Thread | None = None
         self._emitter: OutputEmitter | None = None          # the loop's output thread (None: inline callbacks)
         self._loop_clock: LoopClock | None = None           # the loop thread's time (loop_clock.py)
+        self._switch: tuple[float, float] | None = None     # (interval set by start(), the one it replaced)
         self._stopping = False
         self._steps = 0
         self._seeds = random.Random(config.seed)   # seeds for unseeded sampled requests (under _cv)
@@ -132,6 +134,11 @@ class LLMEngine:
     # ---- the loop (one thread) ---------------------------------------------------
     def start(self) -> "LLMEngine":
         if self._thread is None:
+            ms = self.config.python_switch_interval_ms
+            if ms > 0:   # process-wide: how long another thread may hold the GIL once the loop asks for it
+                before = sys.getswitchinterval()
+                sys.setswitchinterval(ms / 1e3)
+                self._switch = (sys.getswitchinterval(), before)   # as Python stores it (whole microseconds)
             self._emitter = self._emitter or OutputEmitter()
             self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
             self._thread.start()
@@ -152,6 +159,10 @@ class LLMEngine:
         if self.structured is not None:
             self.structured.shutdown()
             self.structured.set_event_callback(None)   # no engine <-> manager cycle left behind
+        if self._switch is not None:   # put back what start() replaced, unless someone changed it since
+            if sys.getswitchinterval() == self._switch[0]:
+                sys.setswitchinterval(self._switch[1])
+            self._switch = None
 
     def loop_alive(self) -> bool:
         """The loop thread is running (False before ``start()``, after ``shutdown()``, or if it died)."""

@@ -95,3 +95,28 @@ def test_engine_reports_its_loop_thread(tiny_checkpoint):
         engine.shutdown()
     after = engine.stats().loop
     assert after is not None and after.busy_s >= t.busy_s       # the last reading outlives the thread
+
+
+def test_engine_sets_the_switch_interval_while_its_loop_runs(tiny_checkpoint):
+    before = sys.getswitchinterval()
+    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20, max_model_len=256,
+                                    python_switch_interval_ms=0.25))
+    assert sys.getswitchinterval() == before                    # building does not touch it
+    engine.start()
+    try:
+        assert sys.getswitchinterval() == pytest.approx(0.00025)
+    finally:
+        engine.shutdown()
+    assert sys.getswitchinterval() == before                    # put back
+
+
+def test_engine_leaves_a_switch_interval_changed_meanwhile(tiny_checkpoint):
+    before = sys.getswitchinterval()
+    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20, max_model_len=256,
+                                    python_switch_interval_ms=0.25)).start()
+    try:
+        sys.setswitchinterval(0.002)                            # someone else's choice, after start()
+        engine.shutdown()
+        assert sys.getswitchinterval() == pytest.approx(0.002)
+    finally:
+        sys.setswitchinterval(before)
