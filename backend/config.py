@@ -21,6 +21,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 SPECULATIVE_METHODS = ("none", "ngram", "draft")
 MAX_SPECULATIVE_TOKENS = 16
 MAX_NGRAM = 64
+SWITCH_INTERVAL_MS = (0.01, 1000.0)         # python_switch_interval_ms when not 0 (CPython counts whole microseconds)
 QUANTIZATION_MODES = ("none", "int8", "int4", "fp8")
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")   # backend/core/kv_quant.py
 
@@ -56,6 +57,7 @@ class EngineConfig:
     guided_compile_workers: int = 2            # grammar compile threads (a timed-out compile keeps its thread)
     guided_jump_forward: bool = False          # append the tokens a grammar forces without a forward pass each
     fast_decode: bool = False                  # decode/verify steps through the native fused forward (CPU fp32)
+    python_switch_interval_ms: float = 0.0     # > 0: sys.setswitchinterval while the loop runs (process-wide)
 
     def __post_init__(self) -> None:
         _check_str("model_path", self.model_path)
@@ -110,6 +112,11 @@ class EngineConfig:
             raise ValueError(f"guided_jump_forward: expected a boolean, got {self.guided_jump_forward!r}")
         if not isinstance(self.fast_decode, bool):
             raise ValueError(f"fast_decode: expected a boolean, got {self.fast_decode!r}")
+        si = self.python_switch_interval_ms
+        lo, hi = SWITCH_INTERVAL_MS
+        if isinstance(si, bool) or not isinstance(si, (int, float)) or not (si == 0 or lo <= si <= hi):
+            raise ValueError(f"python_switch_interval_ms: expected 0 (leave Python's) or a number in [{lo}, {hi}], "
+                             f"got {si!r}")
 
     @property
     def speculative(self) -> bool:
@@ -212,7 +219,7 @@ _PARSERS = {
     "ngram_max": _parse_int, "speculative_adaptive": _parse_bool, "seed": _parse_int, "cpu_threads": _parse_int,
     "quantization": _parse_str, "quantization_group_size": _parse_int, "kv_cache_dtype": _parse_str,
     "guided_compile_timeout_s": _parse_float, "guided_compile_workers": _parse_int, "guided_jump_forward": _parse_bool,
-    "fast_decode": _parse_bool,
+    "fast_decode": _parse_bool, "python_switch_interval_ms": _parse_float,
 }
 
 

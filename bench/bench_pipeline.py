@@ -43,6 +43,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.closed_loop import clock, engine_runner, pipeline_runner, run_level, sweep  # noqa: E402
+from bench.loop_time import as_dict, describe, scrape_loop_seconds
 from bench.report import ENGINE, PIPELINE, Comparison, git_commit, machine, print_load, write_json  # noqa: E402
 from bench.server import LauncherError, check_alive, engine_config, repository_overrides, run_with_server  # noqa: E402
 from bench.workload import make_workload, request_values, requests_for  # noqa: E402
@@ -50,11 +51,14 @@ from bench.workload import make_workload, request_values, requests_for  # noqa: 
 LEVELS = (1, 4, 8, 16, 32)
 GOAL_TPOT_RATIO = 1.10      # pipeline TPOT at concurrency 1 / in-process, at most
 GOAL_THROUGHPUT_RATIO = 0.85  # pipeline tokens/s at 32 concurrent / in-process, at least
+LOOP_SETTLE_S = 1.5           # idle wait before reading the llm model's loop seconds (published every 1 s by default)
 COMPARISON = Comparison(PIPELINE, ENGINE, tpot_goal_max=GOAL_TPOT_RATIO, throughput_goal_min=GOAL_THROUGHPUT_RATIO)
 
 
-async def measure(args, url: str, cfg, workloads: dict[int, list], deadline: float, server=None) -> list[dict]:
-    """Warm-up, then one row per level: the ensemble at ``url`` vs an in-process LLMEngine built from ``cfg``."""
+async def measure(args, url: str, cfg, workloads: dict[int, list], deadline: float, server=None,
+                  loop: dict | None = None) -> list[dict]:
+    """Warm-up, then one row per level: the ensemble at ``url`` vs an in-process LLMEngine built from ``cfg``.
+    ``loop`` (if given) gets each side's engine loop thread time over the whole run (``bench/loop_time.py``)."""
     import tritonclient.grpc.aio as grpcclient
 
     from backend.engine.llm_engine import LLMEngine
@@ -72,12 +76,29 @@ async def measure(args, url: str, cfg, workloads: dict[int, list], deadline: flo
         await run_level(runners, warm, 1, level_seconds=60)
         runners["pipeline"] = _stop_if_died(runners["pipeline"], server)
         print(COMPARISON.header(), flush=True)
-        return await sweep(workloads, runners, level_seconds=args.level_seconds, deadline=deadline,
+        rows = await sweep(workloads, runners, level_seconds=args.level_seconds, deadline=deadline,
                            annotate=functools.partial(check_outputs, cfg.model_path), show=COMPARISON.print_level)
+        if loop is not None:
+            await record_loop_time(loop, engine, server)
+        return rows
     finally:
         await client.close()
         if engine is not None:
             engine.shutdown()
+
+
+async def record_loop_time(loop: dict, engine, server) -> None:
+    """Each side's engine loop thread: busy seconds split into CPU, run queue and blocked (mostly the GIL)."""
+    loop["in_process"] = engine.stats().loop if engine is not None else None
+    loop["pipeline"] = None
+    if server is not None:   # a server of ours: its metrics port is known
+        await asyncio.sleep(LOOP_SETTLE_S)
+        try:
+            loop["pipeline"] = await asyncio.to_thread(scrape_loop_seconds, server.metrics_url)
+        except OSError as e:
+            print(f"(could not read the llm model's loop seconds: {e})", flush=True)
+    for side in ("pipeline", "in_process"):
+        print(f"engine loop thread, {side.replace('_', '-')} (whole run): {describe(loop[side])}", flush=True)
 
 
 def _stop_if_died(run, server):
@@ -159,11 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     start_wall = clock()
     deadline = start_wall + args.max_seconds
     load_before = os.getloadavg()
+    loop: dict = {}
 
     def body(url: str, server) -> list[dict]:
         print(f"pipeline: {url} model '{args.triton_model}'; in-process: LLMEngine with the llm config "
               f"({', '.join(f'{k}={v}' for k, v in sorted(engine_params.items()) if k != 'model_path')})", flush=True)
-        return asyncio.run(measure(args, url, cfg, workloads, deadline, server))
+        return asyncio.run(measure(args, url, cfg, workloads, deadline, server, loop))
 
     levels = run_with_server(body, overrides, url=args.url, out=args.out, name="pipeline",
                              server_timeout=args.server_timeout)
@@ -177,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                      "options": {k: v for k, v in request_values("", 0).items() if k != "text_input"} |
                      {"max_tokens": "per request", "min_tokens": "= max_tokens"}},
         "engine_config": engine_params, "url": args.url or "started by this run",
+        "engine_loop_seconds": {side: as_dict(t) for side, t in loop.items()},
         "machine": machine(load_before, args.note),
         "commit": git_commit(), "seconds": clock() - start_wall,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import sys
 import threading
 import time
 from collections import deque
@@ -26,6 +27,7 @@ from backend.core.scheduler import SpecDecodeCounters
 from backend.core.timeline import mark_scheduled, mark_step_done
 from backend.engine.builder import EngineParts, build_engine_parts
 from backend.engine.inbox import AbortRequest, AddRequest, InboxMessage
+from backend.engine.loop_clock import LoopClock, LoopTime
 from backend.engine.output_emitter import OutputEmitter
 from backend.engine.stream_pacer import StreamPacer
 from backend.engine.thread_policy import ThreadPolicy
@@ -52,6 +54,7 @@ class EngineStats:
     prefix_cache_hits: int         # of which were found
     steps: int
     spec: SpecDecodeCounters = field(default_factory=SpecDecodeCounters)   # speculative decoding, cumulative
+    loop: LoopTime | None = None   # the loop thread's step time: CPU, run queue, blocked (None: no loop thread)
 
 
 class LLMEngine:
@@ -70,6 +73,8 @@ class LLMEngine:
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._emitter: OutputEmitter | None = None          # the loop's output thread (None: inline callbacks)
+        self._loop_clock: LoopClock | None = None           # the loop thread's time (loop_clock.py)
+        self._switch: tuple[float, float] | None = None     # (interval set by start(), the one it replaced)
         self._stopping = False
         self._steps = 0
         self._seeds = random.Random(config.seed)   # seeds for unseeded sampled requests (under _cv)
@@ -123,11 +128,17 @@ class LLMEngine:
             num_running=s.num_running, num_waiting=s.num_waiting, num_prefilling=s.num_prefilling,
             num_scheduled=s.num_scheduled,
             num_preemptions=s.num_preemptions, prefix_cache_queries=s.prefix_cache_queries,
-            prefix_cache_hits=s.prefix_cache_hits, steps=self._steps, spec=s.spec)
+            prefix_cache_hits=s.prefix_cache_hits, steps=self._steps, spec=s.spec,
+            loop=self._loop_clock.total() if self._loop_clock is not None else None)
 
     # ---- the loop (one thread) ---------------------------------------------------
     def start(self) -> "LLMEngine":
         if self._thread is None:
+            ms = self.config.python_switch_interval_ms
+            if ms > 0:   # process-wide: how long another thread may hold the GIL once the loop asks for it
+                before = sys.getswitchinterval()
+                sys.setswitchinterval(ms / 1e3)
+                self._switch = (sys.getswitchinterval(), before)   # as Python stores it (whole microseconds)
             self._emitter = self._emitter or OutputEmitter()
             self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
             self._thread.start()
@@ -148,6 +159,10 @@ class LLMEngine:
         if self.structured is not None:
             self.structured.shutdown()
             self.structured.set_event_callback(None)   # no engine <-> manager cycle left behind
+        if self._switch is not None:   # put back what start() replaced, unless someone changed it since
+            if sys.getswitchinterval() == self._switch[0]:
+                sys.setswitchinterval(self._switch[1])
+            self._switch = None
 
     def loop_alive(self) -> bool:
         """The loop thread is running (False before ``start()``, after ``shutdown()``, or if it died)."""
@@ -236,17 +251,21 @@ class LLMEngine:
 
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
+        clock = self._loop_clock = LoopClock.for_current_thread()
         while True:
             with self._cv:
                 while not self._stopping and not self.has_work():
                     self._cv.wait()
                 if self._stopping:
+                    clock.total()   # the last reading while this thread lives (stats() after shutdown keep it)
                     return
+            t0 = time.perf_counter()
             try:
                 self.step()
             except Exception as e:  # a failed step fails its requests, never the loop
                 log.exception("engine step failed")
                 self._finish_all(FinishReason.ERROR, f"engine error: {type(e).__name__}: {e}")
+            clock.add_busy(time.perf_counter() - t0)
             self._wait_while_idle()
 
     def _drain_inbox(self) -> None:

@@ -9,6 +9,11 @@ Speculative decoding, as counters (vLLM's names with a ``triton_llm_`` prefix):
 ``triton_llm_spec_decode_num_accepted_tokens_total``,
 ``triton_llm_spec_decode_num_accepted_tokens_per_pos_total{position="0".."k-1"}``.
 
+The engine loop thread's time (backend/engine/loop_clock.py), a counter of seconds per state:
+``triton_llm_engine_loop_seconds_total{state=busy|cpu|runqueue|blocked}`` (busy: inside steps; cpu: on a
+core; runqueue: waiting for a core; blocked: asleep inside steps, mostly waiting for the GIL). The share of
+``blocked`` in ``busy`` is what other Python threads cost the steps.
+
 What serves requests, as an info gauge (always 1; backend/engine/builder.py ``ServedFormats``):
 ``triton_llm_model_info{quantization="int8",kv_cache_dtype="int8",dtype="float32"} 1``.
 
@@ -35,6 +40,13 @@ SPEC_COUNTERS: dict[str, Callable[[Any], int]] = {     # family suffix -> cumula
     "num_accepted_tokens_total": lambda c: c.num_accepted_tokens,
 }
 SPEC_PER_POS = SPEC_PREFIX + "num_accepted_tokens_per_pos_total"
+LOOP_FAMILY = "triton_llm_engine_loop_seconds_total"
+LOOP_COUNTERS: dict[str, Callable[[Any], float | None]] = {   # state -> seconds in EngineStats.loop (a LoopTime)
+    "busy": lambda t: t.busy_s,
+    "cpu": lambda t: t.cpu_s,
+    "runqueue": lambda t: t.runqueue_s,
+    "blocked": lambda t: t.blocked_s,
+}
 
 # label value -> how to read it from the engine's stats (and from constants such as max_num_seqs)
 KV_GAUGES: dict[str, Callable[[Any], float]] = {
@@ -106,12 +118,29 @@ class EngineMetrics:
         self._per_pos: list[Any] = []
         self._spec_seen = [0] * len(self._spec_metrics)
         self._per_pos_seen: list[int] = []
+        self._loop_family = pb_utils.MetricFamily(
+            name=LOOP_FAMILY, kind=counter,
+            description="Seconds of the engine loop thread: busy (in steps) = cpu + runqueue + blocked (GIL, locks)")
+        self._loop = [(self._loop_family.Metric(labels={**base, "state": state}), read)
+                      for state, read in LOOP_COUNTERS.items()]
+        self._loop_seen = [0.0] * len(self._loop)
 
     def update(self) -> None:
         stats = self._stats_fn()
         for metric, read in self._gauges:
             metric.set(float(read(stats)))
         self._update_spec(stats.spec)
+        if stats.loop is not None:
+            self._update_loop(stats.loop)
+
+    def _update_loop(self, loop) -> None:
+        """Counters only go up: add the seconds since the last update (a state the kernel does not report
+        stays at 0)."""
+        for i, (metric, read) in enumerate(self._loop):
+            now = read(loop)
+            if now is not None and now > self._loop_seen[i]:
+                metric.increment(now - self._loop_seen[i])
+                self._loop_seen[i] = now
 
     def _update_spec(self, spec) -> None:
         """Counters only go up: add what the engine counted since the last update."""

@@ -109,3 +109,12 @@ def test_fast_decode_parameter():
         EngineConfig(model_path="/m", fast_decode="yes")
     with pytest.raises(ValueError, match="^fast_decode"):
         EngineConfig.from_parameters({"model_path": "/m", "fast_decode": "sometimes"})
+
+
+def test_python_switch_interval_parameter():
+    assert EngineConfig(model_path="/m").python_switch_interval_ms == 0.0     # Python's own, untouched
+    cfg = EngineConfig.from_parameters({"model_path": "/m", "python_switch_interval_ms": "0.5"})
+    assert cfg.python_switch_interval_ms == 0.5
+    for bad in (-1.0, 0.001, 5000.0, float("nan"), True, "0.5"):
+        with pytest.raises(ValueError, match="^python_switch_interval_ms"):
+            EngineConfig(model_path="/m", python_switch_interval_ms=bad)

@@ -69,3 +69,16 @@ def test_trt_llm_metrics_are_published(server):
     req = labels("nv_trt_llm_request_metrics", "request_type")
     assert set(req) == {"active", "max", "scheduled", "context", "waiting"}
     assert req["max"] == 48
+
+
+def test_engine_loop_seconds_are_published(server):
+    """The llm model's loop thread time (backend/engine/loop_clock.py) after serving a request."""
+    run(server.grpc_url, PROMPTS[0], MAX_TOKENS, temperature=0.0, stream=False, exclude_input_in_output=True)
+
+    def loop() -> dict[str, float]:
+        return {dict(ls)["state"]: v for (n, ls), v in metrics(server.metrics_url).items()
+                if n == "triton_llm_engine_loop_seconds_total" and dict(ls).get("model") == "llm"}
+    wait_until(lambda: loop().get("busy", 0) > 0 and loop().get("cpu", 0) > 0, 10, "the loop seconds")
+    s = loop()
+    assert set(s) == {"busy", "cpu", "runqueue", "blocked"}
+    assert 0 <= s["blocked"] <= s["busy"] and s["runqueue"] >= 0

@@ -5,14 +5,23 @@ import time
 from types import SimpleNamespace
 
 from backend.core.scheduler import SpecDecodeCounters
-from backend.serving.metrics import GENERAL_FAMILY, KV_FAMILY, REQUEST_FAMILY, SPEC_PER_POS, SPEC_PREFIX, EngineMetrics
+from backend.engine.loop_clock import LoopTime
+from backend.serving.metrics import (
+    GENERAL_FAMILY,
+    KV_FAMILY,
+    LOOP_FAMILY,
+    REQUEST_FAMILY,
+    SPEC_PER_POS,
+    SPEC_PREFIX,
+    EngineMetrics,
+)
 from tests.helpers.triton_fakes import make_pb_utils
 
 
 def stats(**kw):
     base = dict(kv_blocks_max=100, kv_blocks_used=30, kv_blocks_free=70, kv_blocks_reused=5, tokens_per_block=16,
                 num_running=3, num_waiting=2, num_prefilling=1, num_scheduled=3, num_preemptions=1, prefix_cache_queries=40,
-                prefix_cache_hits=10, steps=9, spec=SpecDecodeCounters())
+                prefix_cache_hits=10, steps=9, spec=SpecDecodeCounters(), loop=None)
     base.update(kw)
     return SimpleNamespace(**base)
 
@@ -73,3 +82,24 @@ def test_speculative_counters_add_what_the_engine_counted():
     per_pos = {x.labels["position"]: x.value for x in
                [f for f in pb.families if f.name == SPEC_PER_POS][0].metrics}
     assert per_pos == {"0": 5, "1": 2, "2": 2, "3": None}
+
+
+def test_loop_seconds_counters_add_what_the_loop_thread_spent():
+    pb = make_pb_utils()
+    current = [stats()]                                                   # no loop thread yet: nothing published
+    m = EngineMetrics(pb, lambda: current[0], max_num_seqs=8)
+    m.update()
+    fam, = [f for f in pb.families if f.name == LOOP_FAMILY]
+    assert fam.kind == "counter"
+    seconds = lambda: {x.labels["state"]: x.value for x in fam.metrics}
+    assert seconds() == {"busy": None, "cpu": None, "runqueue": None, "blocked": None}
+    current[0] = stats(loop=LoopTime(busy_s=2.0, cpu_s=1.5, runqueue_s=0.25))
+    m.update()
+    assert seconds() == {"busy": 2.0, "cpu": 1.5, "runqueue": 0.25, "blocked": 0.25}
+    current[0] = stats(loop=LoopTime(busy_s=3.0, cpu_s=2.0, runqueue_s=0.5))
+    m.update()
+    m.update()                                                            # nothing new: nothing added
+    assert seconds() == {"busy": 3.0, "cpu": 2.0, "runqueue": 0.5, "blocked": 0.5}
+    current[0] = stats(loop=LoopTime(busy_s=4.0, cpu_s=3.5, runqueue_s=None))   # the kernel stops saying
+    m.update()
+    assert seconds() == {"busy": 4.0, "cpu": 3.5, "runqueue": 0.5, "blocked": 0.5}   # blocked 0.5: not lower
