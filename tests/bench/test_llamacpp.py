@@ -126,3 +126,15 @@ def test_bench_engine_prints_the_skip_reason_and_records_it(tmp_path, capsys):
     assert got == {"skipped": printed.strip()}
     assert "llama.cpp baseline skipped" in printed and str(tmp_path / "missing") in printed
     assert not list(tmp_path.iterdir())  # nothing measured, nothing plotted
+
+
+def test_thread_ratios_pair_the_repeats():
+    """2 threads / 1 thread per repeat that measured both (the repeats alternate the order of thread counts)."""
+    from bench.bench_engine import thread_ratios
+    rows = [{"threads": t, "batch": b, "repeat": rep, "ours_tok_s": tok}
+            for t, b, rep, tok in [(1, 1, 0, 100.0), (2, 1, 0, 120.0), (2, 1, 1, 90.0), (1, 1, 1, 100.0),
+                                   (1, 32, 0, 1000.0), (2, 32, 0, 1500.0), (1, 1, 2, 50.0)]]
+    rows.append({"threads": 1, "batch": 1, "repeat": "median", "ours_tok_s": 100.0})
+    assert thread_ratios(rows, 1) == [1.2, 0.9]       # repeat 2 measured only one thread count
+    assert thread_ratios(rows, 32) == [1.5]
+    assert thread_ratios(rows, 8) == []
