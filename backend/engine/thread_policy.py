@@ -26,7 +26,7 @@ import torch
 
 PROBE_RUN = 6        # steps per thread count in a probe; the first of each run is not counted
 RETRY_EVERY = 200    # steps of a bucket between probes
-MARGIN = 0.03        # cpu_threads must be this much faster than 1 thread (median seconds per step)
+MARGIN = 0.10        # cpu_threads must be this much faster than 1 thread (median seconds per step)
 SLOWDOWN = 1.5       # re-probe early when cpu_threads' recent median is this many times its probe median
 ABORT = 3.0          # a probe's second run stops at two counted steps this many times slower than the first run
 
