@@ -75,6 +75,15 @@ def expected_accepted(acceptance: list[float], k: int) -> float:
     return total
 
 
+def cap_unobserved(acceptance: list[float], observations: list[int]) -> None:
+    """A position never observed is taken at no more than the position before it: the optimistic prior stays
+    only while nothing says otherwise (rejections at draft 1 alone would leave drafts 2..K at the prior, and
+    ``E(K)`` twice what the evidence supports)."""
+    for j in range(1, len(acceptance)):
+        if observations[j] == 0 and acceptance[j] > acceptance[j - 1]:
+            acceptance[j] = acceptance[j - 1]
+
+
 def best_num_drafts(acceptance: list[float], step_share: float, extra_seconds: list[float]) -> int:
     """The ``k`` in ``[0, len(extra_seconds)]`` maximising ``(1 + E(k)) / (step_share + extra_seconds[k - 1])``.
 
@@ -218,6 +227,8 @@ class AdaptiveDraftLength:
             g = max(GLOBAL_DECAY, 1.0 / (PRIOR_WEIGHT + observations[j] + 1))
             acceptance[j] += g * (hit - acceptance[j])
             observations[j] += 1
+        cap_unobserved(st.acceptance, st.observations)
+        cap_unobserved(acceptance, observations)
         if num_drafts > 0:
             self._step_speculating += 1
             self._step_max_drafts = max(self._step_max_drafts, num_drafts)

@@ -15,6 +15,7 @@ from backend.spec_decode.adaptive import (
     PROBE_MAX,
     AdaptiveDraftLength,
     best_num_drafts,
+    cap_unobserved,
     expected_accepted,
     probe_interval_for_budget,
 )
@@ -207,7 +208,7 @@ def test_disabled_policy_always_proposes_the_cap_and_new_sequences_start_from_th
         for _ in range(6):
             sim.step([seq], lambda s, k: 0)
         pol.free([seq])
-    assert pol.global_acceptance[0][0] < 0.1       # (later positions are never reached)
+    assert pol.global_acceptance[0][0] < 0.2       # (later positions are never reached)
     assert pol.choose(99, 4, 1) == 0          # a new sequence does not relearn what the engine knows
 
 
@@ -252,7 +253,7 @@ def test_engine_wide_acceptance_is_an_average_at_first():
     for seq in range(4):
         pol.observe_verify(seq, 4, 0)                       # the first draft rejected, four times
     assert pol.global_acceptance[0][0] == pytest.approx(PRIOR_ACCEPTANCE / 5)
-    assert pol.global_acceptance[0][1] == PRIOR_ACCEPTANCE    # never reached: unchanged
+    assert pol.global_acceptance[0][1] == pol.global_acceptance[0][0]    # never reached: no better than draft 1
     for seq in range(100):
         pol.observe_verify(seq, 4, 0)
     before = pol.global_acceptance[0][0]
@@ -345,3 +346,14 @@ def test_a_fixed_policy_never_dozes():
     for _ in range(3 * DOZE_AFTER):
         assert not pol.asleep()
         pol.end_round(False)
+
+
+def test_positions_never_observed_are_no_better_than_the_one_before():
+    acceptance, observations = [0.3, 0.9, 0.8, 0.9], [5, 0, 2, 0]
+    cap_unobserved(acceptance, observations)
+    assert acceptance == [0.3, 0.3, 0.8, 0.8]          # observed positions keep their own estimate
+    pol = AdaptiveDraftLength(4)
+    pol.observe_verify(1, 4, 0)                         # one rejection at draft 1: E(4) follows it
+    a = pol._state(1).acceptance
+    assert a[0] < PRIOR_ACCEPTANCE and a[1:] == [a[0]] * 3
+    assert expected_accepted(a, 4) < expected_accepted([a[0]] + [PRIOR_ACCEPTANCE] * 3, 4) / 1.5
