@@ -26,7 +26,7 @@ class BitmaskKernels:
         return cls(ops if ops is not None and all(hasattr(ops, name) for name in NATIVE_OPS) else None)
 
     def _native_for(self, logits: torch.Tensor, bitmask: torch.Tensor) -> bool:
-        return (self.native is not None and logits.device.type == "cpu" and logits.dtype == torch.float32
+        return (self.native is not None and logits.is_cpu and logits.dtype == torch.float32
                 and logits.stride(-1) == 1 and bitmask.stride(-1) == 1)
 
     def apply_(
