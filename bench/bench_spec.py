@@ -137,15 +137,16 @@ def solve_increasing(f, target: float) -> float | None:
     return hi
 
 
-def draft_goal_analysis(adaptive: dict, fixed: dict | None, k_max: int, goal: float) -> dict | None:
+def draft_goal_analysis(measured: dict, fixed: dict | None, k_max: int, goal: float) -> dict | None:
     """Why a batch-1 cell misses ``goal`` from its measured costs and acceptance, and what would reach it.
 
-    Costs from the adaptive engine at bucket 1: ``r_k = x(1, k) / t(1)``, the extra seconds of speculating
-    with ``k`` drafts (proposer included) per plain step; the speed-up with per-position acceptance ``a`` is
+    Costs at bucket 1 from ``measured`` (the fixed-k engine when there is one: it speculates every step, so its
+    costs rest on the most steps): ``r_k = x(1, k) / t(1)``, the extra seconds of speculating with ``k``
+    drafts (proposer included) per plain step; the speed-up with per-position acceptance ``a`` is
     ``(1 + E(k)) / (1 + r_k)``. Acceptance ``a`` from the fixed-k engine's mean accepted length.
     """
-    plain = adaptive.get("plain_step_ms", {}).get(1)
-    extra = adaptive.get("extra_ms_per_seq", {}).get(1, {})
+    plain = measured.get("plain_step_ms", {}).get(1)
+    extra = measured.get("extra_ms_per_seq", {}).get(1, {})
     if not plain or not extra:
         return None
     ratio = {k: x / plain for k, x in extra.items()}
@@ -273,8 +274,8 @@ def main(argv=None) -> int:
     for wl, temp in sorted({(c["workload"], c["temperature"]) for c in cells}):
         at1 = {c["method"]: c for c in cells if (c["workload"], c["temperature"], c["concurrency"]) == (wl, temp, 1)}
         if "draft" in at1:
-            found = draft_goal_analysis(at1["draft"], at1.get("draft-fixed"), args.k, GOALS[("draft", "mixed", 1,
-                                                                                               "greedy")])
+            found = draft_goal_analysis(at1.get("draft-fixed", at1["draft"]), at1.get("draft-fixed"), args.k,
+                                        GOALS[("draft", "mixed", 1, "greedy")])
             if found:
                 analysis[f"draft {wl} T={temp:g} c=1"] = found
                 print(f"draft {wl} T={temp:g} c=1: {found}")

@@ -40,6 +40,9 @@ from backend.spec_decode.proposer import DraftGrammar, DraftMasks, Proposal, Pro
 DRAFT_SEED_SALT = 0x9E3779B97F4A7C15   # seeded requests: the draft's RNG stream differs from the target's
 
 
+CATCH_UP_AHEAD = 8   # known tokens missing from a draft cache above which ``catch_up`` feeds them untimed
+
+
 @dataclass
 class _DraftState:
     shadow: Sequence                       # shares prompt/output lists with the target sequence
@@ -164,6 +167,32 @@ class DraftModelProposer(Proposer):
         return self.bm.allocate_slots(shadow, shadow.num_tokens - shadow.num_computed_tokens + k - 1) is not None
 
     # ---- proposing ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def catch_up(self, seqs: list[Sequence], num_drafts: list[int]) -> None:
+        """Bring the draft cache of each sequence more than ``CATCH_UP_AHEAD`` tokens behind (a new sequence's
+        prompt less prefix-cache hits, or the tokens since it last drafted) up to all but its last known token, in
+        one forward: a one-off per request, outside the proposal that the adaptive policy times per step."""
+        behind = []
+        for seq, k in zip(seqs, num_drafts):
+            if k <= 0:
+                continue
+            st = self._state(seq)
+            self._roll_back(st)
+            if st.shadow.num_tokens - 1 - st.shadow.num_computed_tokens > CATCH_UP_AHEAD and self._reserve(st, k):
+                behind.append(st)        # (a new sequence's reservation counts its prefix-cache hits as computed)
+        behind = [st for st in behind if st.shadow.num_tokens - 1 > st.shadow.num_computed_tokens]
+        if not behind:
+            return
+        starts = [st.shadow.num_computed_tokens for st in behind]
+        news = [st.shadow.num_tokens - 1 - s for st, s in zip(behind, starts)]
+        ids = [t for st, s, n in zip(behind, starts, news) for t in st.shadow.all_token_ids[s:s + n]]
+        self.forward.begin([st.shadow.block_table for st in behind])
+        self.forward.logits(list(range(len(behind))), starts, news, ids)     # K/V only: the logits are not needed
+        for st, n in zip(behind, news):
+            st.shadow.num_computed_tokens += n
+            st.fed_base = st.shadow.num_computed_tokens
+            self.bm.commit_full_blocks(st.shadow)
+
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], num_drafts: list[int], grammar: DraftGrammar | None = None) -> Proposal:
         active: list[tuple[_DraftState, int]] = []

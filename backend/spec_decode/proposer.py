@@ -12,11 +12,14 @@ from backend.core.sequence import Sequence
 
 @dataclass
 class Proposal:
-    """Drafts per sequence (``seq_id -> tokens``, possibly fewer than asked, never empty) and, for a
-    proposer that samples its drafts, the distribution each was drawn from (``q``)."""
+    """Drafts per sequence (``seq_id -> tokens``, possibly fewer than asked, never empty); for a
+    proposer that samples its drafts, the distribution each was drawn from (``q``); and what backs each
+    sequence's drafts (``evidence``, a class the adaptive policy learns acceptance for separately: the
+    n-gram proposer's matched suffix length; absent: 0)."""
 
     draft_token_ids: dict[int, list[int]] = field(default_factory=dict)
     draft_probs: dict[int, torch.Tensor] = field(default_factory=dict)   # seq_id -> [num_drafts, vocab] fp32
+    evidence: dict[int, int] = field(default_factory=dict)               # seq_id -> evidence class
 
 
 class DraftMasks(Protocol):
@@ -45,10 +48,18 @@ class Proposer(abc.ABC):
     """
 
     method: str = ""
+    # proposing costs next to nothing (a lookup): the speculator proposes the cap for every decoding
+    # sequence first and lets the policy cut each proposal, knowing its evidence
+    looks_up: bool = False
 
     @abc.abstractmethod
     def propose(self, seqs: list[Sequence], num_drafts: list[int], grammar: DraftGrammar | None = None) -> Proposal:
         ...
+
+    def catch_up(self, seqs: list[Sequence], num_drafts: list[int]) -> None:
+        """Work that is a one-off per request rather than a cost of each step (a draft model's pass over a new
+        sequence's prompt), done before ``propose`` so that the proposal's measured time is what a step costs.
+        Nothing by default."""
 
     def free(self, seq_ids: list[int]) -> None:
         """Forget per-sequence state of sequences that finished or were preempted."""

@@ -56,6 +56,7 @@ class Speculator:
         self.policy = AdaptiveDraftLength(max_k, enabled=adaptive)
         self.grammar = grammar                              # cuts guided drafts; None: no guided requests
         self.draft_probs: dict[int, torch.Tensor] = {}      # seq_id -> [k, vocab] q for the next verification
+        self._evidence: dict[int, int] = {}                 # seq_id -> evidence behind the drafts handed over
         self._tracked: set[int] = set()                     # sequences the proposer and policy hold state for
         self.num_cut_draft_tokens = 0                       # drafts dropped by the grammar check, cumulative
 
@@ -81,11 +82,15 @@ class Speculator:
                    step_seconds: float, clock: Callable[[], float] = time.perf_counter) -> None:
         """Learn from the step's verifications and time (``step_seconds``, measured on ``clock``); propose the
         next step's drafts, timed on the same clock."""
+        if self.policy.asleep():                  # dozing: nothing drafted for a while (adaptive.py)
+            self.release_gone(scheduler)
+            return
         decode_only, drafts = True, 0
         for sched, tokens in zip(plan.scheduled, output.sampled_token_ids):
             if sched.num_draft_tokens:
                 drafts += sched.num_draft_tokens
-                self.policy.observe_verify(sched.seq.seq_id, sched.num_draft_tokens, len(tokens) - 1)
+                sid = sched.seq.seq_id
+                self.policy.observe_verify(sid, sched.num_draft_tokens, len(tokens) - 1, self._evidence.get(sid, 0))
             elif sched.num_new_tokens != 1:
                 decode_only = False
         if decode_only and plan.scheduled:
@@ -94,10 +99,41 @@ class Speculator:
         self._propose(scheduler, clock)
 
     def _propose(self, scheduler: Scheduler, clock: Callable[[], float]) -> None:
-        self.draft_probs = {}
+        self.draft_probs, self._evidence = {}, {}
         decoding = [s for s in scheduler.running if s.num_tokens - s.num_computed_tokens == 1]
         if not decoding or self.policy.plain_step_due(len(decoding)):
             return
+        proposal = self._proposal(scheduler, decoding, clock)
+        self.policy.end_round(bool(proposal.draft_token_ids))
+        if not proposal.draft_token_ids:
+            return
+        if self.grammar is not None:
+            self._check_guided([s for s in decoding if s.seq_id in proposal.draft_token_ids], proposal)
+        scheduler.update_draft_token_ids(proposal.draft_token_ids)
+        self.draft_probs = proposal.draft_probs
+        self._evidence = {sid: proposal.evidence.get(sid, 0) for sid in proposal.draft_token_ids}
+
+    def _proposal(self, scheduler: Scheduler, decoding: list[Sequence], clock: Callable[[], float]) -> Proposal:
+        """This round's drafts, each cut to the ``k`` the policy chooses for it."""
+        if self.proposer.looks_up:               # a lookup: propose every cap, then the policy cuts by evidence
+            t0 = clock()
+            proposal = self.proposer.propose(decoding, [self.seq_max_k(s, scheduler.max_model_len) for s in decoding],
+                                             self.grammar)
+            self._tracked.update(s.seq_id for s in decoding)   # the proposer indexed them all
+            self._cut_by_policy(proposal, len(decoding))
+        else:                                    # drafting costs: the policy chooses first
+            seqs, ks = self._choose(scheduler, decoding)
+            if not seqs:
+                return Proposal()
+            self._tracked.update(s.seq_id for s in seqs)
+            self.proposer.catch_up(seqs, ks)     # one-offs per request (a draft's prompt) are not a step's cost
+            t0 = clock()
+            proposal = self.proposer.propose(seqs, ks, self.grammar)
+        self.policy.observe_draft(clock() - t0, sum(len(d) for d in proposal.draft_token_ids.values()))
+        return proposal
+
+    def _choose(self, scheduler: Scheduler, decoding: list[Sequence]) -> tuple[list[Sequence], list[int]]:
+        """The sequences that draft this step and their ``k`` (proposers whose drafting costs)."""
         seqs, ks = [], []
         policy = self.policy
         for seq in decoding:
@@ -107,16 +143,19 @@ class Speculator:
             if k > 0:
                 seqs.append(seq)
                 ks.append(k)
-        if not seqs:
-            return
-        self._tracked.update(s.seq_id for s in seqs)
-        t0 = clock()
-        proposal = self.proposer.propose(seqs, ks, self.grammar)
-        self.policy.observe_draft(clock() - t0, sum(ks))
-        if self.grammar is not None:
-            self._check_guided(seqs, proposal)
-        scheduler.update_draft_token_ids(proposal.draft_token_ids)
-        self.draft_probs = proposal.draft_probs
+        return seqs, ks
+
+    def _cut_by_policy(self, proposal: Proposal, num_decoding: int) -> None:
+        """Keep of each looked-up proposal the ``k`` the policy chooses for its evidence (none at ``k = 0``)."""
+        for sid, drafts in list(proposal.draft_token_ids.items()):
+            k = self.policy.choose(sid, len(drafts), num_decoding, proposal.evidence.get(sid, 0))
+            if k <= 0:
+                del proposal.draft_token_ids[sid]
+                proposal.draft_probs.pop(sid, None)
+            elif k < len(drafts):
+                proposal.draft_token_ids[sid] = drafts[:k]
+                if sid in proposal.draft_probs:
+                    proposal.draft_probs[sid] = proposal.draft_probs[sid][:k]
 
     def _check_guided(self, seqs: list[Sequence], proposal: Proposal) -> None:
         """Cut each guided sequence's drafts at its grammar's first invalid token (``cut_drafts``)."""

@@ -12,7 +12,7 @@
 // next norm). Then the final norm and the LM head: returns logits [num_tokens, vocab].
 //
 // Modules: layer_ops (norm, RoPE, SiLU), paged_attention (K/V write, attention), f32_gemv (the projections of
-// steps of up to 8 tokens; larger steps call at::linear, MKL's GEMM). Sliding windows and quantized weights
+// steps of up to 16 tokens; larger steps call at::linear, MKL's GEMM). Sliding windows and quantized weights
 // are not handled: the Python side (backend/engine/native_decode.py) keeps those models on the eager path.
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -29,11 +29,11 @@ namespace {
 constexpr int kLayerWeights = 6;  // input_norm, qkv, o, post_norm, gate_up, down
 constexpr int kLayerBiases = 3;   // qkv, gate_up, down (empty tensor: none)
 
-// x [T, K] @ w[N, K]^T (+ bias): the projection of every layer; the f32 GEMV up to kGemvMaxTokens tokens.
+// x [T, K] @ w[N, K]^T (+ bias): the projection of every layer; the f32 GEMV up to kGemvChunkedMaxTokens tokens.
 at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
   const int64_t T = x.size(0), N = w.size(0), K = w.size(1);
   const bool has_bias = bias.defined() && bias.numel() > 0;
-  if (T > kGemvMaxTokens) {
+  if (T > kGemvChunkedMaxTokens) {
     return has_bias ? at::linear(x, w, bias).contiguous() : at::linear(x, w).contiguous();
   }
   at::Tensor y = at::empty({T, N}, x.options());
@@ -68,24 +68,14 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
                   static_cast<int64_t>(v_cache.size()) == L,
               "decode_forward: per-layer lists disagree with the number of layers");
   TORCH_CHECK(num_heads % kv_heads == 0 && head_dim % 2 == 0, "decode_forward: bad head shapes");
-  TORCH_CHECK(token_ids.scalar_type() == at::kLong && positions.scalar_type() == at::kLong &&
-                  token_rows.scalar_type() == at::kInt && block_tables.scalar_type() == at::kInt,
-              "decode_forward: token_ids/positions int64, token_rows/block_tables int32");
-  TORCH_CHECK(token_ids.is_contiguous() && positions.is_contiguous() && token_rows.is_contiguous() &&
-                  block_tables.is_contiguous() && block_tables.dim() == 2,
-              "decode_forward: index tensors must be contiguous");
+  TORCH_CHECK(token_ids.scalar_type() == at::kLong && token_ids.is_contiguous(),
+              "decode_forward: token_ids must be contiguous int64");
   check_f32(embed, "embed");
   check_f32(cos_table, "cos");
   check_f32(sin_table, "sin");
+  const int64_t max_ctx = check_step_tokens(positions, token_rows, block_tables, block_size, cos_table.size(0));
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int32_t* rows = token_rows.data_ptr<int32_t>();
-  int64_t max_ctx = 0;
-  for (int64_t t = 0; t < T; ++t) {
-    TORCH_CHECK(pos[t] >= 0 && pos[t] < cos_table.size(0), "decode_forward: position out of range");
-    TORCH_CHECK(rows[t] >= 0 && rows[t] < block_tables.size(0), "decode_forward: row out of range");
-    TORCH_CHECK(pos[t] / block_size < block_tables.size(1), "decode_forward: block table too narrow");
-    max_ctx = std::max(max_ctx, pos[t] + 1);
-  }
   const Paged paged{block_tables.data_ptr<int32_t>(), block_tables.size(1), block_size};
   const int64_t qkv_width = (num_heads + 2 * kv_heads) * head_dim;
 

@@ -1,4 +1,5 @@
 // The f32 GEMV kernel of f32_gemv.h, one template over the lane types of each build (no torch here).
+#include <algorithm>
 #include "f32_gemv.h"
 
 #include <cstring>
@@ -237,14 +238,23 @@ void tokens_rows(const float* x, const float* w, const float* bias, float* y, in
 
 }  // namespace
 
+// More than kGemvMaxTokens tokens go kGemvMaxTokens at a time over a block of rows of about this many bytes of
+// weights, which stays in L2 from one pass to the next: the weights come from memory once, whatever T.
+constexpr int64_t kRowBlockBytes = 256 * 1024;
+
 void gemv_f32_rows(const float* x, const float* w, const float* bias, float* y, int64_t T, int64_t N, int64_t K,
                    int64_t n_begin, int64_t n_end) {
-  for (int64_t t0 = 0; t0 < T; t0 += kGemvMaxTokens) {  // more than 8 tokens: 8 at a time, the weight re-read
-    const int64_t nt = T - t0 < kGemvMaxTokens ? T - t0 : kGemvMaxTokens;
-    if (K <= kPinMaxK) {
-      tokens_rows<true>(x + t0 * K, w, bias, y + t0 * N, nt, N, K, n_begin, n_end);
-    } else {
-      tokens_rows<false>(x + t0 * K, w, bias, y + t0 * N, nt, N, K, n_begin, n_end);
+  const int64_t block = T <= kGemvMaxTokens ? n_end - n_begin
+                                            : std::max<int64_t>(16, kRowBlockBytes / (K * int64_t{sizeof(float)}));
+  for (int64_t b0 = n_begin; b0 < n_end; b0 += block) {
+    const int64_t b1 = std::min(n_end, b0 + block);
+    for (int64_t t0 = 0; t0 < T; t0 += kGemvMaxTokens) {
+      const int64_t nt = std::min(T - t0, kGemvMaxTokens);
+      if (K <= kPinMaxK) {
+        tokens_rows<true>(x + t0 * K, w, bias, y + t0 * N, nt, N, K, b0, b1);
+      } else {
+        tokens_rows<false>(x + t0 * K, w, bias, y + t0 * N, nt, N, K, b0, b1);
+      }
     }
   }
 }

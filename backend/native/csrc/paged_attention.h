@@ -3,6 +3,8 @@
 // block-table row is token_rows[t] and sees the keys at positions 0..positions[t] of that row.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 
 namespace triton_llm_native {
@@ -23,11 +25,17 @@ void write_kv(const float* qkv, int64_t row_stride, int64_t num_heads, int64_t k
               float* v_cache, int64_t T);
 
 // out[t, h] = softmax(q[t, h] . K[0..pos] * scale) V[0..pos], the G = H / KVH query heads of one KV head
-// together (GQA: query head h reads KV head h / G). Keys are walked block by block of the row's table
-// (no division per key). out: [T, H * head_dim].
+// together (GQA: query head h reads KV head h / G). Consecutive tokens of one row (a verify step) share one
+// walk over their keys, each masked at its own position; keys are walked through the row's block table (no
+// division per key). out: [T, H * head_dim].
 void paged_attention(const float* qkv, int64_t row_stride, int64_t num_heads, int64_t kv_heads,
                      int64_t head_dim, const int64_t* positions, const int32_t* token_rows, const Paged& paged,
                      const float* k_cache, const float* v_cache, float scale, float* out, int64_t T,
                      int64_t max_ctx);
+
+// Checks a step's positions [T] int64, token_rows [T] int32 and block_tables [rows, width] int32 (dtypes,
+// contiguity, positions in [0, max_positions), rows and blocks inside the table); returns the largest context.
+int64_t check_step_tokens(const at::Tensor& positions, const at::Tensor& token_rows, const at::Tensor& block_tables,
+                          int64_t block_size, int64_t max_positions);
 
 }  // namespace triton_llm_native

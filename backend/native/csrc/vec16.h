@@ -2,6 +2,7 @@
 // on narrower targets) and the few operations on them the decode step's attention and activation loops use.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -53,6 +54,46 @@ inline float hsum16(f32x16 v) {  // a tree of halves, not 15 dependent scalar ad
                   __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
   const f32x4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
   return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+inline float hmax16(f32x16 v) {
+  const f32x8 a8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  const f32x8 b8 = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const f32x8 m8 = a8 > b8 ? a8 : b8;
+  const f32x4 a4 = __builtin_shufflevector(m8, m8, 0, 1, 2, 3), b4 = __builtin_shufflevector(m8, m8, 4, 5, 6, 7);
+  const f32x4 m4 = a4 > b4 ? a4 : b4;
+  return std::max(std::max(m4[0], m4[1]), std::max(m4[2], m4[3]));
+}
+
+// Transpose the 16 x 16 matrix whose rows are r[0..16) in place (row i lane j <-> row j lane i): 4 x 4 transposes
+// inside each 128-bit lane (unpack 32-bit, then 64-bit pairs), then two rounds of 128-bit lane selects; 64
+// shuffles, the in-lane ones the cheapest kind (AVX-512: vunpck*ps/pd, vshuff32x4).
+inline void transpose16(f32x16* r) {
+  f32x16 t[16];
+  for (int i = 0; i < 8; ++i) {
+    const f32x16 a = r[2 * i], b = r[2 * i + 1];
+    t[2 * i] = __builtin_shufflevector(a, b, 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29);
+    t[2 * i + 1] = __builtin_shufflevector(a, b, 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    for (int h = 0; h < 2; ++h) {
+      const f32x16 a = t[i + h], b = t[i + h + 2];
+      r[i + 2 * h] = __builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+      r[i + 2 * h + 1] = __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    }
+  }
+  for (int half = 0; half < 16; half += 8) {  // 128-bit lanes 0, 2 of both rows; lanes 1, 3 of both
+    for (int i = half; i < half + 4; ++i) {
+      const f32x16 a = r[i], b = r[i + 4];
+      t[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+      t[i + 4] = __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    }
+  }
+  for (int i = 0; i < 8; ++i) {
+    const f32x16 a = t[i], b = t[i + 8];
+    r[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+    r[i + 8] = __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  }
 }
 
 inline float dot(const float* a, const float* b, int64_t n) {

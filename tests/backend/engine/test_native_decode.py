@@ -82,7 +82,9 @@ def native_step(ops, model, cache, tables, ctx_lens, query_lens, token_ids):
                     step.num_kv_heads, step.head_dim, step.eps, step.scale)
 
 
-MODELS = {"gqa_tied": (6, 2, True, False), "mha_untied": (4, 4, False, False), "gqa_bias": (8, 2, True, True)}
+# head_dim 8, 12, 6: the attention's per-token path; 16 (G = 3) and 48 (MHA): its tiled path (paged_attention.cpp)
+MODELS = {"gqa_tied": (6, 2, True, False), "mha_untied": (4, 4, False, False), "gqa_bias": (8, 2, True, True),
+          "gqa_hd16": (3, 1, True, False), "mha_hd48_bias": (1, 1, False, True)}
 
 
 @pytest.mark.parametrize("model_kind", sorted(MODELS))
@@ -90,7 +92,8 @@ MODELS = {"gqa_tied": (6, 2, True, False), "mha_untied": (4, 4, False, False), "
     ([7], [1]),                               # batch 1 decode; the new token starts block 2
     ([3, 8, 15, 1], [1, 1, 1, 1]),            # decodes crossing and ending on block boundaries
     ([9, 4], [5, 3]),                         # verify steps (k = 4 and k = 2 drafts) across blocks
-    ([30, 2, 11, 16, 5, 40, 7, 12, 3], [1, 5, 1, 3, 1, 5, 2, 1, 1]),   # more than 8 tokens: the GEMM path
+    ([30, 2, 11, 16, 5, 40, 7, 12, 3], [1, 5, 1, 3, 1, 5, 2, 1, 1]),   # 20 tokens: the GEMM path
+    ([30, 2, 11, 16, 5, 40, 7, 12], [2, 1, 1, 2, 1, 2, 1, 2]),           # 12 tokens: the GEMV, 8 at a time
 ])
 def test_native_forward_matches_eager(ops, model_kind, ctx_lens, query_lens):
     model = make_model(*MODELS[model_kind])

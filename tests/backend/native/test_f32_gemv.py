@@ -17,9 +17,10 @@ import torch.nn.functional as F
 from backend.native.build import CSRC
 
 # (tokens, out rows, in columns): rows not a multiple of the kernel's row block, columns not a multiple of a
-# vector (and fewer than one), more tokens than one pass takes (8).
+# vector (and fewer than one), more tokens than one pass takes (8), and with them more rows than one L2 block
+# of weights holds (256 KiB: 85 rows of 768, 327 of 200).
 SHAPES = [(1, 1280, 768), (2, 37, 16), (3, 9, 33), (4, 100, 7), (5, 1027, 64), (6, 13, 200), (7, 8, 48),
-          (8, 515, 130), (9, 21, 96), (12, 70, 40), (5, 70, 700), (8, 19, 520)]
+          (8, 515, 130), (9, 21, 96), (12, 70, 40), (5, 70, 700), (8, 19, 520), (16, 1300, 768), (11, 700, 200)]
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,8 @@ import itertools
 import pytest
 
 from backend.spec_decode.adaptive import (
+    DOZE_AFTER,
+    DOZE_EVERY,
     FORGET_AFTER,
     GLOBAL_DECAY,
     PRIOR_ACCEPTANCE,
@@ -102,19 +104,28 @@ class Sim:
     measured apart as in the engine, is draft_step * max k.
     """
 
-    def __init__(self, pol: AdaptiveDraftLength, plain, fixed, per_token, draft_step=0.0):
+    def __init__(self, pol: AdaptiveDraftLength, plain, fixed, per_token, draft_step=0.0, sleeps=False):
         self.pol, self.plain, self.fixed, self.per_token, self.draft_step = pol, plain, fixed, per_token, draft_step
+        self.sleeps = sleeps       # drive ``asleep`` / ``end_round`` as the speculator does
+        self.slept = 0             # rounds skipped asleep
 
-    def step(self, seqs: list[int], accept) -> list[int]:
-        """One proposal round and the step that verifies it; ``accept(seq, k)`` -> accepted drafts."""
+    def step(self, seqs: list[int], accept, evidence=lambda s: 0) -> list[int]:
+        """One proposal round and the step that verifies it; ``accept(seq, k)`` -> accepted drafts;
+        ``evidence(seq)``: what backs the sequence's proposal this round."""
         pol, n = self.pol, len(seqs)
-        ks = [0] * n if pol.plain_step_due(n) else [pol.choose(s, 4, n) for s in seqs]
+        if self.sleeps and pol.asleep():
+            self.slept += 1
+            return [0] * n
+        ev = {s: evidence(s) for s in seqs}
+        ks = [0] * n if pol.plain_step_due(n) else [pol.choose(s, 4, n, ev[s]) for s in seqs]
+        if self.sleeps:
+            pol.end_round(any(ks))
         if any(ks):
             pol.observe_draft(self.draft_step * max(ks), sum(ks))
         seconds = self.plain(n) + sum(self.fixed + self.per_token * k for k in ks if k)
         for s, k in zip(seqs, ks):
             if k:
-                pol.observe_verify(s, k, accept(s, k))
+                pol.observe_verify(s, k, accept(s, k), ev[s])
         pol.observe_step(n, sum(ks), seconds)
         return ks
 
@@ -139,7 +150,7 @@ def test_reprobes_with_backoff_and_within_the_budget_at_large_batches():
     assert all(ks[i] == 4 for i in probes)        # a probe measures every position
     gaps = [b - a for a, b in itertools.pairwise(probes)]
     assert gaps[0] >= 2 * PROBE_EVERY and gaps[1] >= 4 * PROBE_EVERY     # the interval doubles while probes fail
-    assert min(gaps[-2:]) >= PROBE_MAX and pol._seqs[1].probe_interval == PROBE_MAX
+    assert min(gaps[-2:]) >= PROBE_MAX and pol._seqs[(1, 0)].probe_interval == PROBE_MAX
     # 32 sequences, where drafts cost a verifying sequence 1.5 ms against a 13.5 ms step: probes of all
     # of them within 2% of the step time means one probe per sequence in 178 steps if a probe yielded nothing;
     # after one rejection the first position's acceptance is 0.45 (the others unobserved, 0.9): a probe is
@@ -196,7 +207,7 @@ def test_disabled_policy_always_proposes_the_cap_and_new_sequences_start_from_th
         for _ in range(6):
             sim.step([seq], lambda s, k: 0)
         pol.free([seq])
-    assert pol.global_acceptance[0] < 0.1       # (later positions are never reached)
+    assert pol.global_acceptance[0][0] < 0.1       # (later positions are never reached)
     assert pol.choose(99, 4, 1) == 0          # a new sequence does not relearn what the engine knows
 
 
@@ -206,7 +217,7 @@ def test_states_of_sequences_never_freed_are_dropped():
     pol.choose(7, 4, 1)
     for _ in range(2 * FORGET_AFTER):
         pol.plain_step_due(1)
-    assert 7 not in pol._seqs
+    assert (7, 0) not in pol._seqs
 
 
 def test_bucket_is_the_next_power_of_two():
@@ -219,7 +230,7 @@ def test_a_sequence_at_zero_is_not_re_decided_between_probes(monkeypatch):
     sim = Sim(pol, plain=lambda n: 0.002, fixed=0.0005, per_token=0.0002)
     for _ in range(10):
         sim.step([1], lambda s, k: 0)
-    st = pol._seqs[1]
+    st = pol._seqs[(1, 0)]
     assert st.steps_at_zero > 0 and st.probe_at > st.steps_at_zero
     assert not pol.idle(99)                                 # unknown sequences are decided, never skipped
     at = st.steps_at_zero
@@ -240,13 +251,13 @@ def test_engine_wide_acceptance_is_an_average_at_first():
     pol = AdaptiveDraftLength(4)
     for seq in range(4):
         pol.observe_verify(seq, 4, 0)                       # the first draft rejected, four times
-    assert pol.global_acceptance[0] == pytest.approx(PRIOR_ACCEPTANCE / 5)
-    assert pol.global_acceptance[1] == PRIOR_ACCEPTANCE    # never reached: unchanged
+    assert pol.global_acceptance[0][0] == pytest.approx(PRIOR_ACCEPTANCE / 5)
+    assert pol.global_acceptance[0][1] == PRIOR_ACCEPTANCE    # never reached: unchanged
     for seq in range(100):
         pol.observe_verify(seq, 4, 0)
-    before = pol.global_acceptance[0]
+    before = pol.global_acceptance[0][0]
     pol.observe_verify(999, 4, 1)                           # accepted once
-    assert pol.global_acceptance[0] == pytest.approx(before + GLOBAL_DECAY * (1 - before))
+    assert pol.global_acceptance[0][0] == pytest.approx(before + GLOBAL_DECAY * (1 - before))
 
 
 def test_recent_times_estimate_follows_every_observation():
@@ -291,4 +302,46 @@ def test_probe_interval_budgets_a_probes_expected_loss(acceptance, interval):
     pol._state(1).acceptance = list(acceptance)
     assert pol.choose(1, 4, 1) == 0
     loss = 0.002 - expected_accepted(acceptance, 4) * 0.002
-    assert pol._seqs[1].probe_at == max(PROBE_EVERY, probe_interval_for_budget(1, 0.002, loss)) == interval
+    assert pol._seqs[(1, 0)].probe_at == max(PROBE_EVERY, probe_interval_for_budget(1, 0.002, loss)) == interval
+
+
+def test_acceptance_is_learnt_per_evidence_class():
+    """Strong matches (evidence 4) are always accepted, weak ones (1) never: the same sequence drafts on the
+    first and not on the second, and a new sequence starts from what the engine learnt for each."""
+    pol = AdaptiveDraftLength(4)
+    sim = Sim(pol, plain=lambda n: 0.002, fixed=0.0004, per_token=0.0002)
+    for i in range(200):
+        ev = 4 if i % 2 else 1                                  # a strong match, then a weak one
+        sim.step([1], lambda s, k, ev=ev: k if ev == 4 else 0, evidence=lambda s, ev=ev: ev)
+    assert pol.global_acceptance[4][0] > 0.9 and pol.global_acceptance[1][0] < 0.25   # few: it stops being tried
+    assert pol.choose(1, 4, 1, evidence=4) == 4 and pol.choose(1, 4, 1, evidence=1) == 0
+    assert pol.choose(2, 4, 1, evidence=4) == 4 and pol.choose(2, 4, 1, evidence=1) == 0
+    pol.free([1, 2])
+    assert not pol._seqs
+
+
+def test_the_policy_dozes_while_nothing_drafts_and_wakes_on_the_first_draft():
+    pol = AdaptiveDraftLength(4)
+    sim = Sim(pol, plain=lambda n: 0.002, fixed=0.0005, per_token=0.0002, sleeps=True)
+    seqs = [1, 2, 3]
+    steps = [sim.step(seqs, lambda s, k: 0) for _ in range(2000)]
+    assert sim.slept > 0.7 * 2000                   # dozing: the speculator does nothing in 3 rounds of 4
+    assert sim.slept < (DOZE_EVERY - 1) / DOZE_EVERY * 2000 + 1
+    drafting = [i for i, ks in enumerate(steps) if any(ks)]
+    assert len(drafting) < 40                       # the probes of sequences at k = 0 still come, further apart
+    # strong matches appear (evidence 4, always accepted): taken within one doze period, and the policy stays awake
+    pol.observe_verify(1, 4, 4, evidence=4)         # the engine already knows that class pays
+    pol.observe_verify(1, 4, 4, evidence=4)
+    slept = sim.slept
+    later = [sim.step(seqs, lambda s, k: k, evidence=lambda s: 4) for _ in range(200)]
+    first = next(i for i, ks in enumerate(later) if any(ks))
+    assert first < DOZE_EVERY
+    assert sum(any(ks) for ks in later[first:]) >= len(later[first:]) - 200 // PLAIN_EVERY - 2
+    assert sim.slept - slept < DOZE_EVERY           # awake again
+
+
+def test_a_fixed_policy_never_dozes():
+    pol = AdaptiveDraftLength(4, enabled=False)
+    for _ in range(3 * DOZE_AFTER):
+        assert not pol.asleep()
+        pol.end_round(False)

@@ -83,6 +83,42 @@ def test_native_draft_steps_equal_the_eager_ones(draft_checkpoint, temperature):
         assert p.num_used_blocks == 0
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_catch_up_leaves_the_drafts_unchanged_and_takes_the_prompt_out_of_the_timed_proposal(draft_checkpoint,
+                                                                                            temperature):
+    """``catch_up`` (untimed by the speculator) feeds a new sequence's prompt, or the tokens it missed while
+    not drafting; the proposal after it feeds only the last few known tokens, and its drafts and ``q`` equal
+    those of a proposer that caught up inside ``propose``."""
+    rng = random.Random(3)
+    early, late = (load_proposer(draft_checkpoint, draft_checkpoint, fast=True) for _ in range(2))
+    calls = counting_native_calls(early)
+    seqs = [Sequence(seq_id=i, request_id=str(i), seq_index=0, prompt_token_ids=[rng.randrange(VOCAB) for _ in
+                     range(n)], params=SamplingParams(max_tokens=400, temperature=temperature, seed=7 + i))
+            for i, n in enumerate([20, 12, 25])]
+    for round_ in range(6):
+        ks = [4, 2, 3]
+        calls.clear()
+        early.catch_up(seqs, ks)
+        caught = list(calls)
+        calls.clear()
+        a, b = early.propose(seqs, ks), late.propose(seqs, ks)
+        assert a.draft_token_ids == b.draft_token_ids
+        for seq_id, q in a.draft_probs.items():
+            torch.testing.assert_close(q, b.draft_probs[seq_id], rtol=1e-4, atol=1e-6)
+        assert calls[0] <= 2 * len(seqs)                   # timed: the recovered/bonus token, an accepted draft
+        if round_ in (0, 3):                               # new sequences, then 20 tokens missed: caught up first
+            assert caught == [3 * 20 if round_ else 19 + 11 + 24]     # all but the last known token, one call
+        else:
+            assert not caught                              # a few tokens behind: left to the proposal
+        for seq in seqs:
+            drafts = a.draft_token_ids[seq.seq_id]
+            missed = 20 if round_ == 2 else 0              # e.g. steps at k = 0
+            seq.output_token_ids.extend(drafts[:1] + [rng.randrange(VOCAB) for _ in range(1 + missed)])
+    for p in (early, late):
+        p.free([s.seq_id for s in seqs])
+        assert p.num_used_blocks == 0
+
+
 FILTERS = [  # sampled requests: filters that ignore the output (q's batch is built once per proposal) and some
     # that depend on it (penalties, min_tokens holding back stop ids, bad words: rebuilt at every draft position)
     {"temperature": 0.9, "top_k": 40, "seed": 1}, {"temperature": 0.7, "top_p": 0.9, "min_p": 0.02},

@@ -10,14 +10,19 @@ from backend.spec_decode.ngram import BULK, NgramIndex, NgramProposer
 from contracts.sampling_params import SamplingParams
 
 
-def naive_lookup(ctx: list[int], n_min: int, n_max: int, k: int) -> list[int]:
-    """Obviously correct reference: for n from n_max down, the latest earlier start of the last n tokens."""
+def naive_match(ctx: list[int], n_min: int, n_max: int, k: int) -> tuple[list[int], int]:
+    """Obviously correct reference: for n from n_max down, the latest earlier start of the last n tokens;
+    the tokens after it and n (0: none)."""
     for n in range(min(n_max, len(ctx) - 1), n_min - 1, -1):
         suffix = ctx[-n:]
         for start in range(len(ctx) - n - 1, -1, -1):
             if ctx[start:start + n] == suffix:
-                return ctx[start + n:start + n + k]
-    return []
+                return ctx[start + n:start + n + k], n
+    return [], 0
+
+
+def naive_lookup(ctx: list[int], n_min: int, n_max: int, k: int) -> list[int]:
+    return naive_match(ctx, n_min, n_max, k)[0]
 
 
 @pytest.mark.parametrize("ctx, n_min, n_max, k, want", [
@@ -49,6 +54,7 @@ def test_index_matches_the_naive_reference_on_random_streams_grown_in_random_chu
             ctx += chunk
             k = int(rng.integers(1, 6))
             assert index.lookup(k) == naive_lookup(ctx, n_min, n_max, k), (ctx, n_min, n_max, k)
+            assert index.match(k) == naive_match(ctx, n_min, n_max, k), (ctx, n_min, n_max, k)
 
 
 def test_index_refuses_bad_orders():
@@ -62,10 +68,13 @@ def test_proposer_follows_the_growing_sequence():
     seq = Sequence(seq_id=0, request_id="r", seq_index=0, prompt_token_ids=[7, 8, 9, 1, 7, 8],
                    params=SamplingParams())
     prop = NgramProposer(1, 3)
-    assert prop.propose([seq], [2]).draft_token_ids == {0: [9, 1]}
+    first = prop.propose([seq], [2])
+    assert first.draft_token_ids == {0: [9, 1]} and first.evidence == {0: 2}        # "7 8" matched
     seq.output_token_ids.extend([9, 1, 7])
-    assert prop.propose([seq], [3]).draft_token_ids == {0: [8, 9, 1]}
+    again = prop.propose([seq], [3])
+    assert again.draft_token_ids == {0: [8, 9, 1]} and again.evidence == {0: 3}     # "9 1 7"
     seq.output_token_ids.append(5)                                 # "5" never seen: nothing to propose
-    assert prop.propose([seq], [3]).draft_token_ids == {}
+    none = prop.propose([seq], [3])
+    assert none.draft_token_ids == {} and none.evidence == {}
     prop.free([0])
     assert prop._indexes == {}
