@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from backend.sampling.ops import apply_token_bitmask
+from backend.sampling.ops import apply_token_bitmask, unpack_bitmask
 
-NATIVE_OPS = ("masked_logits", "masked_argmax")
+NATIVE_OPS = ("masked_logits", "masked_argmax", "forced_tokens")
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,16 @@ class BitmaskKernels:
         if self._native_for(logits, bitmask):
             return self.native.masked_argmax(logits, bitmask)
         return apply_token_bitmask(logits.to(torch.float32, copy=True), bitmask).argmax(dim=-1)
+
+    def forced_tokens(
+        self,
+        bitmask: torch.Tensor,  # [num_rows, ceil(vocab / 32)] int32
+        vocab: int,
+    ) -> list[int]:             # per row: the one token it allows, or -1 (several, or none)
+        if self.native is not None and bitmask.is_cpu and bitmask.stride(-1) == 1:
+            return self.native.forced_tokens(bitmask, vocab).tolist()
+        allowed = unpack_bitmask(bitmask, vocab)
+        return torch.where(allowed.sum(dim=-1) == 1, allowed.int().argmax(dim=-1), -1).tolist()
 
 
 TORCH_KERNELS = BitmaskKernels()

@@ -25,6 +25,7 @@ from backend.sampling.ops import (
     apply_penalties,
     apply_temperature,
     apply_top_k_top_p,
+    draw_uniforms,
     gather_logprobs,
     inverse_cdf_draw,
     logits_to_probs,
@@ -111,6 +112,12 @@ def sample_tokens(
             and not batch.has_penalties:       # fast path: greedy rows, at most a grammar mask
         mask = batch.grammar_bitmask
         return logits.argmax(dim=-1) if mask is None else kernels.masked_argmax(logits, mask)
+    if batch.grammar_bitmask is not None and batch.bad_word_bans is None and batch.min_tokens_bans is None:
+        forced = kernels.forced_tokens(batch.grammar_bitmask, logits.shape[-1])
+        if min(forced) >= 0:   # every row's grammar allows one token: no filter or draw can return another
+            if not batch.all_greedy:   # the RNGs advance as the draw would advance them
+                draw_uniforms(len(forced), batch.generators, generator, batch.greedy_rows, logits.device)
+            return torch.tensor(forced, dtype=torch.int64, device=logits.device)
     penalised = mask_and_penalise(logits, batch, kernels)
     if batch.all_greedy:
         return penalised.argmax(dim=-1)

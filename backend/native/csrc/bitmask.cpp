@@ -10,6 +10,8 @@
 //   without writing it: the first maximum among the allowed tokens; a NaN at an allowed token wins (as in
 //   torch); a row whose allowed tokens are all -inf (or that allows none) gives 0, the first of its all -inf
 //   masked values.
+// forced_tokens(bitmask, vocab) -> [rows] int64: the token of each row that allows exactly one token below vocab,
+//   else -1 (the grammar forces that token: sampling can only return it).
 // Torch references: backend/sampling/ops.py (apply_token_bitmask; its argmax), tested against these.
 #include <torch/library.h>
 #include <ATen/ATen.h>
@@ -91,9 +93,34 @@ at::Tensor masked_argmax(const at::Tensor& logits, const at::Tensor& bitmask) {
   return out;
 }
 
+at::Tensor forced_tokens(const at::Tensor& bitmask, int64_t vocab) {
+  TORCH_CHECK(bitmask.device().is_cpu() && bitmask.dim() == 2 && bitmask.scalar_type() == at::kInt &&
+              bitmask.stride(1) == 1, "forced_tokens: bitmask must be [rows, words] int32 on the CPU with unit stride");
+  TORCH_CHECK(vocab > 0 && bitmask.size(1) * 32 >= vocab, "forced_tokens: ", bitmask.size(1),
+              " words cannot cover a vocabulary of ", vocab);
+  const int64_t rows = bitmask.size(0), words = (vocab + 31) / 32;
+  at::Tensor out = at::empty({rows}, bitmask.options().dtype(at::kLong));
+  int64_t* ids = out.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t* mask = bitmask.data_ptr<int32_t>() + r * bitmask.stride(0);
+    int64_t count = 0, id = -1;
+    for (int64_t w = 0; w < words && count < 2; ++w) {
+      uint32_t bits = static_cast<uint32_t>(mask[w]);
+      if (w * 32 + 32 > vocab) bits &= (1u << (vocab - w * 32)) - 1u;   // bits past the vocabulary
+      if (bits) {
+        count += __builtin_popcount(bits);
+        id = w * 32 + __builtin_ctz(bits);
+      }
+    }
+    ids[r] = count == 1 ? id : -1;
+  }
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(triton_llm, m) {
   m.def("masked_logits(Tensor logits, Tensor bitmask) -> Tensor", &masked_logits);
   m.def("masked_argmax(Tensor logits, Tensor bitmask) -> Tensor", &masked_argmax);
+  m.def("forced_tokens(Tensor bitmask, int vocab) -> Tensor", &forced_tokens);
 }

@@ -142,3 +142,43 @@ def test_masked_argmax_treats_nan_as_torch_does():
     assert masked.argmax(dim=-1)[0] == 40
     copied = BUILD.ops.masked_logits(logits, words_for(allowed))
     assert torch.equal(copied.isnan(), masked.isnan()) and torch.equal(copied.nan_to_num(), masked.nan_to_num())
+
+
+@pytest.mark.parametrize("vocab", [32, 37, 100, 4099])
+def test_forced_tokens_native_and_torch_find_rows_that_allow_one_token(vocab):
+    """Rows that allow exactly one token below the vocabulary give it (bits past the vocabulary do not count);
+    rows that allow several or none give -1."""
+    _, bitmask = random_case(16, vocab, 5)
+    allowed = unpack_bitmask(bitmask, vocab)
+    expected = [int(row.nonzero()[0]) if row.sum() == 1 else -1 for row in allowed]
+    assert sum(t >= 0 for t in expected) >= 4 and -1 in expected
+    for kernels in (BitmaskKernels.of(BUILD.ops), TORCH_KERNELS):
+        assert kernels.forced_tokens(bitmask, vocab) == expected
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
+def test_a_step_every_grammar_forces_returns_the_forced_tokens_and_draws_as_sampling_would(temperature):
+    """When every row's grammar allows one token the sampler returns those tokens without filtering or drawing,
+    and every RNG (seeded rows' own, the engine's) ends where the full path leaves it: later draws are equal."""
+    vocab = 300
+    logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(1))
+    allowed = torch.zeros(4, vocab, dtype=torch.bool)
+    for r, t in enumerate([7, 40, 299, 128]):
+        allowed[r, t] = True
+    bitmask = words_for(allowed)
+    params = [SamplingParams(max_tokens=4, temperature=temperature, seed=s, top_p=0.9) for s in (3, None, 5, None)]
+    seqs = [Sequence(seq_id=i, request_id=f"r{i}", seq_index=0, prompt_token_ids=[1, 2], params=p)
+            for i, p in enumerate(params)]
+    states = []
+    for kernels, mask in ((BitmaskKernels.of(BUILD.ops), bitmask), (TORCH_KERNELS, bitmask), (TORCH_KERNELS, None)):
+        sampler = Sampler(vocab, seed=0, bitmask_kernels=kernels)
+        batch = sampler.build_batch(seqs, grammar_bitmask=mask)
+        if mask is None:                  # the full path: the masked logits drawn from (the forced tokens win)
+            tokens = sampler.sample(logits.masked_fill(~allowed, -INF), batch).token_ids
+        else:
+            tokens = sampler.sample(logits, batch).token_ids
+        assert tokens.tolist() == [7, 40, 299, 128]
+        after = sampler.build_batch(seqs)
+        states.append(sampler.sample(torch.randn(4, vocab, generator=torch.Generator().manual_seed(2)), after)
+                      .token_ids.tolist())
+    assert states[0] == states[1] == states[2]
