@@ -112,7 +112,8 @@ def sample_tokens(
             and not batch.has_penalties:       # fast path: greedy rows, at most a grammar mask
         mask = batch.grammar_bitmask
         return logits.argmax(dim=-1) if mask is None else kernels.masked_argmax(logits, mask)
-    if batch.grammar_bitmask is not None and batch.bad_word_bans is None and batch.min_tokens_bans is None:
+    if batch.grammar_bitmask is not None and batch.grammar_bitmask.is_cpu and batch.bad_word_bans is None \
+            and batch.min_tokens_bans is None:   # (on CUDA the check would cost a sync; the draw is cheap there)
         forced = kernels.forced_tokens(batch.grammar_bitmask, logits.shape[-1])
         if min(forced) >= 0:   # every row's grammar allows one token: no filter or draw can return another
             if not batch.all_greedy:   # the RNGs advance as the draw would advance them
