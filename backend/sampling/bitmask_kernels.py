@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from backend.sampling.ops import apply_token_bitmask, unpack_bitmask
+from backend.sampling.ops import apply_token_bitmask
 
 NATIVE_OPS = ("masked_logits", "masked_argmax", "forced_tokens")
 
@@ -53,11 +53,11 @@ class BitmaskKernels:
         self,
         bitmask: torch.Tensor,  # [num_rows, ceil(vocab / 32)] int32
         vocab: int,
-    ) -> list[int]:             # per row: the one token it allows, or -1 (several, or none)
-        if self.native is not None and bitmask.is_cpu and bitmask.stride(-1) == 1:
-            return self.native.forced_tokens(bitmask, vocab).tolist()
-        allowed = unpack_bitmask(bitmask, vocab)
-        return torch.where(allowed.sum(dim=-1) == 1, allowed.int().argmax(dim=-1), -1).tolist()
-
+    ) -> list[int] | None:      # per row: the one token it allows, or -1 (several, or none)
+        """None without the native kernel: unpacking the bits with torch ops costs more than the draws a forced
+        step saves (tests compare the kernel with ``unpack_bitmask``)."""
+        if self.native is None or not bitmask.is_cpu or bitmask.stride(-1) != 1:
+            return None
+        return self.native.forced_tokens(bitmask, vocab).tolist()
 
 TORCH_KERNELS = BitmaskKernels()

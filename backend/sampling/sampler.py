@@ -115,7 +115,7 @@ def sample_tokens(
     if batch.grammar_bitmask is not None and batch.grammar_bitmask.is_cpu and batch.bad_word_bans is None \
             and batch.min_tokens_bans is None:   # (on CUDA the check would cost a sync; the draw is cheap there)
         forced = kernels.forced_tokens(batch.grammar_bitmask, logits.shape[-1])
-        if min(forced) >= 0:   # every row's grammar allows one token: no filter or draw can return another
+        if forced is not None and min(forced) >= 0:   # every row's grammar allows one token: no draw returns another
             if not batch.all_greedy:   # the RNGs advance as the draw would advance them
                 draw_uniforms(len(forced), batch.generators, generator, batch.greedy_rows, logits.device)
             return torch.tensor(forced, dtype=torch.int64, device=logits.device)
