@@ -92,7 +92,7 @@ def bench_concurrency(engine, tokenizer, c: int, max_tokens: int, rounds: int, s
     prompts = [tokenizer.encode(PROMPTS[i % len(PROMPTS)], add_special_tokens=True) for i in range(c)]
     so = engine.structured
     acc: dict[str, float] = {}
-    for name in ("fill_bitmask", "accept"):
+    for name in ("fill_bitmask", "fill_rows", "accept"):   # fill_rows: steps without drafts
         timed(so, name, acc)
     passes: dict[str, int] = {}                 # request id -> forward passes it took part in
     schedule = engine.scheduler.schedule
@@ -143,7 +143,7 @@ def bench_concurrency(engine, tokenizer, c: int, max_tokens: int, rounds: int, s
         lengths += lens
         stops += sum(g["reason"] == "stop" for g in guided)
     engine.scheduler.schedule = schedule
-    for name in ("fill_bitmask", "accept"):
+    for name in ("fill_bitmask", "fill_rows", "accept"):   # fill_rows: steps without drafts
         delattr(so, name)
     gt, ut = statistics.mean(g_tpot), statistics.mean(u_tpot)
     guided_steps = max(1, steps["guided"] + steps.get("guided_other_fill", 0) + calibration_steps)
@@ -151,7 +151,7 @@ def bench_concurrency(engine, tokenizer, c: int, max_tokens: int, rounds: int, s
             "mean_output_tokens": statistics.mean(lengths), "tpot_guided_ms": 1e3 * gt, "tpot_unguided_ms": 1e3 * ut,
             "tpot_ratio": gt / ut, "tpot_ratio_per_round": ratios, "tpot_ratio_median": statistics.median(ratios),
             "steps_guided": steps["guided"], "steps_unguided": steps["plain"],
-            "fill_bitmask_ms_per_step": 1e3 * acc.get("fill_bitmask", 0) / guided_steps,
+            "fill_bitmask_ms_per_step": 1e3 * (acc.get("fill_bitmask", 0) + acc.get("fill_rows", 0)) / guided_steps,
             "accept_ms_per_step": 1e3 * acc.get("accept", 0) / guided_steps,
             "mean_ttft_guided_ms": 1e3 * statistics.mean(g_ttft),
             "forward_passes_per_request_guided": statistics.mean(g_passes),

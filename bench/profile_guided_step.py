@@ -6,7 +6,8 @@ twins of the same length (bench_guided.py's workload), steps run on this thread 
 
 Each phase is a wrapped method (the wrapper adds ~0.3 µs per call); medians and means over the decode steps
 of every round. The grammar phases: ``begin_fill`` (before the forward), ``PendingFill.result`` (the wait for,
-or the fill of, the bitmask after it), ``fill_bitmask`` / ``fill_bitmasks`` (the fill itself, wherever it runs),
+or the fill of, the bitmask after it), ``fill_rows`` (steps without drafts) / ``fill_bitmask`` (with drafts) /
+``fill_bitmasks`` (the fill itself, wherever it runs),
 ``kernels.*`` (the mask in the sampler), ``accept``, ``poll``.
 """
 from __future__ import annotations
@@ -33,10 +34,11 @@ PHASES = {  # label -> (owner attribute path from the engine, method)
     "execute": ("runner", "execute"), "sample": ("runner", "sample"),
     "build_batch": ("runner.sampler", "build_batch"), "sampler.sample": ("runner.sampler", "sample"),
     "accept": ("structured", "accept"), "poll": ("structured", "poll"),
-    "fill_bitmask": ("structured", "fill_bitmask"), "update_from_output": ("scheduler", "update_from_output"),
+    "fill_bitmask": ("structured", "fill_bitmask"), "fill_rows": ("structured", "fill_rows"),
+    "update_from_output": ("scheduler", "update_from_output"),
     "dispatch": ("", "_dispatch"), "step": ("", "step"),
 }
-CLASS_PHASES = {"PendingFill.result": (PendingFill, "result"), "kernels.apply_": (BitmaskKernels, "apply_"),
+CLASS_PHASES = {"PendingFill.result": (PendingFill, "result"), "kernels.masked_copy": (BitmaskKernels, "masked_copy"),
                 "kernels.masked_argmax": (BitmaskKernels, "masked_argmax")}
 
 

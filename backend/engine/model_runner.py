@@ -92,7 +92,7 @@ class ModelRunner:
                ) -> ModelRunnerOutput:
         """Sample the forward's rows (after the grammar mask, when one is given); verify drafts."""
         sched = plan.scheduled
-        if grammar_bitmask is not None:
+        if grammar_bitmask is not None and self.device.type != "cpu":   # filled on the host
             grammar_bitmask = grammar_bitmask.to(self.device, non_blocking=True)
         sampled: list[list[int]] = [[] for _ in sched]
         logprobs: list = [None] * len(sched)

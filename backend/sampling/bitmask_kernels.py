@@ -1,8 +1,8 @@
 """The grammar bitmask on logits rows: the native ops of ``backend/native/csrc/bitmask.cpp`` (one call, no
 temporaries) where the engine runs its native step, torch's ops (``ops.apply_token_bitmask``) elsewhere.
 
-Both give the same result: ``apply_`` sets disallowed tokens to ``-inf`` in place; ``masked_argmax`` is the
-argmax of the masked rows without writing them (greedy guided rows need nothing else).
+Both give the same result: ``masked_copy`` is a float32 copy of the logits with disallowed tokens at ``-inf``;
+``masked_argmax`` is the argmax of the masked rows without writing them (greedy guided rows need nothing else).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from backend.sampling.ops import apply_token_bitmask
 
-NATIVE_OPS = ("apply_token_bitmask_", "masked_argmax")
+NATIVE_OPS = ("masked_logits", "masked_argmax", "forced_tokens")
 
 
 @dataclass(frozen=True)
@@ -26,18 +26,19 @@ class BitmaskKernels:
         return cls(ops if ops is not None and all(hasattr(ops, name) for name in NATIVE_OPS) else None)
 
     def _native_for(self, logits: torch.Tensor, bitmask: torch.Tensor) -> bool:
-        return (self.native is not None and logits.device.type == "cpu" and logits.dtype == torch.float32
+        return (self.native is not None and logits.is_cpu and logits.dtype == torch.float32
                 and logits.stride(-1) == 1 and bitmask.stride(-1) == 1)
 
-    def apply_(
+    def masked_copy(
         self,
-        logits: torch.Tensor,   # [num_rows, vocab] fp32, modified in place
+        logits: torch.Tensor,   # [num_rows, vocab] (not modified)
         bitmask: torch.Tensor,  # [num_rows, ceil(vocab / 32)] int32
-    ) -> torch.Tensor:          # [num_rows, vocab] (``logits``, masked)
+    ) -> torch.Tensor:          # [num_rows, vocab] fp32, a new tensor
+        """A float32 copy of ``logits`` with ``-inf`` at the tokens the mask forbids (the sampler's copy and
+        the mask in one native call)."""
         if self._native_for(logits, bitmask):
-            self.native.apply_token_bitmask_(logits, bitmask)
-            return logits
-        return apply_token_bitmask(logits, bitmask)
+            return self.native.masked_logits(logits, bitmask)
+        return apply_token_bitmask(logits.to(torch.float32, copy=True), bitmask)
 
     def masked_argmax(
         self,
@@ -48,5 +49,15 @@ class BitmaskKernels:
             return self.native.masked_argmax(logits, bitmask)
         return apply_token_bitmask(logits.to(torch.float32, copy=True), bitmask).argmax(dim=-1)
 
+    def forced_tokens(
+        self,
+        bitmask: torch.Tensor,  # [num_rows, ceil(vocab / 32)] int32
+        vocab: int,
+    ) -> list[int] | None:      # per row: the one token it allows, or -1 (several, or none)
+        """None without the native kernel: unpacking the bits with torch ops costs more than the draws a forced
+        step saves (tests compare the kernel with ``unpack_bitmask``)."""
+        if self.native is None or not bitmask.is_cpu or bitmask.stride(-1) != 1:
+            return None
+        return self.native.forced_tokens(bitmask, vocab).tolist()
 
 TORCH_KERNELS = BitmaskKernels()

@@ -208,6 +208,23 @@ def logits_to_probs(logits: torch.Tensor) -> torch.Tensor:  # [num_rows, vocab] 
     return logits.float().softmax(dim=-1)
 
 
+def draw_uniforms(
+    n: int,
+    generators: list[torch.Generator | None],     # per row; None: use default_generator
+    default_generator: torch.Generator | None,
+    skip_rows: list[bool] | None,                 # rows that consume no RNG (greedy)
+    device: torch.device | str,
+) -> torch.Tensor:                                # [n, 1] float64 in [0, 1)
+    """The uniforms of one ``inverse_cdf_draw``, drawn exactly as it draws them (so that a caller that knows
+    the tokens without drawing still advances every RNG as the draw would)."""
+    u = torch.rand(n, 1, dtype=torch.float64, generator=default_generator, device=device) \
+        if any(g is None for g in generators) else torch.zeros(n, 1, dtype=torch.float64, device=device)
+    for i, g in enumerate(generators):
+        if g is not None and not (skip_rows and skip_rows[i]):
+            u[i] = torch.rand(1, dtype=torch.float64, generator=g, device=device)
+    return u
+
+
 def inverse_cdf_draw(
     probs: torch.Tensor,                          # [num_rows, vocab]
     generators: list[torch.Generator | None],     # per row; None: use default_generator
@@ -220,12 +237,7 @@ def inverse_cdf_draw(
     requests reproduce regardless of batch composition. One uniform per row (not one per
     token, as an exponential race needs) is what makes this cheap on CPU.
     """
-    n = probs.shape[0]
-    u = torch.rand(n, 1, dtype=torch.float64, generator=default_generator, device=probs.device) \
-        if any(g is None for g in generators) else torch.zeros(n, 1, dtype=torch.float64, device=probs.device)
-    for i, g in enumerate(generators):
-        if g is not None and not (skip_rows and skip_rows[i]):
-            u[i] = torch.rand(1, dtype=torch.float64, generator=g, device=probs.device)
+    u = draw_uniforms(probs.shape[0], generators, default_generator, skip_rows, probs.device)
     cdf = probs.double().cumsum(dim=-1)                                      # [num_rows, vocab]
     ids = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=probs.shape[-1] - 1)
     # rounding can land past the last non-zero token: fall back to the most likely one

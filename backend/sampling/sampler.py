@@ -25,6 +25,7 @@ from backend.sampling.ops import (
     apply_penalties,
     apply_temperature,
     apply_top_k_top_p,
+    draw_uniforms,
     gather_logprobs,
     inverse_cdf_draw,
     logits_to_probs,
@@ -48,13 +49,16 @@ class VerifyOutput:
 
 
 def mask_and_penalise(
-    logits: torch.Tensor,   # [num_rows, vocab] fp32, modified in place
+    logits: torch.Tensor,   # [num_rows, vocab] raw (not modified)
     batch: SamplingBatch,
     kernels: BitmaskKernels = TORCH_KERNELS,   # how the grammar bitmask is applied
-) -> torch.Tensor:          # [num_rows, vocab]
-    """Grammar mask, bad words, min_tokens, then the penalties: what greedy rows take the argmax of."""
+) -> torch.Tensor:          # [num_rows, vocab] fp32, a new tensor
+    """A float32 copy with the grammar mask (one pass), then bad words, min_tokens, the penalties: what greedy
+    rows take the argmax of."""
     if batch.grammar_bitmask is not None:
-        logits = kernels.apply_(logits, batch.grammar_bitmask)
+        logits = kernels.masked_copy(logits, batch.grammar_bitmask)
+    else:
+        logits = logits.to(torch.float32, copy=True)
     if batch.bad_word_bans is not None:
         logits = apply_bans(logits, *batch.bad_word_bans)
     if batch.min_tokens_bans is not None:
@@ -81,7 +85,7 @@ def process_logits(
     logits: torch.Tensor,   # [num_rows, vocab] raw (not modified)
     batch: SamplingBatch,
 ) -> torch.Tensor:          # [num_rows, vocab] fp32 after every filter, before the draw
-    return filter_logits(mask_and_penalise(logits.to(torch.float32, copy=True), batch), batch)
+    return filter_logits(mask_and_penalise(logits, batch), batch)
 
 
 def compute_probs(
@@ -90,7 +94,7 @@ def compute_probs(
     kernels: BitmaskKernels = TORCH_KERNELS,
 ) -> torch.Tensor:          # [num_rows, vocab] fp32
     """The distribution each row is actually sampled from: greedy rows are one-hot at their argmax."""
-    penalised = mask_and_penalise(logits.to(torch.float32, copy=True), batch, kernels)
+    penalised = mask_and_penalise(logits, batch, kernels)
     probs = logits_to_probs(filter_logits(penalised.clone(), batch))
     if batch.any_greedy:
         one_hot = torch.zeros_like(probs).scatter_(1, penalised.argmax(dim=-1, keepdim=True), 1.0)
@@ -108,7 +112,14 @@ def sample_tokens(
             and not batch.has_penalties:       # fast path: greedy rows, at most a grammar mask
         mask = batch.grammar_bitmask
         return logits.argmax(dim=-1) if mask is None else kernels.masked_argmax(logits, mask)
-    penalised = mask_and_penalise(logits.to(torch.float32, copy=True), batch, kernels)
+    if batch.grammar_bitmask is not None and batch.grammar_bitmask.is_cpu and batch.bad_word_bans is None \
+            and batch.min_tokens_bans is None:   # (on CUDA the check would cost a sync; the draw is cheap there)
+        forced = kernels.forced_tokens(batch.grammar_bitmask, logits.shape[-1])
+        if forced is not None and min(forced) >= 0:   # every row's grammar allows one token: no draw returns another
+            if not batch.all_greedy:   # the RNGs advance as the draw would advance them
+                draw_uniforms(len(forced), batch.generators, generator, batch.greedy_rows, logits.device)
+            return torch.tensor(forced, dtype=torch.int64, device=logits.device)
+    penalised = mask_and_penalise(logits, batch, kernels)
     if batch.all_greedy:
         return penalised.argmax(dim=-1)
     greedy_ids = penalised.argmax(dim=-1) if batch.any_greedy else None

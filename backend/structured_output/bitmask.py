@@ -51,12 +51,14 @@ def fill_verified_positions(
 
 class BitmaskBuffer:
     """One reused buffer (pinned on CUDA hosts, so the copy to the device is asynchronous), grown by
-    doubling; no allocation per step."""
+    doubling; no allocation per step, and the view of its first ``n`` rows is made once per ``n`` (a
+    slice costs about as much as a one-row fill)."""
 
     def __init__(self, vocab_size: int, pin: bool, rows: int = 64):
         self.words = (vocab_size + 31) // 32
         self.pin = pin
         self._buf = self._alloc(rows)
+        self._views: dict[int, torch.Tensor] = {}   # n -> self._buf[:n]
 
     def _alloc(self, rows: int) -> torch.Tensor:
         t = torch.full((rows, self.words), -1, dtype=torch.int32)
@@ -65,9 +67,12 @@ class BitmaskBuffer:
     def rows(self, n: int, reset: bool = True) -> torch.Tensor:   # [n, words] int32
         """The first ``n`` rows: all ones, or as the last step left them when not ``reset`` (the caller
         overwrites every row)."""
-        if n > self._buf.shape[0]:
-            self._buf = self._alloc(max(n, 2 * self._buf.shape[0]))
-        view = self._buf[:n]
+        view = self._views.get(n)
+        if view is None:
+            if n > self._buf.shape[0]:
+                self._buf = self._alloc(max(n, 2 * self._buf.shape[0]))
+                self._views.clear()
+            view = self._views[n] = self._buf[:n]
         if reset:
             view.fill_(-1)
         return view

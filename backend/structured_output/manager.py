@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -251,16 +252,24 @@ class StructuredOutputManager:
         return m
 
     def begin_fill(self, plan: SchedulerOutput) -> PendingFill:
-        """Start filling the step's bitmask on the worker thread (call before the forward). A step
-        without a guided sampled row gets a finished ``PendingFill`` of None at once, without work."""
+        """Start the step's bitmask (call before the forward): the fill runs on the worker thread, or is
+        deferred to ``PendingFill.result`` after the forward. A step without drafts looks its matchers up
+        here, so that only the fill itself (``fill_rows``) is left for after the forward. A step without
+        a guided sampled row gets a finished ``PendingFill`` of None at once, without work."""
         if not self._requests:
             return PendingFill(None)
         rows = sampled_rows(plan)
-        if not any(plan.scheduled[i].seq.params.guide is not None for i in set(rows)):
+        if len(set(rows)) == len(rows):            # no drafts: a row per sampling sequence
+            fill = self._rows_fill(plan, rows)
+            if fill is None:
+                return PendingFill(None)
+        elif any(plan.scheduled[i].seq.params.guide is not None for i in set(rows)):
+            fill = partial(self.fill_bitmask, plan, rows)
+        else:
             return PendingFill(None)
         if not self.fill_on_worker:
-            return PendingFill(rows, deferred=lambda: self.fill_bitmask(plan, rows))
-        return PendingFill(rows, self._filler.submit(self.fill_bitmask, plan, rows))
+            return PendingFill(rows, deferred=fill)
+        return PendingFill(rows, self._filler.submit(fill))
 
     def fill_bitmask(self, plan: SchedulerOutput, rows: list[int]) -> torch.Tensor | None:
         """The step's grammar bitmask, one row per sampled row (``rows[j]``: the plan index of row j),
@@ -269,7 +278,8 @@ class StructuredOutputManager:
         if not self._requests or not rows:
             return None
         if len(set(rows)) == len(rows):
-            return self._fill_rows(plan, rows)
+            fill = self._rows_fill(plan, rows)
+            return None if fill is None else fill()
         entries = []                               # (matcher, first row, drafts) of each guided sequence
         j = 0
         while j < len(rows):
@@ -288,9 +298,9 @@ class StructuredOutputManager:
         fill_verified_positions(self._backend.fill_bitmasks, entries, bitmask)
         return bitmask
 
-    def _fill_rows(self, plan: SchedulerOutput, rows: list[int]) -> torch.Tensor | None:
-        """``fill_bitmask`` of a step without drafts (a row per sampling sequence): one batched fill; the
-        buffer is reset to all ones only when some row is not guided."""
+    def _rows_fill(self, plan: SchedulerOutput, rows: list[int]) -> Callable[[], torch.Tensor] | None:
+        """The fill of a step without drafts (a row per sampling sequence) as a call of ``fill_rows``;
+        None when no row is guided (or every guided row's grammar has ended)."""
         matchers, filled = [], []
         for j, i in enumerate(rows):
             seq = plan.scheduled[i].seq
@@ -299,9 +309,12 @@ class StructuredOutputManager:
                 if m is not None and not m.is_terminated():
                     matchers.append(m)
                     filled.append(j)
-        if not matchers:
-            return None
-        bitmask = self._bitmask.rows(len(rows), reset=len(filled) < len(rows))
+        return partial(self.fill_rows, matchers, filled, len(rows)) if matchers else None
+
+    def fill_rows(self, matchers: list[GrammarMatcher], filled: list[int], num_rows: int) -> torch.Tensor:
+        """``[num_rows, words]`` bitmask: row ``filled[k]`` what ``matchers[k]`` admits, in one batched fill;
+        the buffer is reset to all ones only when some row is not filled."""
+        bitmask = self._bitmask.rows(num_rows, reset=len(filled) < num_rows)
         self._backend.fill_bitmasks(matchers, bitmask, filled)
         return bitmask
 
@@ -337,7 +350,7 @@ class StructuredOutputManager:
             if not tokens or seq.params.guide is None or seq.status is not SequenceStatus.RUNNING:
                 continue
             m = self._matcher(seq)
-            if m is None:
+            if m is None or (not s.num_draft_tokens and m.accept_tokens(tokens)):   # the common case: done
                 continue
             result = accept_run(m, tokens, drop_where_forced=bool(s.num_draft_tokens) and self._jumps(seq))
             if result is RunResult.LAST_DROPPED:

@@ -98,17 +98,34 @@ class CacheStats:
 
 
 class XGrammarMatcher:
-    """One sequence's grammar state (the engine's ``GrammarMatcher``)."""
+    """One sequence's grammar state (the engine's ``GrammarMatcher``).
 
-    def __init__(self, compiled: CompiledGuide):
+    The engine calls a matcher on every step of a guided request, so the calls are lean: xgrammar's
+    methods are bound once, and ``is_terminated`` is answered here without a call into xgrammar. A
+    matcher built without ``terminate_without_stop_token`` (as here) terminates exactly when it accepts
+    one of its stop tokens, and it accepts nothing after one, so a rollback of one token or more undoes
+    the termination (``tests/postprocess/grammar/test_backend.py`` checks this against xgrammar).
+    """
+
+    def __init__(self, compiled: CompiledGuide, stop_token_ids: frozenset[int]):
         self._m = xgr.GrammarMatcher(compiled.grammar)
+        self._accept = self._m.accept_token
+        self._rollback = self._m.rollback
+        self._fill = self._m.fill_next_token_bitmask
+        self._stops = stop_token_ids
+        self._terminated = False
+
+    def _accept_one(self, t: int) -> bool:
+        if self._terminated or not self._accept(t):   # xgrammar warns when a terminated matcher is asked
+            return False
+        self._terminated = t in self._stops
+        return True
 
     def accept_tokens(self, tokens: Sequence[int]) -> bool:
         """Advance through ``tokens``; on a rejected token undo the ones taken and return False."""
         for n, t in enumerate(tokens):
-            if self._m.is_terminated() or not self._m.accept_token(int(t)):   # xgrammar warns on the former
-                if n:
-                    self._m.rollback(n)
+            if not self._accept_one(int(t)):
+                self.rollback(n)
                 return False
         return True
 
@@ -116,23 +133,23 @@ class XGrammarMatcher:
         """How many leading ``tokens`` the grammar admits from here; the state is left unchanged."""
         n = 0
         for t in tokens:
-            if self._m.is_terminated() or not self._m.accept_token(int(t)):
+            if not self._accept_one(int(t)):
                 break
             n += 1
-        if n:
-            self._m.rollback(n)
+        self.rollback(n)
         return n
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens:
-            self._m.rollback(num_tokens)
+            self._rollback(num_tokens)
+            self._terminated = False
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Row ``row`` of ``bitmask`` (int32, on the CPU) gets the tokens admitted next."""
-        self._m.fill_next_token_bitmask(bitmask, row)
+        self._fill(bitmask, row)
 
     def is_terminated(self) -> bool:
-        return self._m.is_terminated()
+        return self._terminated
 
     def jump_forward_tokens(self) -> list[int]:
         """Tokens the grammar forces from here (xgrammar's greedy tokenisation of the forced text)."""
@@ -159,6 +176,7 @@ class XGrammarBackend:
         self._hits = self._misses = 0
         self._batch: xgr.BatchGrammarMatcher | None = None   # built on first use, by the step's thread
         self._fill_threads = fill_threads                     # xgrammar's threads for batched fills ("auto": half)
+        self._stop_token_ids = frozenset(tokenizer_info.stop_token_ids)
 
     @classmethod
     def from_folder(cls, folder: str | Path, vocab_size: int, stop_token_ids: Sequence[int],
@@ -207,7 +225,7 @@ class XGrammarBackend:
             raise GuideError(GUIDE, f"xgrammar could not compile it: {xgrammar_message(e)}") from None
 
     def matcher(self, compiled: CompiledGuide) -> XGrammarMatcher:
-        return XGrammarMatcher(compiled)
+        return XGrammarMatcher(compiled, self._stop_token_ids)
 
     def fill_bitmasks(self, matchers: Sequence[XGrammarMatcher], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
         """Row ``rows[i]`` of ``bitmask`` gets what ``matchers[i]`` admits next: one call into xgrammar for

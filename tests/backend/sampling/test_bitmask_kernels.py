@@ -62,11 +62,11 @@ def random_case(rows: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.T
 def test_native_mask_and_argmax_equal_torch(vocab, seed):
     logits, bitmask = random_case(16, vocab, seed)
     expected = apply_token_bitmask(logits.clone(), bitmask)
-    masked = logits.clone()
-    BUILD.ops.apply_token_bitmask_(masked, bitmask)
+    before = logits.clone()
+    masked = BUILD.ops.masked_logits(logits, bitmask)
+    assert torch.equal(logits, before)                       # a copy: not written
     assert torch.equal(masked, expected)
     assert torch.equal(masked == -INF, ~unpack_bitmask(bitmask, vocab) | (logits == -INF))
-    before = logits.clone()
     got = BUILD.ops.masked_argmax(logits, bitmask)
     assert torch.equal(logits, before)                       # not written
     assert got.dtype == torch.int64 and torch.equal(got, expected.argmax(dim=-1))
@@ -90,12 +90,11 @@ def test_native_ops_take_row_strided_views_and_refuse_bad_shapes():
     view = big[:, :100]                                      # rows strided by 160
     expected = apply_token_bitmask(logits.clone(), bitmask)
     assert torch.equal(BUILD.ops.masked_argmax(view, bitmask), expected.argmax(dim=-1))
-    BUILD.ops.apply_token_bitmask_(view, bitmask)
-    assert torch.equal(big[:, :100], expected)
+    assert torch.equal(BUILD.ops.masked_logits(view, bitmask), expected)
     with pytest.raises(RuntimeError, match="words cannot cover"):
         BUILD.ops.masked_argmax(torch.randn(2, 100), torch.zeros(2, 3, dtype=torch.int32))
     with pytest.raises(RuntimeError, match="rows"):
-        BUILD.ops.apply_token_bitmask_(torch.randn(2, 64), torch.zeros(3, 2, dtype=torch.int32))
+        BUILD.ops.masked_logits(torch.randn(2, 64), torch.zeros(3, 2, dtype=torch.int32))
     with pytest.raises(RuntimeError, match="float32"):
         BUILD.ops.masked_argmax(torch.randn(2, 64, dtype=torch.float64), torch.zeros(2, 2, dtype=torch.int32))
 
@@ -108,7 +107,7 @@ def test_kernels_choose_native_only_when_the_library_has_the_ops():
     for kernels in (BitmaskKernels.of(BUILD.ops), TORCH_KERNELS):
         assert torch.equal(kernels.masked_argmax(logits, bitmask),
                            apply_token_bitmask(logits.clone(), bitmask).argmax(dim=-1))
-        assert torch.equal(kernels.apply_(logits.clone(), bitmask), apply_token_bitmask(logits.clone(), bitmask))
+        assert torch.equal(kernels.masked_copy(logits, bitmask), apply_token_bitmask(logits.clone(), bitmask))
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -141,6 +140,41 @@ def test_masked_argmax_treats_nan_as_torch_does():
     masked = logits.masked_fill(~allowed, -INF)
     assert BUILD.ops.masked_argmax(logits, words_for(allowed)).tolist() == masked.argmax(dim=-1).tolist()
     assert masked.argmax(dim=-1)[0] == 40
-    inplace = logits.clone()
-    BUILD.ops.apply_token_bitmask_(inplace, words_for(allowed))
-    assert torch.equal(inplace.isnan(), masked.isnan()) and torch.equal(inplace.nan_to_num(), masked.nan_to_num())
+    copied = BUILD.ops.masked_logits(logits, words_for(allowed))
+    assert torch.equal(copied.isnan(), masked.isnan()) and torch.equal(copied.nan_to_num(), masked.nan_to_num())
+
+
+@pytest.mark.parametrize("vocab", [32, 37, 100, 4099])
+def test_forced_tokens_native_and_torch_find_rows_that_allow_one_token(vocab):
+    """Rows that allow exactly one token below the vocabulary give it (bits past the vocabulary do not count);
+    rows that allow several or none give -1."""
+    _, bitmask = random_case(16, vocab, 5)
+    allowed = unpack_bitmask(bitmask, vocab)
+    expected = [int(row.nonzero()[0]) if row.sum() == 1 else -1 for row in allowed]
+    assert sum(t >= 0 for t in expected) >= 4 and -1 in expected
+    assert BitmaskKernels.of(BUILD.ops).forced_tokens(bitmask, vocab) == expected
+    assert TORCH_KERNELS.forced_tokens(bitmask, vocab) is None          # no check without the native kernel
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
+def test_a_step_every_grammar_forces_returns_the_forced_tokens_and_draws_as_sampling_would(temperature):
+    """When every row's grammar allows one token the sampler returns those tokens without filtering or drawing,
+    and every RNG (seeded rows' own, the engine's) ends where the full path leaves it: later draws are equal."""
+    vocab = 300
+    logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(1))
+    allowed = torch.zeros(4, vocab, dtype=torch.bool)
+    for r, t in enumerate([7, 40, 299, 128]):
+        allowed[r, t] = True
+    bitmask = words_for(allowed)
+    params = [SamplingParams(max_tokens=4, temperature=temperature, seed=s, top_p=0.9) for s in (3, None, 5, None)]
+    seqs = [Sequence(seq_id=i, request_id=f"r{i}", seq_index=0, prompt_token_ids=[1, 2], params=p)
+            for i, p in enumerate(params)]
+    states = []
+    for kernels in (BitmaskKernels.of(BUILD.ops), TORCH_KERNELS):     # forced path; torch: the full draw
+        sampler = Sampler(vocab, seed=0, bitmask_kernels=kernels)
+        tokens = sampler.sample(logits, sampler.build_batch(seqs, grammar_bitmask=bitmask)).token_ids
+        assert tokens.tolist() == [7, 40, 299, 128]
+        after = sampler.build_batch(seqs)
+        states.append(sampler.sample(torch.randn(4, vocab, generator=torch.Generator().manual_seed(2)), after)
+                      .token_ids.tolist())
+    assert states[0] == states[1]

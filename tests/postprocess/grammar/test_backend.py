@@ -83,6 +83,40 @@ def test_matcher_accept_validate_rollback_and_eos_only_at_the_end(xgr_backend):
     assert m.accept_tokens([tok[b"b"], EOS]) and m.is_terminated()
 
 
+@pytest.mark.parametrize("stops", [[EOS], [EOS, 6]])
+def test_termination_kept_in_python_agrees_with_xgrammar(xgr_backend, stops):
+    """``XGrammarMatcher.is_terminated`` answers without asking xgrammar: random walks of accepts (admitted
+    tokens, EOS where admitted, tokens the grammar rejects, tokens after the end) and rollbacks, over every
+    test guide, compare it with xgrammar's own answer after each call."""
+    b = XGrammarBackend(*tokenizer_info_from_folder(DEMO_TARGET, 4096, stops))
+    bitmask = b.allocate_bitmask(1)
+    rng = random.Random(len(stops))
+    ends = 0
+    for name, kind, text in all_guides()[::3]:
+        m = b.matcher(b.compile(kind, text))
+        depth = 0
+        for _ in range(60):
+            action = rng.random()
+            if action < 0.15 and depth:
+                n = rng.randint(1, depth)
+                m.rollback(n)
+                depth -= n
+            elif action < 0.25:
+                depth += m.accept_tokens([rng.randrange(4096)])          # mostly rejected, nothing taken
+            elif m.is_terminated():
+                assert not m.accept_tokens([stops[-1]])
+            else:
+                m.fill_bitmask(bitmask, 0)
+                allowed = allowed_token_ids(bitmask[0], 4096)
+                ending = [t for t in allowed if t in stops]
+                t = rng.choice(ending) if ending and rng.random() < 0.5 else rng.choice(allowed)
+                assert m.accept_tokens([t])
+                depth += 1
+            assert m.is_terminated() == m._m.is_terminated(), (name, depth)
+            ends += m.is_terminated()
+    assert ends >= 5
+
+
 def test_fills_overwrite_whole_rows(xgr_backend):
     """The engine reuses its bitmask buffer without resetting rows a fill writes: a fill (single or batched)
     must write every word of its row, whatever the row held."""
