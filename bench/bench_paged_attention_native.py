@@ -12,24 +12,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backend.native.build import native_ops
-
-
-def median_us(fn, calls: int) -> float:
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+from bench.stats import median_us
 
 
 def layer_cycle(ops, caches, qkv, positions, token_rows, tables, heads):

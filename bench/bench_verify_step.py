@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -24,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from backend.config import EngineConfig
 from backend.engine.builder import build_engine_parts
+from bench.stats import median_us
 
 
 def step_inputs(block_size: int, rows: int, tokens: int, ctx: int):
@@ -34,15 +34,6 @@ def step_inputs(block_size: int, rows: int, tokens: int, ctx: int):
     pos = torch.arange(ctx, ctx + tokens, dtype=torch.int64).repeat(rows)
     row_ids = torch.arange(rows, dtype=torch.int32).repeat_interleave(tokens)
     return ids, pos, row_ids, tables
-
-
-def median_us(step, inputs, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        step.forward(*inputs)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
 
 
 def main() -> None:
@@ -81,7 +72,7 @@ def main() -> None:
     rounds = 3
     for _ in range(rounds):
         for key, inputs in cells.items():
-            times[key].append(median_us(step, inputs, max(1, args.reps // rounds)))
+            times[key].append(median_us(lambda inputs=inputs: step.forward(*inputs), max(1, args.reps // rounds)))
     us = {key: statistics.median(v) for key, v in times.items()}
     print(f"model {args.model}, {args.threads} thread(s); µs per decode_forward call (median), "
           f"and the ratio to the 1-token step at the same context")
