@@ -63,6 +63,51 @@ def batch_at(data: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[torch.
     return x[:, :-1], x[:, 1:]
 
 
+def with_repeated_span(window: np.ndarray, rng: np.random.Generator,
+                       span: tuple[int, int]) -> tuple[np.ndarray, int, int]:
+    """``window`` with one of its own spans copied in again later, same length: ``w[:b] + w[a:a+L] + w[b:]``
+    cut to ``len(window)``, with ``a + L <= b``; returns the row, ``b`` and ``L``. Code repeats itself (imports,
+    call patterns, edited copies of a function), and a served model is asked to quote and edit its prompt; these
+    rows teach the model to continue a span it has seen, so prompt-lookup speculation meets a model that copies,
+    as real LLMs do."""
+    n = len(window)
+    length = int(rng.integers(span[0], min(span[1], n // 3) + 1))
+    a = int(rng.integers(0, n // 2 - length + 1))
+    b = int(rng.integers(a + length, n - length + 1))
+    return np.concatenate([window[:b], window[a:a + length], window[b:]])[:n], b, length
+
+
+def batch_with_copies(data: np.ndarray, starts: np.ndarray, seq_len: int, rng: np.random.Generator,
+                      copy_fraction: float, span: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``batch_at``, with a ``copy_fraction`` share of the rows carrying a repeated span."""
+    rows = [data[s:s + seq_len + 1] for s in starts]
+    rows = [with_repeated_span(r, rng, span)[0] if rng.random() < copy_fraction else r for r in rows]
+    x = torch.from_numpy(np.stack(rows).astype(np.int64))
+    return x[:, :-1], x[:, 1:]
+
+
+@torch.no_grad()
+def heldout_copy_accuracy(model: LlamaForCausalLM, data: np.ndarray, seq_len: int, span: tuple[int, int],
+                          rows: int = 32, seed: int = 0) -> float:
+    """Greedy next-token accuracy on the second occurrence of a repeated span in held-out windows (the positions
+    a faithful copier gets right), excluding each span's first token (nothing announces the copy before it)."""
+    rng = np.random.default_rng(seed)
+    model.eval()
+    hits = total = 0
+    for _ in range(rows):
+        s = int(rng.integers(0, len(data) - seq_len - 1))
+        row, b, length = with_repeated_span(data[s:s + seq_len + 1], rng, span)
+        x = torch.from_numpy(row[:-1].astype(np.int64))[None]
+        pred = model.compute_logits(model(x.reshape(-1), torch.arange(x.shape[1]),
+                                          DenseCausalAttention(1, x.shape[1]))).argmax(-1)
+        # position b + i (inside the copy) predicts the copy's next token row[b + i + 1]
+        idx = torch.arange(b, b + length - 1)
+        hits += int((pred[idx] == torch.from_numpy(row[idx + 1].astype(np.int64))).sum())
+        total += length - 1
+    model.train()
+    return hits / total
+
+
 def loss_on(model: LlamaForCausalLM, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     b, s = x.shape
     pos = torch.arange(s).repeat(b)
@@ -107,7 +152,13 @@ def main() -> None:
     ap.add_argument("--init-from", type=Path, default=None,
                     help="continue from this HF folder's weights (same size) instead of a random init")
     ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--copy-fraction", type=float, default=0.0,
+                    help="share of the rows that carry a repeated span (with_repeated_span); 0 = plain windows")
+    ap.add_argument("--copy-span", default="8,128", help="min,max length of a repeated span")
     args = ap.parse_args()
+    span = tuple(int(v) for v in args.copy_span.split(","))
+    if not 0.0 <= args.copy_fraction <= 1.0 or len(span) != 2 or not 2 <= span[0] <= span[1]:
+        raise ValueError("--copy-fraction must be in [0, 1] and --copy-span 'min,max' with 2 <= min <= max")
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(args.seed)
@@ -130,6 +181,10 @@ def main() -> None:
             if p.dim() == 2:
                 torch.nn.init.normal_(p, std=0.02 / (math.sqrt(2 * model.config.num_hidden_layers)
                                                      if name.endswith(("o_proj.weight", "down_proj.weight")) else 1))
+    if args.init_from is not None and "heldout_copy_accuracy" not in prior:
+        prior["heldout_copy_accuracy"] = heldout_copy_accuracy(model, heldout, args.seq_len, span)
+        print(f"held-out copy accuracy of --init-from at seq_len {args.seq_len}: "
+              f"{prior['heldout_copy_accuracy']:.3f}", flush=True)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{args.size}: {n_params / 1e6:.2f}M parameters", flush=True)
     decay = [p for p in model.parameters() if p.dim() == 2]
@@ -143,7 +198,7 @@ def main() -> None:
     step = 0
     while step < total:
         starts = rng.integers(0, len(train) - args.seq_len - 1, size=args.batch)
-        x, y = batch_at(train, starts, args.seq_len)
+        x, y = batch_with_copies(train, starts, args.seq_len, rng, args.copy_fraction, span)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total if args.steps or step >= 20 else 10**9, args.lr, warmup)
         loss = loss_on(model, x, y)
@@ -165,6 +220,7 @@ def main() -> None:
             save_model(model, args.out.with_name(args.out.name + ".partial"), cfg_dict)
     elapsed = time.time() - t0
     ho = heldout_loss(model, heldout, args.seq_len)
+    copy_acc = heldout_copy_accuracy(model, heldout, args.seq_len, span)
     save_model(model, args.out, cfg_dict)
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(args.tokenizer / f, args.out / f)
@@ -173,14 +229,19 @@ def main() -> None:
     (args.out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     runs = prior.get("runs", [{k: prior[k] for k in ("steps", "tokens_seen", "training_minutes", "peak_lr", "seed")
                                 if k in prior}] if prior else [])
-    runs.append({"steps": step, "tokens_seen": step * tokens_per_step, "training_minutes": elapsed / 60,
-                 "peak_lr": args.lr, "seed": args.seed})
+    run = {"steps": step, "tokens_seen": step * tokens_per_step, "training_minutes": elapsed / 60,
+           "peak_lr": args.lr, "seed": args.seed, "seq_len": args.seq_len}
+    if args.copy_fraction:
+        run.update(copy_fraction=args.copy_fraction, copy_span=list(span),
+                   heldout_copy_accuracy_before=prior.get("heldout_copy_accuracy"))
+    runs.append(run)
     stats = {"size": args.size, "parameters": n_params, "runs": runs,
              "steps": sum(r["steps"] for r in runs), "tokens_seen": sum(r["tokens_seen"] for r in runs),
              "train_tokens": int(len(train)), "heldout_tokens": int(len(heldout)),
              "epochs": sum(r["tokens_seen"] for r in runs) / len(train),
              "training_minutes": sum(r["training_minutes"] for r in runs),
-             "heldout_loss": ho, "heldout_perplexity": math.exp(ho), "seq_len": args.seq_len,
+             "heldout_loss": ho, "heldout_perplexity": math.exp(ho), "heldout_copy_accuracy": copy_acc,
+             "seq_len": args.seq_len,
              "batch": args.batch, "peak_lr": args.lr, "seed": args.seed}
     (args.out / "training_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     print(json.dumps(stats, indent=2), flush=True)
