@@ -12,7 +12,11 @@ measured length it grows in proportion to ``k``; a bucket with no measurement bo
 bucket's. A cost's estimate is the median of its last ``WINDOW`` observations (the minimum while it has
 fewer than ``SETTLED``): on a shared machine other processes slow some steps down, and a step descheduled
 for a while says nothing about speculation. A length measured only a few times is taken at no more than
-what the other lengths imply, so one slow first step does not rule it out for good.
+what the other lengths imply, so one slow first step does not rule it out for good; so is a *stale* length,
+one not measured in the bucket's last ``STALE_LENGTH`` steps with drafts: a burst of slow steps (another
+process taking the caches) can leave a length's median high, the policy then picks other lengths, and
+nothing would ever measure it again while those keep speculation going. Its next measurement replaces
+its old ones.
 
 To keep ``t`` current while everyone speculates, the engine runs one step without drafts when a
 bucket's plain time is unknown or stale (``plain_step_due``: every ``PLAIN_EVERY`` speculative steps,
@@ -37,6 +41,7 @@ SETTLED = 3                # observations before a cost's estimate is their medi
 PLAIN_EVERY = 64           # speculative steps in a bucket before its plain step time is measured again
 PLAIN_EVERY_UNSETTLED = 8  # the same while the plain estimate rests on fewer than SETTLED steps
 STALE_AFTER = 128          # plain steps in a bucket without a step with drafts before its draft costs are re-measured
+STALE_LENGTH = 16          # steps with drafts in a bucket since a length's last measurement before it is stale
 
 
 def bucket(num_seqs: int) -> int:
@@ -64,6 +69,7 @@ class RecentTimes:
 
     values: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
     _estimate: float = 0.0     # kept up to date by ``add``: read every step, changed once per observation
+    last_seen: int = 0         # the owner's count of observations when this cost was last observed
 
     def add(self, seconds: float) -> None:
         self.values.append(seconds)
@@ -87,6 +93,7 @@ class StepCosts:
     extra: dict[int, dict[int, RecentTimes]] = field(default_factory=dict)    # bucket -> {k: extra per sequence}
     since_plain: dict[int, int] = field(default_factory=dict)   # bucket -> speculative steps since a plain one
     since_speculative: dict[int, int] = field(default_factory=dict)   # bucket -> plain steps since one with drafts
+    speculative_steps: dict[int, int] = field(default_factory=dict)   # bucket -> steps with drafts measured so far
 
     def observe_plain(self, num_seqs: int, seconds: float) -> None:
         b = bucket(num_seqs)
@@ -108,10 +115,12 @@ class StepCosts:
                 self.extra.pop(b, None)
             self.since_speculative[b] = 0
             by_k = self.extra.setdefault(b, {})
+            seen = self.speculative_steps.get(b, 0)
             times = by_k.get(max_drafts)
-            if times is None:
+            if times is None or seen - times.last_seen >= STALE_LENGTH:   # a stale length starts afresh
                 times = by_k[max_drafts] = RecentTimes()
             times.add(per_seq)
+            times.last_seen = self.speculative_steps[b] = seen + 1
 
     def plain_step_due(self, num_seqs: int) -> bool:
         """No plain step measured at this bucket, or ``PLAIN_EVERY`` speculative steps since the last one
@@ -135,8 +144,9 @@ class StepCosts:
     def extra_seconds(self, num_seqs: int, k: int, optimistic: bool = True) -> float | None:
         """Estimated ``x(B, k)``; None while no bucket has a step with drafts measured.
 
-        ``optimistic``: a length measured fewer than ``SETTLED`` times is taken at no more than what the
-        other lengths imply, so that one slow first step does not rule it out for good."""
+        ``optimistic``: a length measured fewer than ``SETTLED`` times, or stale (not measured in the bucket's
+        last ``STALE_LENGTH`` steps with drafts), is taken at no more than what the other lengths imply, so that
+        one slow first step or a burst of slow steps does not rule it out for good."""
         b = bucket(num_seqs)
         if not self.extra.get(b):
             known = [c for c, by_k in self.extra.items() if by_k]
@@ -146,7 +156,8 @@ class StepCosts:
         by_k = self.extra[b]
         measured = {j: t.estimate() for j, t in by_k.items()}
         x = interpolate_extra(measured, k)
-        if optimistic and k in by_k and not by_k[k].settled and len(measured) > 1:
+        if optimistic and k in by_k and len(measured) > 1 and \
+                (not by_k[k].settled or self.speculative_steps[b] - by_k[k].last_seen >= STALE_LENGTH):
             x = min(x, interpolate_extra({j: v for j, v in measured.items() if j != k}, k))
         return x
 

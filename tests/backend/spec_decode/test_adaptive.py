@@ -24,6 +24,7 @@ from backend.spec_decode.step_costs import (
     PLAIN_EVERY_UNSETTLED,
     SETTLED,
     STALE_AFTER,
+    STALE_LENGTH,
     RecentTimes,
     StepCosts,
     bucket,
@@ -98,6 +99,27 @@ def test_slow_steps_from_other_processes_do_not_move_the_estimates():
     assert costs.extra_seconds(1, 4) == pytest.approx(0.0015)
 
 
+def test_a_stale_length_is_no_dearer_than_the_fresh_lengths_imply():
+    """A burst of slow steps leaves k = 4's median high; while k = 1 keeps speculation going, k = 4 is never
+    measured again. Once the bucket has had STALE_LENGTH steps with drafts since, k = 4 counts at what the
+    fresh lengths imply, so the policy tries it again (and a new measurement decides)."""
+    costs = StepCosts()
+    for _ in range(SETTLED):
+        costs.observe_plain(1, 0.002)
+    for _ in range(SETTLED):
+        costs.observe_speculative(1, 1, 4, 0.002 + 0.010)      # slowed down: x(4) = 10 ms
+    for i in range(STALE_LENGTH):
+        costs.observe_speculative(1, 1, 1, 0.002 + 0.0005)
+        stale = i + 1 >= STALE_LENGTH
+        assert costs.extra_seconds(1, 4) == pytest.approx(0.002 if stale else 0.010)   # 4 x x(1) once stale
+        assert costs.extra_seconds(1, 4, optimistic=False) == pytest.approx(0.010)      # probes still budget it
+    costs.observe_speculative(1, 1, 4, 0.002 + 0.0015)          # measured again: replaces the slow burst
+    assert costs.extra_seconds(1, 4) == pytest.approx(0.0015)
+    for _ in range(SETTLED):
+        costs.observe_speculative(1, 1, 4, 0.002 + 0.003)
+    assert costs.extra_seconds(1, 4) == pytest.approx(0.003)    # fresh and settled: its own median
+
+
 class Sim:
     """Drives the policy as the engine does, with a synthetic cost model and acceptance.
 
@@ -120,7 +142,7 @@ class Sim:
         ev = {s: evidence(s) for s in seqs}
         ks = [0] * n if pol.plain_step_due(n) else [pol.choose(s, 4, n, ev[s]) for s in seqs]
         if self.sleeps:
-            pol.end_round(any(ks))
+            pol.end_round()
         if any(ks):
             pol.observe_draft(self.draft_step * max(ks), sum(ks))
         seconds = self.plain(n) + sum(self.fixed + self.per_token * k for k in ks if k)
@@ -326,10 +348,12 @@ def test_the_policy_dozes_while_nothing_drafts_and_wakes_on_the_first_draft():
     sim = Sim(pol, plain=lambda n: 0.002, fixed=0.0005, per_token=0.0002, sleeps=True)
     seqs = [1, 2, 3]
     steps = [sim.step(seqs, lambda s, k: 0) for _ in range(2000)]
-    assert sim.slept > 0.7 * 2000                   # dozing: the speculator does nothing in 3 rounds of 4
-    assert sim.slept < (DOZE_EVERY - 1) / DOZE_EVERY * 2000 + 1
     drafting = [i for i, ks in enumerate(steps) if any(ks)]
     assert len(drafting) < 40                       # the probes of sequences at k = 0 still come, further apart
+    # dozing: the speculator does nothing in 3 rounds of 4, once DOZE_AFTER rounds have passed; a probe (a
+    # drafting round) is a measurement: the round after it observes its verification, and it wakes nothing
+    assert sim.slept >= (DOZE_EVERY - 1) / DOZE_EVERY * 2000 - DOZE_AFTER - len(drafting)
+    assert sim.slept < (DOZE_EVERY - 1) / DOZE_EVERY * 2000 + 1
     # strong matches appear (evidence 4, always accepted): taken within one doze period, and the policy stays awake
     pol.observe_verify(1, 4, 4, evidence=4)         # the engine already knows that class pays
     pol.observe_verify(1, 4, 4, evidence=4)
@@ -341,11 +365,35 @@ def test_the_policy_dozes_while_nothing_drafts_and_wakes_on_the_first_draft():
     assert sim.slept - slept < DOZE_EVERY           # awake again
 
 
+def test_a_probes_verification_is_observed_while_dozing():
+    """In the engine a round's drafts are verified by the next step and learnt from in the round after it
+    (``Speculator.after_step``: ``asleep``, then ``observe_verify``). A probe drafted in an awake round of a doze
+    must not be followed by a dozing round, or its verification is lost: its cost buys nothing and the
+    acceptance that keeps the sequence at k = 0 never moves."""
+    pol = AdaptiveDraftLength(4)
+    pending, probes, observed = 0, 0, 0
+    for _ in range(3000):
+        if pol.asleep():
+            pending = 0                                 # what the engine would drop: nothing observes it
+            continue
+        if pending:
+            pol.observe_verify(1, pending, 0)
+            observed += 1
+        pol.observe_step(1, pending, 0.002 + (0.0005 + 0.0002 * pending if pending else 0.0))
+        if pol.plain_step_due(1):
+            pending = 0
+            continue
+        pending = pol.choose(1, 4, 1)
+        pol.end_round()
+        probes += pending > 0
+    assert probes >= 5 and observed >= probes - 1      # every probe's verification reached the policy
+
+
 def test_a_fixed_policy_never_dozes():
     pol = AdaptiveDraftLength(4, enabled=False)
     for _ in range(3 * DOZE_AFTER):
         assert not pol.asleep()
-        pol.end_round(False)
+        pol.end_round()
 
 
 def test_positions_never_observed_are_no_better_than_the_one_before():
