@@ -40,11 +40,15 @@ request speculates on its strong matches and skips its weak ones. A cheap propos
 proposes before the policy chooses, so the evidence is known when ``k`` is; a sequence at ``k = 0`` is
 idle per evidence class.
 
-When no sequence has drafted for ``DOZE_AFTER`` rounds the policy dozes (``asleep``): the speculator skips
+When no sequence has drafted on merit (a ``k > 0`` because drafts pay; probes and re-measurements are
+measurements, not merit) for ``DOZE_AFTER`` rounds the policy dozes (``asleep``): the speculator skips
 its per-step work entirely (the lookups and the policy's bookkeeping: ~26 us of Python at batch 1, ~8% of a
 batch-1 step of the demo target) in all but one round of ``DOZE_EVERY``, until a sequence drafts again. The
 awake rounds decide as usual (a strong n-gram match is still taken within ``DOZE_EVERY`` rounds), and the
-probes of sequences at ``k = 0`` count awake rounds, so dozing also spaces them out.
+probes of sequences at ``k = 0`` count awake rounds, so dozing also spaces them out. A probe does not wake the
+policy: with many sequences (or evidence classes) at ``k = 0``, one probe or another is due every few rounds,
+and each would have bought ``DOZE_AFTER`` wakeful rounds (sampled requests at batch 1 lost 5-10% to them); a
+probe that finds drafts accepted raises the acceptance, and the next awake round then drafts on merit.
 """
 from __future__ import annotations
 
@@ -138,7 +142,10 @@ class AdaptiveDraftLength:
     _step_max_drafts: int = 0         # the longest draft run among them
     _round_estimates: dict = field(default_factory=dict)   # (num_decoding, k_max) -> costs, for this round
     _remeasure: bool = False          # this round: the bucket's draft costs are stale, everyone drafts fully
-    _quiet_rounds: int = 0            # rounds in a row in which no sequence drafted (awake rounds)
+    _quiet_rounds: int = 0            # rounds in a row in which no sequence drafted on merit (awake rounds)
+    _merit: bool = False              # this round, some ``choose`` picked k > 0 because drafts pay
+    _drafted: bool = False            # this round, some ``choose`` picked k > 0 (merit, probe or re-measurement)
+    _verify_next: bool = False        # the last awake round drafted: the next round observes the verification
     _dozed: int = 0                   # rounds skipped since the last awake one, while dozing
 
     def _global(self, evidence: int) -> tuple[list[float], list[int]]:
@@ -170,6 +177,12 @@ class AdaptiveDraftLength:
     def choose(self, seq_id: int, k_max: int, num_decoding: int, evidence: int = 0) -> int:
         """Drafts to propose for one sequence this step (``k_max``: its own cap), for drafts backed by
         ``evidence``."""
+        k = self._choose(seq_id, k_max, num_decoding, evidence)
+        if k > 0:
+            self._drafted = True
+        return k
+
+    def _choose(self, seq_id: int, k_max: int, num_decoding: int, evidence: int) -> int:
         k_max = min(k_max, self.max_k)
         if k_max <= 0:
             return 0
@@ -184,10 +197,12 @@ class AdaptiveDraftLength:
         n = max(1, num_decoding)
         plain, extras, _, probe_seconds = self._estimates(n, k_max)
         if plain is None or extras[0] is None:           # costs unknown: speculate fully to measure them
+            self._merit = True
             return k_max
         k = best_num_drafts(st.acceptance, plain / n, extras)
         if k > 0:
             st.steps_at_zero, st.probe_at, st.probe_interval = 0, 0, PROBE_EVERY
+            self._merit = True
             return k
         st.steps_at_zero += 1
         # a probe's expected loss: its cost less the tokens it is expected to yield (a sequence just below
@@ -260,19 +275,23 @@ class AdaptiveDraftLength:
 
     def asleep(self) -> bool:
         """Called once per proposal round before anything else: whether the speculator should skip this round
-        (propose nothing, decide nothing): dozing, and not the round in ``DOZE_EVERY`` that is awake."""
-        if self._quiet_rounds < DOZE_AFTER or self._dozed >= DOZE_EVERY - 1:
+        (propose nothing, decide nothing): dozing, and not the round in ``DOZE_EVERY`` that is awake, nor the
+        round after one that drafted (its step verifies the drafts, and this round observes them)."""
+        if self._quiet_rounds < DOZE_AFTER or self._dozed >= DOZE_EVERY - 1 or self._verify_next:
             self._dozed = 0
+            self._verify_next = False
             return False
         self._dozed += 1
         self._round += 1
         return True
 
-    def end_round(self, drafted: bool) -> None:
-        """An awake round's proposal is settled: ``drafted`` whether any sequence drafts (module docstring)."""
+    def end_round(self) -> None:
+        """An awake round's choices are made: it was quiet unless some sequence drafts on merit (module docstring)."""
         if not self.enabled:
             return
-        self._quiet_rounds = 0 if drafted else self._quiet_rounds + 1
+        self._quiet_rounds = 0 if self._merit else self._quiet_rounds + 1
+        self._verify_next = self._drafted       # a probe's verification is observed, whatever the doze says
+        self._merit = self._drafted = False
 
     def observe_draft(self, seconds: float, num_draft_tokens: int) -> None:
         """The proposer took ``seconds`` for the drafts (``num_draft_tokens`` in all) the next step verifies."""

@@ -104,7 +104,7 @@ class Speculator:
         if not decoding or self.policy.plain_step_due(len(decoding)):
             return
         proposal = self._proposal(scheduler, decoding, clock)
-        self.policy.end_round(bool(proposal.draft_token_ids))
+        self.policy.end_round()
         if not proposal.draft_token_ids:
             return
         if self.grammar is not None:
