@@ -9,7 +9,8 @@ held-out code:
 
 Prints, per cell, tokens/s and the ratio to ``none`` (with ``--rounds N``, every method runs N times in
 alternating order, and the ratio is the median of the per-round ratios, their range in brackets), the
-mean accepted length (tokens per verified step), the acceptance rate, and the measured costs behind
+decode-speed ratio (median TPOT of ``none`` over the method's: the prompts' prefill, which speculation does not
+touch, left out), the mean accepted length (tokens per verified step), the acceptance rate, and the measured costs behind
 them (the adaptive policy's plain decode step time and extra seconds per speculating sequence for each
 draft length at the cell's batch-size bucket; CPU time of the engine loop's thread, since the engines run
 one thread, see backend/spec_decode/step_costs.py). For the draft model at batch 1 it also works out, from
@@ -195,12 +196,14 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer and shorter requests")
     ap.add_argument("--workloads", default="repeat,mixed")
     ap.add_argument("--temperatures", default="0,0.8")
+    ap.add_argument("--requests", type=int, default=0,
+                    help="requests per cell (0: twice the concurrency, at least 4; with --quick, the concurrency)")
     ap.add_argument("--rounds", type=int, default=1, help="measure each cell this many times, alternating the order")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     args = ap.parse_args(argv)
     workloads = args.workloads.split(",")
-    if args.rounds < 1 or not set(workloads) <= {"repeat", "mixed"}:
-        ap.error("--rounds must be >= 1 and --workloads a subset of repeat,mixed")
+    if args.rounds < 1 or args.requests < 0 or not set(workloads) <= {"repeat", "mixed"}:
+        ap.error("--rounds must be >= 1, --requests >= 0 and --workloads a subset of repeat,mixed")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
@@ -230,7 +233,7 @@ def main(argv=None) -> int:
             ps = prompts[wl]
             for temp in (float(t) for t in args.temperatures.split(",")):
                 for c in levels:
-                    n = max(2 * c, 4) if not args.quick else max(c, 2)
+                    n = args.requests or (max(2 * c, 4) if not args.quick else max(c, 2))
                     items = items_for(ps[:n], max_tokens, temp)
                     for eng in engines.values():                      # warm-up: shapes, caches, measured costs
                         run_engine_level(eng, items[:min(2, n)], 2, level_seconds=1e9, request_timeout=300)
@@ -244,14 +247,17 @@ def main(argv=None) -> int:
                         # per round, the ratio to none measured next to it (the same round); their median
                         # is robust to another process slowing one run down
                         paired = [x["tok_per_s"] / b["tok_per_s"] for x, b in zip(runs[m], runs.get("none", []))]
+                        # decode speed alone (the prompts' prefill left out): the ratio of median TPOTs
+                        decode = [b["tpot_ms_p50"] / x["tpot_ms_p50"] for x, b in zip(runs[m], runs.get("none", []))]
                         r.update(method=m, workload=wl, temperature=temp, concurrency=c,
                                  ratio=statistics.median(paired) if paired else None, round_ratios=paired,
+                                 decode_ratio=statistics.median(decode) if decode else None,
                                  pooled_ratio=r["tok_per_s"] / base if base else None)
                         cells.append(r)
                         acc = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
                         spread = f"[{min(r['round_ratios']):.2f}-{max(r['round_ratios']):.2f}]" if r["round_ratios"] else ""
                         print(f"{wl:6s} T={temp:.1f} c={c:<3d} {m:12s} {r['tok_per_s']:8.1f} tok/s  "
-                              f"x{(r['ratio'] or 0):5.2f} {spread:11s} accepted len {r['mean_accepted_length']:.2f}  "
+                              f"x{(r['ratio'] or 0):5.2f} {spread:11s} decode x{(r['decode_ratio'] or 0):4.2f}  accepted len {r['mean_accepted_length']:.2f}  "
                               f"acceptance {acc}  steps {r['steps']}  {cost_summary(r, bucket(c))}",
                               flush=True)
     finally:
