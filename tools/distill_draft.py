@@ -162,7 +162,8 @@ def main() -> None:
                                                              "seed") if k in prior}]))
     runs.append({"kind": "distill", "teacher": str(args.target), "temperature": args.temperature, "steps": step,
                  "tokens_seen": step * tokens_per_step, "training_minutes": elapsed / 60, "peak_lr": args.lr,
-                 "seed": args.seed, "heldout_agreement_before": start_agree, "heldout_agreement_after": agree})
+                 "seed": args.seed, "threads": args.threads, "heldout_agreement_before": start_agree,
+                 "heldout_agreement_after": agree})
     stats = {**prior, "parameters": n_params, "runs": runs, "steps": sum(r["steps"] for r in runs),
              "tokens_seen": sum(r["tokens_seen"] for r in runs),
              "epochs": sum(r["tokens_seen"] for r in runs) / len(train),

@@ -197,7 +197,7 @@ class AdaptiveDraftLength:
         n = max(1, num_decoding)
         plain, extras, _, probe_seconds = self._estimates(n, k_max)
         if plain is None or extras[0] is None:           # costs unknown: speculate fully to measure them
-            self._merit = True
+            self._merit = True                           # (nothing is known yet: no dozing until it is)
             return k_max
         k = best_num_drafts(st.acceptance, plain / n, extras)
         if k > 0:
