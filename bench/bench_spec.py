@@ -197,7 +197,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workloads", default="repeat,mixed")
     ap.add_argument("--temperatures", default="0,0.8")
     ap.add_argument("--requests", type=int, default=0,
-                    help="requests per cell (0: twice the concurrency, at least 4; with --quick, the concurrency)")
+                    help="at least this many requests per cell (else twice the concurrency, at least 4; with "
+                         "--quick, the concurrency): at batch 1 four requests are too few for a stable ratio")
     ap.add_argument("--rounds", type=int, default=1, help="measure each cell this many times, alternating the order")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     args = ap.parse_args(argv)
@@ -233,7 +234,7 @@ def main(argv=None) -> int:
             ps = prompts[wl]
             for temp in (float(t) for t in args.temperatures.split(",")):
                 for c in levels:
-                    n = args.requests or (max(2 * c, 4) if not args.quick else max(c, 2))
+                    n = max(args.requests, max(2 * c, 4) if not args.quick else max(c, 2))
                     items = items_for(ps[:n], max_tokens, temp)
                     for eng in engines.values():                      # warm-up: shapes, caches, measured costs
                         run_engine_level(eng, items[:min(2, n)], 2, level_seconds=1e9, request_timeout=300)
