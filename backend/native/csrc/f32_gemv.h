@@ -2,8 +2,10 @@
 //
 // A step of a few tokens is bound by reading the weight, so each weight row is streamed from memory once and
 // dotted with every token while it sits in registers: R rows at a time (independent accumulators, enough to
-// hide the FMA latency); software prefetch is a build-time knob, off by default (measured no faster; the decode
-// step keeps its weights on huge pages, backend/engine/huge_pages.py). The instruction set is picked at build time
+// hide the FMA latency). Short rows (K <= 512) prefetch the rows 2 KiB ahead (GEMV_ROWS_AHEAD_BYTES: weights that
+// fit in L3 get evicted between engine steps); within a long row, software prefetch is a build-time knob, off by
+// default (measured no faster; the decode step keeps its weights on huge pages, backend/engine/huge_pages.py).
+// The instruction set is picked at build time
 // from the compiler's flags (-march=native): AVX-512F, else AVX2 + FMA, else plain C++ (8-float lanes the
 // compiler vectorises as it can). f32_gemv_kernel.cpp has no torch dependency (tests/backend/native compiles
 // it alone for each instruction set); f32_gemv.cpp splits the rows over torch's threads.

@@ -197,14 +197,32 @@ inline void dot_rows(const float* x, const float* w, int64_t K, float* out) {
   }
 }
 
+// Short rows (pinned, K <= kPinMaxK: the demo target's 192 and 512): every line of the rows this many bytes ahead
+// is prefetched, one row step at a time. Such weights fit in L3, but in the engine other work (and other tenants of
+// the L3) evicts them between steps, and a multi-token step with two rows in flight then waits on memory. Measured
+// in the engine at batch 1 (EPYC, 1 thread, docs/benchmarks.md): a 5-token verify step's op 543-545 us median,
+// p90 1169-1244 us without; 451-482 us, p90 526-692 us at 2048 bytes (4096 and 8192 no better, cold-cache replay).
+// The 1-token step was unchanged (235-242 us). Long rows (the 82M model) keep to the hardware prefetchers.
+#ifndef GEMV_ROWS_AHEAD_BYTES
+#define GEMV_ROWS_AHEAD_BYTES 2048
+#endif
+constexpr int64_t kRowsAheadBytes = GEMV_ROWS_AHEAD_BYTES;
+
 template <int NT, bool Pin>
 void rows_for_tokens(const float* x, const float* w, const float* bias, float* y, int64_t N, int64_t K,
                      int64_t n_begin, int64_t n_end) {
   using L = LanesFor<Pin>;
   constexpr int R = rows_per_step<L, NT>();
   alignas(64) float acc[sums_floats<L, NT, R>()];
+  const int64_t row_bytes = K * int64_t{sizeof(float)};
+  const int64_t ahead = kRowsAheadBytes > 0 ? std::max<int64_t>(R, kRowsAheadBytes / row_bytes) : 0;
   int64_t n = n_begin;
   for (; n + R <= n_end; n += R) {
+    if (Pin && ahead > 0 && n + ahead < n_end) {  // short rows: the step's rows ahead, every line of them
+      const char* p = reinterpret_cast<const char*>(w + (n + ahead) * K);
+      const int64_t bytes = std::min<int64_t>(R, n_end - n - ahead) * row_bytes;
+      for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
+    }
     dot_rows<L, NT, R, Pin>(x, w + n * K, K, acc);
     for (int t = 0; t < NT; ++t)
       for (int r = 0; r < R; ++r) y[t * N + n + r] = acc[t * R + r] + (bias ? bias[n + r] : 0.f);
