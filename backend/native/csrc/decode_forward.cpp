@@ -29,11 +29,12 @@ namespace {
 constexpr int kLayerWeights = 6;  // input_norm, qkv, o, post_norm, gate_up, down
 constexpr int kLayerBiases = 3;   // qkv, gate_up, down (empty tensor: none)
 
-// x [T, K] @ w[N, K]^T (+ bias): the projection of every layer; the f32 GEMV up to kGemvChunkedMaxTokens tokens.
+// x [T, K] @ w[N, K]^T (+ bias): the projection of every layer; the f32 GEMV up to kGemvChunkedMaxTokens tokens
+// (kGemvShortRowsMaxTokens for short rows).
 at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
   const int64_t T = x.size(0), N = w.size(0), K = w.size(1);
   const bool has_bias = bias.defined() && bias.numel() > 0;
-  if (T > kGemvChunkedMaxTokens) {
+  if (T > (K <= kGemvShortRowK ? kGemvShortRowsMaxTokens : kGemvChunkedMaxTokens)) {
     return has_bias ? at::linear(x, w, bias).contiguous() : at::linear(x, w).contiguous();
   }
   at::Tensor y = at::empty({T, N}, x.options());

@@ -22,6 +22,10 @@ constexpr int64_t kGemvMaxTokens = 8;
 // decode_forward call, at::linear -> chunked GEMV): demo target 9 tokens 2.19 -> 0.88, 16 tokens 3.11 -> 1.71,
 // 24-32 tokens even; 82M model 9 tokens 49.7 -> 42.6, 16 tokens 59.8 -> 60.3, 24 tokens 73.6 -> 80.5.
 constexpr int64_t kGemvChunkedMaxTokens = 16;
+// The same for short rows (K <= kGemvShortRowK, the demo target's), whose prefetched passes (f32_gemv_kernel.cpp)
+// beat at::linear further: batch decode steps of 32 sequences and verify steps of 8 sequences with drafts.
+constexpr int64_t kGemvShortRowK = 512;
+constexpr int64_t kGemvShortRowsMaxTokens = 64;
 
 // Rows [n_begin, n_end) of y [T, N] = x [T, K] @ w [N, K]^T (+ bias [N], may be null); all row-major, contiguous.
 void gemv_f32_rows(const float* x, const float* w, const float* bias, float* y, int64_t T, int64_t N, int64_t K,

@@ -92,8 +92,9 @@ MODELS = {"gqa_tied": (6, 2, True, False), "mha_untied": (4, 4, False, False), "
     ([7], [1]),                               # batch 1 decode; the new token starts block 2
     ([3, 8, 15, 1], [1, 1, 1, 1]),            # decodes crossing and ending on block boundaries
     ([9, 4], [5, 3]),                         # verify steps (k = 4 and k = 2 drafts) across blocks
-    ([30, 2, 11, 16, 5, 40, 7, 12, 3], [1, 5, 1, 3, 1, 5, 2, 1, 1]),   # 20 tokens: the GEMM path
+    ([30, 2, 11, 16, 5, 40, 7, 12, 3], [1, 5, 1, 3, 1, 5, 2, 1, 1]),   # 20 tokens: short rows, the GEMV
     ([30, 2, 11, 16, 5, 40, 7, 12], [2, 1, 1, 2, 1, 2, 1, 2]),           # 12 tokens: the GEMV, 8 at a time
+    ([6 + i for i in range(14)], [5] * 14),                             # 70 tokens: the GEMM path (> 64)
 ])
 def test_native_forward_matches_eager(ops, model_kind, ctx_lens, query_lens):
     model = make_model(*MODELS[model_kind])
