@@ -3,7 +3,8 @@
     python -m tools.model_report [--target models/demo-target] [--draft models/demo-draft]
 
 Reports parameters, tokens seen, training time (from training_stats.json), held-out
-perplexity of both models, how often the draft's greedy next token equals the target's on
+perplexity of both models, how faithfully each continues a span repeated from earlier in its context
+(what prompt-lookup speculation relies on), how often the draft's greedy next token equals the target's on
 held-out code (a predictor of speculative speed-up), and greedy continuations of held-out
 function headers.
 """
@@ -23,6 +24,7 @@ from tokenizers import Tokenizer
 from backend.attention.dense import DenseCausalAttention
 from backend.model.loader import load_model
 from tools.corpus import corpus_files, read_text
+from tools.train_model import heldout_copy_accuracy
 
 WINDOW = 256
 
@@ -78,6 +80,21 @@ def greedy(model, tok: Tokenizer, prompt: str, n: int) -> str:
     return tok.decode(ids[len(tok.encode(prompt).ids):], skip_special_tokens=False)
 
 
+def training_note(target_stats: dict) -> str:
+    """The target's training stages from its ``training_stats.json`` runs (``tools/train_model.py``)."""
+    stages = []
+    for i, r in enumerate(target_stats.get("runs", [])):
+        what = f"{r['steps']} steps " + ("from scratch" if i == 0 else "more")
+        what += f" at {r.get('seq_len', 256)} tokens, peak LR {r['peak_lr']:g}"
+        if r.get("copy_fraction"):
+            lo, hi = r["copy_span"]
+            what += (f", {100 * r['copy_fraction']:.0f}% of the rows repeating one of their own spans of {lo} to {hi}"
+                     f" tokens (`--copy-fraction`)")
+        stages.append(what)
+    return (f"The target trains in {len(stages)} stages ({'; '.join(stages)}), each on a fresh data order; the "
+            "numbers below are totals. AdamW, cosine schedule, 8,192 tokens a batch.")
+
+
 def distillation_note(draft_stats: dict) -> list[str]:
     """A paragraph on the draft's distillation runs (``tools/distill_draft.py``), if it had any."""
     runs = [r for r in draft_stats.get("runs", []) if r.get("kind") == "distill"]
@@ -87,8 +104,12 @@ def distillation_note(draft_stats: dict) -> list[str]:
     for i, r in enumerate(runs):
         lead = "The draft was then distilled from the target" if i == 0 else \
             f"Distillation run {i + 1} continued from that draft"
+        if i and abs(r["heldout_agreement_before"] - runs[i - 1]["heldout_agreement_after"]) > 1e-3:
+            lead += (f" after the target had been trained further (agreement "
+                     f"{100 * runs[i - 1]['heldout_agreement_after']:.1f}% with the old target)")
         head = (f"{lead} (`tools/distill_draft.py`): {r['steps']} steps "
-                f"({r['tokens_seen'] / 1e6:.1f}M tokens, {r['training_minutes']:.0f} min, one thread, "
+                f"({r['tokens_seen'] / 1e6:.1f}M tokens, {r['training_minutes']:.0f} min, "
+                f"{'one thread' if r.get('threads', 1) == 1 else str(r['threads']) + ' threads'}, "
                 f"peak learning rate {r['peak_lr']:g}) of")
         loss = (f"KL(target || draft) at temperature {r['temperature']:g} on the training split, the target's "
                 "logits computed on the fly;")
@@ -119,8 +140,7 @@ def main() -> None:
              "Trained by `tools/train_demo.sh` on the CPU (2 cores) on the Python standard library source of the",
              "running interpreter (Python 3.11); 2% of the non-test files, chosen by a stable hash of their path,",
              "are held out and never trained on. Byte-level BPE tokenizer (vocab 4096, digits split), shared.",
-             "The target trains in two stages (700 steps from scratch, then 600 more at a lower peak LR on a fresh",
-             "data order); the numbers below are totals. Batches of 32 x 256 tokens, AdamW, cosine schedule.", ""]
+             training_note(stats["target"]), ""]
     lines += distillation_note(stats["draft"])
     lines += ["| | target | draft |", "| --- | --- | --- |"]
     cfgs = {k: json.loads((p / "config.json").read_text()) for k, p in (("target", args.target), ("draft", args.draft))}
@@ -130,11 +150,14 @@ def main() -> None:
                                                         f"({cfgs[k]['num_attention_heads']} / {cfgs[k]['num_key_value_heads']})"),
         ("tokens seen", lambda k: f"{stats[k]['tokens_seen'] / 1e6:.1f}M ({stats[k]['epochs']:.2f} epochs)"),
         ("training time", lambda k: f"{stats[k]['training_minutes']:.0f} min"),
-        ("held-out loss", lambda k: f"{stats[k]['heldout_loss']:.3f}"),
     ]
     for name, fn in rows:
         lines.append(f"| {name} | {fn('target')} | {fn('draft')} |")
+    lines.append(f"| held-out loss, 256-token windows (this report) | {math.log(ppl_t):.3f} | {math.log(ppl_d):.3f} |")
     lines.append(f"| held-out perplexity (this report) | {ppl_t:.2f} | {ppl_d:.2f} |")
+    copy = {k: heldout_copy_accuracy(m, ids, 512, (8, 128)) for k, m in (("target", target), ("draft", draft))}
+    lines.append(f"| held-out copy accuracy (512-token windows, a repeated span of 8 to 128 tokens) | "
+                 f"{100 * copy['target']:.1f}% | {100 * copy['draft']:.1f}% |")
     agreement = (f"Draft greedy token equals target greedy token on {100 * agree:.1f}% of held-out positions "
                  f"({len(y):,} positions).")
     lines += ["", agreement, "", "## Greedy continuations of held-out function headers (target, 48 tokens)", ""]
