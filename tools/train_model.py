@@ -79,7 +79,10 @@ def with_repeated_span(window: np.ndarray, rng: np.random.Generator,
 
 def batch_with_copies(data: np.ndarray, starts: np.ndarray, seq_len: int, rng: np.random.Generator,
                       copy_fraction: float, span: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``batch_at``, with a ``copy_fraction`` share of the rows carrying a repeated span."""
+    """``batch_at``, with a ``copy_fraction`` share of the rows carrying a repeated span (at 0, ``batch_at`` itself,
+    drawing nothing from ``rng``: runs without copies keep the data order of the runs before this option)."""
+    if copy_fraction <= 0:
+        return batch_at(data, starts, seq_len)
     rows = [data[s:s + seq_len + 1] for s in starts]
     rows = [with_repeated_span(r, rng, span)[0] if rng.random() < copy_fraction else r for r in rows]
     x = torch.from_numpy(np.stack(rows).astype(np.int64))

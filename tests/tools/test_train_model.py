@@ -26,8 +26,10 @@ def test_fraction_zero_is_the_plain_batch_and_one_repeats_every_row():
     data = np.arange(5000, dtype=np.uint16)
     starts = np.array([0, 700, 1400, 3000])
     plain = batch_at(data, starts, 256)
-    same = batch_with_copies(data, starts, 256, np.random.default_rng(0), 0.0, (8, 64))
+    rng = np.random.default_rng(0)
+    same = batch_with_copies(data, starts, 256, rng, 0.0, (8, 64))
     assert all(torch.equal(p, s) for p, s in zip(plain, same))
+    assert rng.random() == np.random.default_rng(0).random()   # nothing drawn: the old runs' data order holds
     x, y = batch_with_copies(data, starts, 256, np.random.default_rng(0), 1.0, (8, 64))
     assert torch.equal(x[:, 1:], y[:, :-1])                   # targets are the inputs shifted by one
     for row in x:                                             # data is increasing: a copy makes a step back
