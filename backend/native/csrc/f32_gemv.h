@@ -23,7 +23,8 @@ constexpr int64_t kGemvMaxTokens = 8;
 // 24-32 tokens even; 82M model 9 tokens 49.7 -> 42.6, 16 tokens 59.8 -> 60.3, 24 tokens 73.6 -> 80.5.
 constexpr int64_t kGemvChunkedMaxTokens = 16;
 // The same for short rows (K <= kGemvShortRowK, the demo target's), whose prefetched passes (f32_gemv_kernel.cpp)
-// beat at::linear further: batch decode steps of 32 sequences and verify steps of 8 sequences with drafts.
+// beat at::linear further: batch decode steps of 32 sequences and verify steps of 8 sequences with drafts. Short
+// rows are also the kernel's pinned-load, row-prefetched ones (kPinMaxK is this constant).
 constexpr int64_t kGemvShortRowK = 512;
 constexpr int64_t kGemvShortRowsMaxTokens = 64;
 

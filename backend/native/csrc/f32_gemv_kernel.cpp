@@ -237,7 +237,7 @@ void rows_for_tokens(const float* x, const float* w, const float* bias, float* y
 // the demo target (rows of 192 and 512, 9 MB of weights, in cache, compute-bound) pinning made 5-8 tokens ~1.6x
 // faster; on the 82M model (rows of 768 and 2048, 330 MB streamed from memory) pinning, and 256-bit lanes, made
 // 2-4 tokens 10-20% slower (fewer instructions per weight byte keep more of the stream in flight).
-constexpr int64_t kPinMaxK = 512;
+constexpr int64_t kPinMaxK = kGemvShortRowK;  // one meaning of short rows (f32_gemv.h)
 
 template <bool Pin>
 void tokens_rows(const float* x, const float* w, const float* bias, float* y, int64_t T, int64_t N, int64_t K,
