@@ -21,6 +21,16 @@ class Proposal:
     draft_probs: dict[int, torch.Tensor] = field(default_factory=dict)   # seq_id -> [num_drafts, vocab] fp32
     evidence: dict[int, int] = field(default_factory=dict)               # seq_id -> evidence class
 
+    def keep(self, seq_id: int, n: int) -> None:
+        """Keep the first ``n`` drafts of ``seq_id`` (and their ``q``); at ``n <= 0`` drop its drafts."""
+        if n <= 0:
+            del self.draft_token_ids[seq_id]
+            self.draft_probs.pop(seq_id, None)
+            return
+        self.draft_token_ids[seq_id] = self.draft_token_ids[seq_id][:n]
+        if seq_id in self.draft_probs:
+            self.draft_probs[seq_id] = self.draft_probs[seq_id][:n]
+
 
 class DraftMasks(Protocol):
     """Grammar masks while drafting (``backend.structured_output.draft_runs.DraftSession``)."""

@@ -149,13 +149,8 @@ class Speculator:
         """Keep of each looked-up proposal the ``k`` the policy chooses for its evidence (none at ``k = 0``)."""
         for sid, drafts in list(proposal.draft_token_ids.items()):
             k = self.policy.choose(sid, len(drafts), num_decoding, proposal.evidence.get(sid, 0))
-            if k <= 0:
-                del proposal.draft_token_ids[sid]
-                proposal.draft_probs.pop(sid, None)
-            elif k < len(drafts):
-                proposal.draft_token_ids[sid] = drafts[:k]
-                if sid in proposal.draft_probs:
-                    proposal.draft_probs[sid] = proposal.draft_probs[sid][:k]
+            if k < len(drafts):
+                proposal.keep(sid, k)
 
     def _check_guided(self, seqs: list[Sequence], proposal: Proposal) -> None:
         """Cut each guided sequence's drafts at its grammar's first invalid token (``cut_drafts``)."""
@@ -168,10 +163,4 @@ class Speculator:
             if keep == len(drafts):
                 continue
             self.num_cut_draft_tokens += len(drafts) - keep
-            if keep:
-                proposal.draft_token_ids[seq.seq_id] = drafts[:keep]
-                if q is not None:
-                    proposal.draft_probs[seq.seq_id] = q[:keep]
-            else:
-                del proposal.draft_token_ids[seq.seq_id]
-                proposal.draft_probs.pop(seq.seq_id, None)
+            proposal.keep(seq.seq_id, keep)
