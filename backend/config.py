@@ -31,8 +31,9 @@ class EngineConfig:
     model_path: str
     draft_model_path: str | None = None
     block_size: int = 16                       # tokens per KV block (a power of two)
-    num_kv_blocks: int | None = None           # None: sized from kv_cache_bytes (CPU) / gpu_memory_utilization (CUDA)
-    kv_cache_bytes: int = 256 * 1024 * 1024    # KV byte budget on CPU when num_kv_blocks is None
+    num_kv_blocks: int | None = None           # None: sized from kv_cache_bytes, else from memory (below)
+    kv_cache_bytes: int | None = None          # the target's KV byte budget; None: 256 MiB on CPU, on CUDA
+                                               # what gpu_memory_utilization leaves after weights (draft included)
     gpu_memory_utilization: float = 0.85       # fraction of GPU memory the engine may use (weights + KV + activations)
     max_num_seqs: int = 64                     # sequences running at once
     max_num_batched_tokens: int = 1024         # tokens computed per step (prefill chunks + decodes + drafts)
@@ -68,7 +69,8 @@ class EngineConfig:
             raise ValueError(f"block_size: must be a power of two, got {self.block_size}")
         if self.num_kv_blocks is not None:
             _check_int("num_kv_blocks", self.num_kv_blocks, lo=1)
-        _check_int("kv_cache_bytes", self.kv_cache_bytes, lo=1)
+        if self.kv_cache_bytes is not None:
+            _check_int("kv_cache_bytes", self.kv_cache_bytes, lo=1)
         _check_fraction("gpu_memory_utilization", self.gpu_memory_utilization, lo_open=True)
         _check_int("max_num_seqs", self.max_num_seqs, lo=1)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, lo=1)
@@ -211,7 +213,7 @@ def _parse_str(key: str, value: str) -> str:
 
 _PARSERS = {
     "model_path": _parse_str, "draft_model_path": _optional(_parse_str), "block_size": _parse_int,
-    "num_kv_blocks": _optional(_parse_int), "kv_cache_bytes": _parse_bytes,
+    "num_kv_blocks": _optional(_parse_int), "kv_cache_bytes": _optional(_parse_bytes),
     "gpu_memory_utilization": _parse_float, "max_num_seqs": _parse_int, "max_num_batched_tokens": _parse_int,
     "max_model_len": _optional(_parse_int), "enable_prefix_caching": _parse_bool, "watermark": _parse_float,
     "stream_interval": _parse_int, "stream_responses_per_s": _parse_float, "device": _parse_str, "dtype": _parse_str,

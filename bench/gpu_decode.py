@@ -83,6 +83,24 @@ def engine_decode(folder: Path, weight_bytes: int, out: dict, fast_decode: bool 
         eng.shutdown()
 
 
+def profile_batch1(folder: Path) -> None:
+    """Where a captured batch-1 step's time goes on the host: cProfile over 128 steps of an engine stepped on
+    this thread (not started), top functions by own time."""
+    import cProfile
+    import pstats
+
+    eng = LLMEngine(EngineConfig(model_path=str(folder), device="cuda", dtype="bfloat16", fast_decode=True,
+                                 max_num_seqs=64, num_kv_blocks=2048, max_model_len=2048))
+    eng.generate([[1] + list(range(400, 464))], SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
+    prof = cProfile.Profile()
+    prof.enable()
+    eng.generate([[1] + list(range(300, 364))], SamplingParams(max_tokens=128, temperature=0.0, ignore_eos=True))
+    prof.disable()
+    stats = pstats.Stats(prof)
+    stats.sort_stats("tottime").print_stats(18)
+    eng.shutdown()
+
+
 @torch.inference_mode()
 def captured_vs_eager(folder: Path, out: dict) -> None:
     """One decode step through the captured graph and through the eager runner (the same K/V slots are
@@ -110,14 +128,33 @@ def captured_vs_eager(folder: Path, out: dict) -> None:
     out["captured_vs_eager_same_argmax"] = same_argmax
     print(f"captured vs eager, one decode step of {len(plan.scheduled)}: max |logit diff| {diff:.3g}, "
           f"same argmax {same_argmax}", flush=True)
-    for rid in list(fast_eng.scheduler.request_ids()):
-        fast_eng.scheduler.abort(rid)
+    for name, fn in (("captured", lambda: fast.run(plan)), ("eager", lambda: fast_eng.runner.execute(plan))):
+        if name == "eager":
+            fast_eng.runner.fast_decode = None
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - t) / 50 * 1e3
+        out[f"{name}_forward_b{len(plan.scheduled)}_ms"] = ms
+        print(f"{name} forward alone (inputs + model, no scheduling or sampling), batch {len(plan.scheduled)}: "
+              f"{ms:.2f} ms", flush=True)
+    fast_eng.shutdown()
+    # whole generations from fresh engines (no prefix-cache hits from the step above), prefix caching off so
+    # both prefill every prompt the same way
     toks = {}
     for fast_on in (False, True):
-        eng = fast_eng if fast_on else LLMEngine(EngineConfig(**kw))
+        eng = LLMEngine(EngineConfig(**kw, fast_decode=fast_on, enable_prefix_caching=False))
         toks[fast_on] = [output_token_ids(o) for o in eng.generate(prompts, params)]
+        eng.shutdown()
+    first = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None) for x, y in zip(toks[True], toks[False])]
     out["captured_vs_eager_same_tokens"] = toks[True] == toks[False]
-    print(f"greedy tokens, capture on vs off: identical {toks[True] == toks[False]}", flush=True)
+    out["captured_vs_eager_first_divergence"] = first
+    print(f"greedy tokens, capture on vs off: identical {toks[True] == toks[False]} (first divergence per "
+          f"sequence, bf16: {first})", flush=True)
 
 
 def kernel_bandwidth(out: dict) -> None:
@@ -129,7 +166,7 @@ def kernel_bandwidth(out: dict) -> None:
         q = torch.randn(seqs, h, d, device="cuda", dtype=torch.bfloat16)
         tables = torch.arange(blocks, device="cuda", dtype=torch.int32).view(seqs, -1)
         lens = torch.full((seqs,), ctx, device="cuda", dtype=torch.int32)
-        for split in (None, 32):
+        for split in (None, 8, 16, 32):
             fn = lambda: paged_decode_attention(q, k, v, tables, lens, ctx, blocks_per_partition=split)  # noqa: E731
             for _ in range(5):
                 fn()
@@ -188,6 +225,7 @@ def main() -> int:
         for fast_decode in (False, True):
             torch.cuda.empty_cache()
             engine_decode(Path(tmp), weight_bytes, out, fast_decode)
+        profile_batch1(Path(tmp))
     res = Path(__file__).resolve().parent / "results"
     res.mkdir(exist_ok=True)
     (res / "gpu_decode.json").write_text(json.dumps(out, indent=2))

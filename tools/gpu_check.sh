@@ -5,7 +5,7 @@
 #   2. the tests that need CUDA (compiled Triton kernels, CUDA graphs);
 #   3. the oracle suites (engine, speculation, guided decoding, quantized KV) with every engine on CUDA in fp32
 #      (tests/helpers/on_device.py), eager, then again with the captured step (tests/helpers/force_fast_decode.py).
-# Each stage has its own time limit; a failing stage does not stop the next. Logs and the bench's JSON go to
+# Each stage has its own time limit; a failing stage does not stop the next. Needs pytest-xdist. Logs and the bench's JSON go to
 # $OUT (or /tmp/gpu_check). Packages the machine lacks (xgrammar and its needs) may be carried as wheels in
 # .whl/ (git-ignored), installed under /tmp/site.
 set -u
@@ -34,14 +34,18 @@ stage() {   # stage NAME SECONDS COMMAND...: run, log to $OUT/NAME.log, print it
   $PY -c "import importlib.metadata as m, xgrammar; print('xgrammar', m.version('xgrammar'))" 2>&1 | tail -1
 } 2>&1
 
-PYTEST="$PY -m pytest -q -p no:cacheprovider -o addopts= --timeout 120 -rfE"
-TAIL=40 stage bench "${BENCH_S:-200}" $PY bench/gpu_decode.py
+WORKERS=${WORKERS-3}   # pytest-xdist workers per test stage (empty: none)
+# the bench alone (its timings), then the three test stages side by side
+PYTEST="$PY -m pytest -q -p no:cacheprovider -o addopts= --timeout ${TEST_TIMEOUT_S:-120} -rfE${WORKERS:+ -n $WORKERS}"
+TAIL=80 stage bench "${BENCH_S:-80}" $PY bench/gpu_decode.py
 cp bench/results/gpu_decode.json "$OUT/" 2>/dev/null
-stage cuda_tests "${CUDA_S:-150}" $PYTEST tests/backend/engine/test_cuda_graph_decode.py \
-  tests/backend/attention/test_triton_kernels.py tests/backend/attention/test_kv_quant.py \
-  tests/backend/model/test_quant_triton.py tests/backend/sampling/test_bitmask_kernels.py
 ORACLES="tests/backend/engine/test_engine_oracle.py tests/backend/spec_decode/test_spec_oracle.py
   tests/backend/engine/test_engine_guided.py tests/backend/spec_decode/test_guided_speculation.py
   tests/backend/engine/test_engine_kv_quant.py"
-stage oracle_cuda "${ORACLE_S:-100}" $PYTEST -p tests.helpers.on_device $ORACLES
-stage oracle_cuda_graphs "${ORACLE_S:-100}" $PYTEST -p tests.helpers.on_device -p tests.helpers.force_fast_decode $ORACLES
+TESTS_S=${TESTS_S:-170}
+stage cuda_tests "$TESTS_S" $PYTEST tests/backend/engine/test_cuda_graph_decode.py \
+  tests/backend/attention/test_triton_kernels.py tests/backend/attention/test_kv_quant.py \
+  tests/backend/model/test_quant_triton.py tests/backend/sampling/test_bitmask_kernels.py &
+stage oracle_cuda "$TESTS_S" $PYTEST -p tests.helpers.on_device $ORACLES &
+stage oracle_cuda_graphs "$TESTS_S" $PYTEST -p tests.helpers.on_device -p tests.helpers.force_fast_decode $ORACLES &
+wait

@@ -11,9 +11,10 @@ import torch
 from backend.attention.selector import make_attention_backend
 from backend.attention.window import serving_windows, uniform_window
 from backend.config import EngineConfig
-from backend.core.kv_cache import KVCache, num_blocks_for_budget
+from backend.core.kv_cache import KVCache
 from backend.core.kv_quant import check_kv_format_device, kv_format
 from backend.core.scheduler import Scheduler
+from backend.engine.kv_budget import num_kv_blocks
 from backend.engine.model_runner import ModelRunner
 from backend.model.config import ModelConfig
 from backend.model.llama import LlamaForCausalLM
@@ -104,18 +105,9 @@ def checkpoint_identity(folder: Path) -> str:
     return h.hexdigest()[:32]
 
 
-def num_kv_blocks(config: EngineConfig, model: LlamaForCausalLM, device: torch.device, dtype: torch.dtype) -> int:
-    cfg = model.config
-    if config.num_kv_blocks is not None:
-        return config.num_kv_blocks
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        used_by_others = total - free
-        budget = int(total * config.gpu_memory_utilization) - used_by_others - (512 << 20)  # activations headroom
-    else:
-        budget = config.kv_cache_bytes
-    return num_blocks_for_budget(budget, cfg.num_hidden_layers, config.block_size, cfg.num_key_value_heads,
-                                 cfg.head_dim, dtype, config.kv_cache_dtype)
+def tensor_bytes(module: torch.nn.Module) -> int:
+    """Bytes of a module's parameters and buffers (its weights, RoPE tables, quantized weights included)."""
+    return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
 
 
 def build_engine_parts(config: EngineConfig) -> EngineParts:
@@ -130,7 +122,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     max_model_len = config.resolve_max_model_len(mcfg.max_position_embeddings)
     model = load_model(folder, dtype=dtype, device=device, max_positions=max_model_len)
     quantize_model(model, config.quantization, config.quantization_group_size)
-    blocks = num_kv_blocks(config, model, device, dtype)
+    blocks = num_kv_blocks(config, mcfg, device, dtype, weight_bytes=tensor_bytes(model))
     kv_cache = KVCache(mcfg.num_hidden_layers, blocks, config.block_size, mcfg.num_key_value_heads, mcfg.head_dim,
                        dtype=dtype, device=device, kv_cache_dtype=config.kv_cache_dtype)
     eos = set(mcfg.eos_token_ids) | generation_eos_ids(folder)

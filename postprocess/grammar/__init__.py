@@ -1,6 +1,6 @@
 """The grammar layer of constrained decoding (xgrammar), a leaf of the postprocess package.
 
-It imports xgrammar, torch and ``contracts`` only (``jsonschema`` lazily, for the checks), so the
+It imports xgrammar, torch and ``contracts`` only (``jsonschema`` lazily, for schema guides), so the
 engine loads it without postprocess's detokenizer or Triton glue, and preprocess uses it to check
 guides. (xgrammar 0.2.9 itself imports transformers, and with it tokenizers and jinja2.)
 

@@ -100,7 +100,7 @@ def _prepare_schema(text: str) -> str:
     except json.JSONDecodeError as e:
         raise GuideError(GUIDE, f"not a valid JSON schema: not JSON ({e})") from None
     check_schema(schema)
-    # lazily: only the checks need jsonschema, never the engine
+    # lazily: a schema guide's compile and the output checks need jsonschema, nothing else
     from jsonschema import exceptions, validators
 
     try:

@@ -8,7 +8,7 @@ from backend.config import EngineConfig
 
 def test_defaults_and_resolved_max_model_len():
     c = EngineConfig(model_path="/m")
-    assert (c.block_size, c.kv_cache_bytes, c.max_num_seqs, c.max_num_batched_tokens) == (16, 256 * 2**20, 64, 1024)
+    assert (c.block_size, c.kv_cache_bytes, c.max_num_seqs, c.max_num_batched_tokens) == (16, None, 64, 1024)
     assert c.num_kv_blocks is None and c.enable_prefix_caching and not c.speculative
     assert c.resolve_max_model_len(4096) == 4096
     assert EngineConfig(model_path="/m", max_model_len=512).resolve_max_model_len(4096) == 512
@@ -70,6 +70,7 @@ def test_from_parameters_parses_strings_and_triton_dicts():
     assert (c.gpu_memory_utilization, c.enable_prefix_caching, c.max_model_len) == (0.9, False, None)
     assert (c.speculative_method, c.num_speculative_tokens, c.device) == ("ngram", 3, "cpu")
     assert EngineConfig.from_parameters({"model_path": "/m", "kv_cache_bytes": "512MB"}).kv_cache_bytes == 512 * 10**6
+    assert EngineConfig.from_parameters({"model_path": "/m", "kv_cache_bytes": "none"}).kv_cache_bytes is None
 
 
 @pytest.mark.parametrize("params, field", [

@@ -93,7 +93,7 @@ def test_verify_steps_as_rows_per_token_match_the_native_step(tiny_checkpoint):
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), block_size=4, max_num_seqs=8, max_model_len=128,
                                     speculative_method="ngram", num_speculative_tokens=3, speculative_adaptive=False,
-                                    fast_decode=True))
+                                    fast_decode=True, device="cpu"))
     runner, checked = engine.runner, []
     width = -(-128 // 4)
     execute = runner.execute
