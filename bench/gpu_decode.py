@@ -38,6 +38,18 @@ CFG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size
        "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu"}
 
 
+def cuda_seconds(fn, reps: int, warmup: int = 5) -> float:
+    """Mean wall time of ``fn`` over ``reps`` calls after ``warmup``, the GPU synchronised around the timed calls."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / reps
+
+
 def bandwidth_gbps() -> float:
     name = torch.cuda.get_device_name()
     return next((v for k, v in HBM_GBPS.items() if k in name), 3350.0)
@@ -131,14 +143,7 @@ def captured_vs_eager(folder: Path, out: dict) -> None:
     for name, fn in (("captured", lambda: fast.run(plan)), ("eager", lambda: fast_eng.runner.execute(plan))):
         if name == "eager":
             fast_eng.runner.fast_decode = None
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        ms = (time.perf_counter() - t) / 50 * 1e3
+        ms = cuda_seconds(fn, 50, warmup=3) * 1e3
         out[f"{name}_forward_b{len(plan.scheduled)}_ms"] = ms
         print(f"{name} forward alone (inputs + model, no scheduling or sampling), batch {len(plan.scheduled)}: "
               f"{ms:.2f} ms", flush=True)
@@ -167,15 +172,9 @@ def kernel_bandwidth(out: dict) -> None:
         tables = torch.arange(blocks, device="cuda", dtype=torch.int32).view(seqs, -1)
         lens = torch.full((seqs,), ctx, device="cuda", dtype=torch.int32)
         for split in (None, 8, 16, 32):
-            fn = lambda: paged_decode_attention(q, k, v, tables, lens, ctx, blocks_per_partition=split)  # noqa: E731
-            for _ in range(5):
-                fn()
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(50):
-                fn()
-            torch.cuda.synchronize()
-            dt = (time.perf_counter() - t) / 50
+            def fn(split=split):
+                return paged_decode_attention(q, k, v, tables, lens, ctx, blocks_per_partition=split)
+            dt = cuda_seconds(fn, 50)
             gbps = 2 * k.numel() * k.element_size() / dt / 1e9
             out[f"kernel_seqs{seqs}_split{split}_gbps"] = gbps
             print(f"paged decode kernel, {seqs} x {ctx} tokens, split={split}: {dt * 1e6:.0f} us, {gbps:,.0f} GB/s "
@@ -198,14 +197,7 @@ def quant_gemv(out: dict) -> None:
         for name, fn in (("bf16", lambda: torch.nn.functional.linear(x, lin.weight)),
                          (mode, lambda q=q, mode=mode: triton_quant_gemv(x, q.qweight, q.scale, q.zeros, None,
                                                                          mode))):
-            for _ in range(5):
-                fn()
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(200):
-                fn()
-            torch.cuda.synchronize()
-            times[name] = (time.perf_counter() - t) / 200
+            times[name] = cuda_seconds(fn, 200)
         out[f"quant_gemv_{mode}"] = {"rel_err": err, "us": times[mode] * 1e6, "bf16_us": times["bf16"] * 1e6}
         print(f"triton {mode} GEMV 4096x4096, 1 token: {times[mode] * 1e6:.1f} us vs bf16 {times['bf16'] * 1e6:.1f} us "
               f"(x{times['bf16'] / times[mode]:.2f}), max rel err {err:.1e}", flush=True)
