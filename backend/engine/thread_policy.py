@@ -7,13 +7,16 @@ powers of two), from a *probe*: ``PROBE_RUN`` consecutive steps with each count,
 run not counted (threads waking up), and the median seconds per step of the rest compared (one slow
 step, the machine's noise, cannot decide it). ``cpu_threads`` is kept only when its median beats one
 thread's by ``MARGIN`` (otherwise the second core stays free for the rest of the server). A bucket
-probes at its first step and again after every ``RETRY_EVERY`` steps of it, since costs drift with the
-machine's load, and at once when the median of its last ``PROBE_RUN`` steps exceeds the chosen count's
+probes at its first step and again after ``RETRY_EVERY`` steps of it, since costs drift with the machine's
+load; each re-probe that confirms the choice doubles that interval (up to ``MAX_RETRY_EVERY``), a changed
+choice resets it, so a steady machine stops paying for probes (a batch-1 probe's two-thread steps took twice a
+one-thread step, 3% of a 7-request run at 200 steps between probes), and at once when the median of its last ``PROBE_RUN`` steps exceeds the chosen count's
 probe median ``SLOWDOWN`` times while the choice is ``cpu_threads``: a second thread that loses its core to
 another process stalls every barrier (steps of 0.3 ms took 170 ms on this 2-core machine under a load of 5),
 so that choice must not last once it goes wrong (the slow steps stand for its run of that probe). For the same
 reason a probe runs the current choice first
-and cuts the other count's run short at its second counted step slower than ``ABORT`` times the choice's.
+and cuts the other count's run short at its second counted step slower than ``ABORT`` times the choice's
+(keeping the choice: a count that slow could not have won).
 ``torch.set_num_threads`` costs well under a microsecond.
 """
 from __future__ import annotations
@@ -25,10 +28,11 @@ from dataclasses import dataclass, field
 import torch
 
 PROBE_RUN = 6        # steps per thread count in a probe; the first of each run is not counted
-RETRY_EVERY = 200    # steps of a bucket between probes
+RETRY_EVERY = 200    # steps of a bucket between probes, at first and after a probe that changed the choice
+MAX_RETRY_EVERY = 3200   # the interval doubles at each re-probe that confirms the choice, up to this
 MARGIN = 0.10        # cpu_threads must be this much faster than 1 thread (median seconds per step)
 SLOWDOWN = 1.5       # re-probe early when cpu_threads' recent median is this many times its probe median
-ABORT = 3.0          # a probe's second run stops at two counted steps this many times slower than the first run
+ABORT = 1.5          # a probe's second run stops at two counted steps this many times slower than the first run
 
 
 def bucket(num_tokens: int) -> int:
@@ -58,6 +62,7 @@ class _Bucket:
     plan: list[tuple[int, bool]] = field(default_factory=list)              # the probe's remaining steps
     samples: dict[int, list[float]] = field(default_factory=dict)           # the probe's counted seconds
     reference: float | None = None                                          # the choice's probe median
+    retry_every: int = RETRY_EVERY                                          # steps from a probe to the next
     recent: deque = field(default_factory=lambda: deque(maxlen=PROBE_RUN))  # seconds of the last steps after it
     pending: str = ""                                                       # the step under way: probe, steady
 
@@ -78,9 +83,12 @@ class ThreadPolicy:
             return self.max_threads
         b = self._buckets.setdefault(bucket(num_tokens), _Bucket())
         if not b.plan and b.samples:                      # a probe just ended
-            (b.choice, b.reference), b.samples, b.since_probe = faster_count(b.samples, self.max_threads), {}, 0
+            choice, b.reference = faster_count(b.samples, self.max_threads)
+            confirmed = b.since_probe >= b.retry_every and choice == b.choice    # a scheduled re-probe agreed
+            b.retry_every = min(2 * b.retry_every, MAX_RETRY_EVERY) if confirmed else RETRY_EVERY
+            b.choice, b.samples, b.since_probe = choice, {}, 0
             b.recent.clear()
-        if not b.plan and (not b.probed or b.since_probe >= RETRY_EVERY):
+        if not b.plan and (not b.probed or b.since_probe >= b.retry_every):
             other = self.max_threads if b.choice == 1 else 1
             b.plan, b.probed = probe_plan(b.choice, other), True
         if b.plan:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.engine.thread_policy import MARGIN, PROBE_RUN, RETRY_EVERY, ThreadPolicy
+from backend.engine.thread_policy import ABORT, MARGIN, MAX_RETRY_EVERY, PROBE_RUN, RETRY_EVERY, ThreadPolicy
 
 
 @pytest.fixture(autouse=True)
@@ -31,11 +31,12 @@ def test_single_thread_engines_never_switch():
 
 def test_each_size_uses_the_faster_count_after_its_probe():
     p = ThreadPolicy(2)
-    fast = {1: 1, 256: 2}
-    for size, best in fast.items():
+    # one thread first (the choice before any probe); two threads 3x slower at size 1: their run stops after
+    # its warm-up and two counted steps; 3x faster at 256: a whole run
+    for size, best, probe in ((1, 1, [1] * PROBE_RUN + [2] * 3), (256, 2, [1] * PROBE_RUN + [2] * PROBE_RUN)):
         picks = run(p, size, 2 * PROBE_RUN + 50, lambda t, i, best=best: 0.001 if t == best else 0.003)
-        assert sorted(picks[:2 * PROBE_RUN]) == [1] * PROBE_RUN + [2] * PROBE_RUN   # both probed, in runs
-        assert set(picks[2 * PROBE_RUN:]) == {best}
+        assert picks[:len(probe)] == probe
+        assert set(picks[len(probe):]) == {best}
         assert torch.get_num_threads() == best
 
 
@@ -70,12 +71,37 @@ def test_a_gain_within_the_margin_keeps_one_thread():
 
 def test_re_probes_every_retry_every_steps_and_follows_a_change():
     p = ThreadPolicy(2)
-    change, reprobe = 2 * PROBE_RUN + 10, 2 * PROBE_RUN + RETRY_EVERY
+    # the first probe's two-thread run stops after 3 steps (2x slower than one thread, ABORT 1.5)
+    change, reprobe = 2 * PROBE_RUN + 10, PROBE_RUN + 3 + RETRY_EVERY
     picks = run(p, 8, reprobe + 2 * PROBE_RUN + 10, lambda t, i: (0.001 if t == 1 else 0.002) if i < change
                 else (0.002 if t == 1 else 0.001))
-    assert set(picks[2 * PROBE_RUN:reprobe]) == {1}      # one thread got slower: it waits for the next probe
+    assert set(picks[PROBE_RUN + 3:reprobe]) == {1}      # one thread got slower: it waits for the next probe
     assert picks[reprobe:reprobe + 2 * PROBE_RUN] == [1] * PROBE_RUN + [2] * PROBE_RUN
     assert set(picks[reprobe + 2 * PROBE_RUN:]) == {2}
+
+
+def probe_starts(picks: list[int]) -> list[int]:
+    """Where each probe's two-thread run begins (one thread is the choice throughout)."""
+    return [i for i in range(1, len(picks)) if picks[i] == 2 and picks[i - 1] == 1]
+
+
+def test_re_probes_that_confirm_the_choice_back_off():
+    """A steady machine: every re-probe finds one thread faster again, and the interval doubles up to
+    MAX_RETRY_EVERY; a probe that changes the choice starts the interval over."""
+    p = ThreadPolicy(2)
+    picks = run(p, 1, 12_000, lambda t, i: 0.001 if t == 1 else 0.0013)   # within ABORT: whole runs
+    starts = probe_starts(picks)
+    gaps = [b - a - PROBE_RUN - PROBE_RUN for a, b in zip(starts, starts[1:])]   # steady steps between probes
+    assert gaps[:5] == [RETRY_EVERY, 2 * RETRY_EVERY, 4 * RETRY_EVERY, 8 * RETRY_EVERY, MAX_RETRY_EVERY]
+    assert all(g == MAX_RETRY_EVERY for g in gaps[4:])
+    assert 0.0013 < ABORT * 0.001
+    # now two threads become faster: the next probe switches, and the one after comes RETRY_EVERY later
+    t0 = len(picks)
+    picks += run(p, 1, MAX_RETRY_EVERY + 3 * RETRY_EVERY, lambda t, i: 0.001 if t == 2 else 0.0013)
+    switched = picks.index(2, t0)
+    assert switched - t0 <= MAX_RETRY_EVERY
+    after = picks[switched + PROBE_RUN:]
+    assert after[:RETRY_EVERY] == [2] * RETRY_EVERY and 1 in after[RETRY_EVERY:RETRY_EVERY + 2 * PROBE_RUN]
 
 
 def test_buckets_are_independent():
