@@ -6,7 +6,8 @@
 2. The paged decode kernel's achieved bandwidth at an 8,192-token context (K and V bytes read / time),
    for 1 and 16 sequences, against the same HBM bandwidth.
 3. The Triton int8/int4 weight-only GEMV (backend/model/quant_triton.py) against bf16 F.linear.
-4. Eager vs captured step (``fast_decode``: CUDA graphs per batch bucket, backend/engine/cuda_graph_decode.py):
+4. Eager vs captured step (``fast_decode``: CUDA graphs per batch bucket, backend/engine/cuda_graph_decode.py),
+   and the captured step without the fused elementwise kernels (backend/model/fused.py):
    the logits of one decode step both ways (max abs difference), greedy tokens with capture on and off,
    and decode tokens/s at batch 1, 8 and 32 each way, with the capture time the load line reports.
 
@@ -15,6 +16,7 @@ Prints one line per measurement and writes bench/results/gpu_decode.json. Nothin
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import time
@@ -68,13 +70,15 @@ def make_checkpoint(folder: Path) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def engine_decode(folder: Path, weight_bytes: int, out: dict, fast_decode: bool = False) -> None:
+def engine_decode(folder: Path, weight_bytes: int, out: dict, fast_decode: bool = False, fused: bool = True) -> None:
     # a fixed KV pool (1 MiB a block here): engines built one after another in this process must not size
     # theirs from the memory an earlier one still holds
+    os.environ["TRITON_LLM_FUSED"] = "1" if fused else "0"       # read when the engine is built
     eng = LLMEngine(EngineConfig(model_path=str(folder), device="cuda", dtype="bfloat16", fast_decode=fast_decode,
                                  max_num_seqs=64, num_kv_blocks=2048, max_model_len=2048)).start()
-    tag = "captured" if fast_decode else "eager"
-    print(f"{tag}: {eng.parts.summary.rsplit(', ', 1)[-1]}", flush=True)
+    os.environ.pop("TRITON_LLM_FUSED")
+    tag = ("captured" if fast_decode else "eager") + ("" if fused else "_unfused")
+    print(f"{tag}: {', '.join(eng.parts.summary.rsplit(', ', 2)[-2:])}", flush=True)
     try:
         roof = bandwidth_gbps() * 1e9 / weight_bytes
         for batch in (1, 8, 32):
@@ -214,9 +218,9 @@ def main() -> int:
         weight_bytes = make_checkpoint(Path(tmp))
         out["weight_bytes"] = weight_bytes
         captured_vs_eager(Path(tmp), out)
-        for fast_decode in (False, True):
+        for fast_decode, fused in ((False, True), (True, True), (True, False)):   # fused: backend/model/fused.py
             torch.cuda.empty_cache()
-            engine_decode(Path(tmp), weight_bytes, out, fast_decode)
+            engine_decode(Path(tmp), weight_bytes, out, fast_decode, fused)
         profile_batch1(Path(tmp))
     res = Path(__file__).resolve().parent / "results"
     res.mkdir(exist_ok=True)

@@ -4,8 +4,9 @@
         --minutes 35 --threads 1        # or --steps N to repeat a run's step count exactly
 
 The loss is the KL divergence from the target's distribution to the draft's at every position of
-windows of the training split (``KL(p_target || p_draft)``, at ``--temperature``), computed with the
-target on the fly (the target is small: its forward costs less than the draft's training step).
+windows of the training split (``KL(p_target || p_draft)``, at ``--temperature``), plus, with
+``--hard-weight``, that weight of cross-entropy to the target's argmax (the token greedy agreement counts),
+computed with the target on the fly (the target is small: its forward costs less than the draft's training step).
 That is what speculative decoding rewards: the draft should predict what the *target* will say, not
 the corpus. The draft keeps its size and architecture (``--init``'s config.json); the data, split,
 batching and schedule are those of ``tools.train_model``. Every ``--eval-every`` steps and at the end
@@ -84,6 +85,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--hard-weight", type=float, default=0.0,
+                    help="add this weight of cross-entropy to the target's argmax (what greedy agreement counts)")
     ap.add_argument("--seed", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--eval-every", type=int, default=100)
@@ -93,6 +96,8 @@ def main() -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be positive")
     if args.temperature <= 0 or args.lr <= 0:
         raise ValueError("--temperature and --lr must be positive")
+    if args.hard_weight < 0:
+        raise ValueError("--hard-weight must be >= 0")
     for f in TOKENIZER_FILES:
         if (args.target / f).read_bytes() != (args.init / f).read_bytes():
             raise ValueError(f"--init {args.init} and --target {args.target} differ in {f}: not the same tokenizer")
@@ -140,13 +145,15 @@ def main() -> None:
             teacher = logits_on(target, x)
         student = logits_on(draft, x)
         loss = distillation_loss(student, teacher, args.temperature)
+        if args.hard_weight:
+            loss = loss + args.hard_weight * F.cross_entropy(student, teacher.argmax(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
         opt.step()
         if step % 25 == 0 or last:
             el = time.time() - t0
-            print(f"step {step} kl {loss.item():.3f} batch agreement "
+            print(f"step {step} loss {loss.item():.3f} batch agreement "
                   f"{100 * greedy_agreement(student.detach(), teacher.argmax(-1)):.1f}% lr {opt.param_groups[0]['lr']:.2e} "
                   f"{step * tokens_per_step / el:,.0f} tok/s {el / 60:.1f} min", flush=True)
         if step % args.eval_every == 0 and not last:
@@ -160,7 +167,8 @@ def main() -> None:
         shutil.copy(args.init / f, args.out / f)
     runs = list(prior.get("runs", [{k: prior[k] for k in ("steps", "tokens_seen", "training_minutes", "peak_lr",
                                                              "seed") if k in prior}]))
-    runs.append({"kind": "distill", "teacher": str(args.target), "temperature": args.temperature, "steps": step,
+    runs.append({"kind": "distill", "teacher": str(args.target), "temperature": args.temperature,
+                 **({"hard_weight": args.hard_weight} if args.hard_weight else {}), "steps": step,
                  "tokens_seen": step * tokens_per_step, "training_minutes": elapsed / 60, "peak_lr": args.lr,
                  "seed": args.seed, "threads": args.threads, "heldout_agreement_before": start_agree,
                  "heldout_agreement_after": agree})

@@ -17,6 +17,7 @@ from backend.core.scheduler import Scheduler
 from backend.engine.kv_budget import num_kv_blocks
 from backend.engine.model_runner import ModelRunner
 from backend.model.config import ModelConfig
+from backend.model.fused import fused_ops
 from backend.model.llama import LlamaForCausalLM
 from backend.model.loader import load_model
 from backend.model.quant import quantize_model
@@ -122,6 +123,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     max_model_len = config.resolve_max_model_len(mcfg.max_position_embeddings)
     model = load_model(folder, dtype=dtype, device=device, max_positions=max_model_len)
     quantize_model(model, config.quantization, config.quantization_group_size)
+    model.fused, fused_text = fused_ops(device, dtype, mcfg.head_dim)   # Triton elementwise kernels on CUDA
     blocks = num_kv_blocks(config, mcfg, device, dtype, weight_bytes=tensor_bytes(model))
     kv_cache = KVCache(mcfg.num_hidden_layers, blocks, config.block_size, mcfg.num_key_value_heads, mcfg.head_dim,
                        dtype=dtype, device=device, kv_cache_dtype=config.kv_cache_dtype)
@@ -141,7 +143,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         jump_forward=config.guided_jump_forward)
     speculator = build_speculator(config, folder, mcfg, blocks, device, dtype, max_model_len, grammar=structured)
     summary = load_summary(config, mcfg, model, kv_cache, device, dtype, max_model_len, windows,
-                           type(attn).__name__, speculator) + f", fast decode {fast.describe()}"
+                           type(attn).__name__, speculator) + f", fused ops {fused_text}, fast decode {fast.describe()}"
     threads = (config.cpu_threads or torch.get_num_threads()) if device.type == "cpu" else 1
     scheduler.can_admit = structured.is_ready
     formats = ServedFormats(config.quantization, config.kv_cache_dtype, str(dtype).replace("torch.", ""))

@@ -62,11 +62,11 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, attn: AttentionBackend):
-        # x: [num_tokens, hidden]; cos/sin: [num_tokens, 1, head_dim]
+    def forward(self, x, cos, sin, attn: AttentionBackend, rope=apply_rope):
+        # x: [num_tokens, hidden]; cos/sin: [num_tokens, 1, head_dim]; rope: apply_rope or a fused kernel
         n = x.shape[0]
         qkv = linear(x, self.qkv_proj).view(n, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
-        qk = apply_rope(qkv[:, :self.num_heads + self.num_kv_heads], cos, sin)  # q and k rotated together
+        qk = rope(qkv[:, :self.num_heads + self.num_kv_heads], cos, sin)  # q and k rotated together
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.num_heads + self.num_kv_heads:]
         out = attn.forward(self.layer_idx, q, k, v)  # [num_tokens, num_heads, head_dim]
@@ -84,8 +84,12 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
-    def forward(self, x):
-        gate, up = linear(x, self.gate_up_proj).split(self.intermediate, dim=-1)
+    def forward(self, x, silu_mul=None):
+        # x: [num_tokens, hidden]; silu_mul: None (torch) or a fused kernel of [num_tokens, 2 * intermediate]
+        gate_up = linear(x, self.gate_up_proj)
+        if silu_mul is not None:
+            return linear(silu_mul(gate_up), self.down_proj)
+        gate, up = gate_up.split(self.intermediate, dim=-1)
         return linear(F.silu(gate) * up, self.down_proj)
 
     __call__ = forward
@@ -121,6 +125,7 @@ class LlamaForCausalLM(nn.Module):
         self._rope = (inv_freq, scaling)
         self.max_positions = max_positions or cfg.max_position_embeddings
         self._cos = self._sin = None
+        self.fused = None   # FusedOps (backend/model/fused.py): Triton elementwise kernels, set on CUDA by the builder
 
     def rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``cos, sin`` ``[max_positions, head_dim]`` in the model's dtype, built once per device."""
@@ -138,9 +143,26 @@ class LlamaForCausalLM(nn.Module):
         cos_t, sin_t = self.rope_tables()
         cos, sin = cos_t[positions].unsqueeze(1), sin_t[positions].unsqueeze(1)  # [num_tokens, 1, head_dim]
         x = F.embedding(input_ids, self.embed_tokens.weight)
+        if self.fused is not None:
+            return self._forward_fused(x, cos, sin, attn)
         for layer in self.layers:
             x = layer(x, cos, sin, attn)
         return self.norm(x)
+
+    def _forward_fused(self, x, cos, sin, attn: AttentionBackend) -> torch.Tensor:
+        """The layers with the residual carried beside the hidden state: each RMSNorm takes the residual add
+        before it (``add_rms_norm``), RoPE and SiLU-mul are one kernel each. Same maths as ``forward``."""
+        ops = self.fused
+        norms = [layer.input_layernorm for layer in self.layers][1:] + [self.norm]
+        first = self.layers[0].input_layernorm
+        h, residual = ops.add_rms_norm(x, None, first.weight, first.eps)
+        for layer, next_norm in zip(self.layers, norms):
+            h = layer.self_attn(h, cos, sin, attn, ops.rope)
+            post = layer.post_attention_layernorm
+            h, residual = ops.add_rms_norm(h, residual, post.weight, post.eps)
+            h = layer.mlp(h, ops.silu_mul)
+            h, residual = ops.add_rms_norm(h, residual, next_norm.weight, next_norm.eps)
+        return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden`` ``[n, hidden]`` → logits ``[n, vocab]`` (fp32)."""

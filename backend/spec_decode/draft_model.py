@@ -29,6 +29,7 @@ from backend.core.block_manager import BlockManager
 from backend.core.kv_cache import KVCache
 from backend.core.sequence import Sequence
 from backend.model.config import CheckpointError, ModelConfig
+from backend.model.fused import fused_ops
 from backend.model.llama import LlamaForCausalLM
 from backend.model.loader import load_model
 from backend.sampling.batch import GREEDY_EPS, SamplingBatch, is_plain_greedy
@@ -115,6 +116,7 @@ class DraftModelProposer(Proposer):
         dcfg = ModelConfig.from_file(folder / "config.json")
         check_draft_compatible(dcfg, folder, target, target_folder, max_model_len)
         model = load_model(folder, dtype=dtype, device=device, max_positions=max_model_len)
+        model.fused = fused_ops(device, dtype, dcfg.head_dim)[0]      # as the target's (backend/model/fused.py)
         kv = KVCache(dcfg.num_hidden_layers, num_blocks, config.block_size, dcfg.num_key_value_heads, dcfg.head_dim,
                      dtype=dtype, device=device)
         key = hashlib.sha256(json.dumps(dcfg.__dict__, default=str, sort_keys=True).encode()
