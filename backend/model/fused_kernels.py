@@ -132,5 +132,6 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = head_dim // 2
     _rope_kernel[(tokens, heads)](
         out, x, cos.contiguous(), sin.contiguous(), heads, x.stride(0), x.stride(1),
-        HALF=half, HALF_PRECISION=x.dtype != torch.float32, BLOCK=triton.next_power_of_2(half))
+        HALF=half, HALF_PRECISION=x.dtype != torch.float32, BLOCK=triton.next_power_of_2(half),
+        num_warps=1 if half <= 64 else 2)                       # one (token, head) per program: 64-128 lanes
     return out
