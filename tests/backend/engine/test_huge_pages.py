@@ -32,6 +32,12 @@ def test_parameters_move_with_their_values_and_ties():
     x = torch.randint(0, 512, (5,))
     expected = m[2](m[1](m[0](x))), m.tail(m[0](x))
     result = move_to_huge_pages(m, min_bytes=0)
+    if result.reason == "madvise(MADV_HUGEPAGE) failed":
+        # a kernel may refuse the advice whatever its mode reads (seen on a CI machine reading "madvise"):
+        # then nothing moves and the model is as it was
+        assert result.moved_bytes == 0 and m.tail.weight.data_ptr() == m[0].weight.data_ptr()
+        assert all(torch.equal(p, before[n]) for n, p in m.named_parameters(remove_duplicate=False))
+        pytest.skip("the kernel refused madvise(MADV_HUGEPAGE) here")
     assert result.moved_bytes >= sum(p.numel() * 4 for p in m.parameters()) and result.reason == ""
     for n, p in m.named_parameters(remove_duplicate=False):
         assert torch.equal(p, before[n]), n
