@@ -174,7 +174,7 @@ class LLMEngine:
 
     def step(self) -> None:
         """One iteration: take new requests and aborts, schedule, run the forward, sample, apply, stream."""
-        step_start = time.perf_counter()
+        step_start, step_cpu = time.perf_counter(), time.thread_time()
         self._drain_inbox()
         if self.speculator is not None:
             self.speculator.release_gone(self.scheduler)
@@ -188,7 +188,6 @@ class LLMEngine:
         self._idle = not plan.scheduled
         if plan.scheduled:
             threads = self.threads.choose(plan.num_batched_tokens)
-            t0, cpu0 = time.perf_counter(), time.thread_time()
             started = time.monotonic()
             marks = mark_scheduled(plan, started)
             spec = self.speculator
@@ -200,11 +199,6 @@ class LLMEngine:
             if so is not None:
                 self._fail(so.accept(plan, output))                     # advance the matchers
             now = time.perf_counter()
-            seconds = now - t0
-            # the speculator's costs: a CPU step on one thread, the work it did (CPU time), not what others took
-            one_thread = threads == 1 and self._on_cpu
-            spec_clock = time.thread_time if one_thread else time.perf_counter
-            spec_seconds = time.thread_time() - cpu0 if one_thread else seconds
             mark_step_done(plan, marks, output.sampled_token_ids, started, time.monotonic())
             self.scheduler.stream_interval = self.pacer.observe(now, sum(map(len, output.sampled_token_ids)))
             self._dispatch(self.scheduler.update_from_output(plan, output))
@@ -214,6 +208,12 @@ class LLMEngine:
                 self._jump_forward(plan)
             self._steps += 1
             if spec is not None:
+                # the speculator's costs: the whole iteration (scheduling and emitting outputs are paid per step,
+                # so fewer, longer steps save them too); on one CPU thread the work it did (CPU time), not
+                # what other processes took
+                one_thread = threads == 1 and self._on_cpu
+                spec_clock = time.thread_time if one_thread else time.perf_counter
+                spec_seconds = spec_clock() - (step_cpu if one_thread else step_start)
                 spec.after_step(self.scheduler, plan, output, spec_seconds, spec_clock)   # drafts for the next step
 
     def _jump_forward(self, plan) -> None:

@@ -1,5 +1,6 @@
 """The speculator's step costs come on the loop thread's CPU clock for CPU steps on one thread, wall time
-otherwise (backend/spec_decode/step_costs.py), and the proposer is timed on the same clock."""
+otherwise (backend/spec_decode/step_costs.py), and the proposer is timed on the same clock. They cover the whole
+iteration: scheduling and emitting outputs are paid once per step, and fewer, longer steps save them too."""
 from __future__ import annotations
 
 import time
@@ -34,3 +35,30 @@ def test_step_seconds_and_clock_follow_the_threads_of_the_step(tiny_checkpoint, 
         assert clock is (time.thread_time if threads == 1 else time.perf_counter)
     if cpu_threads == 2:
         assert {threads for threads, _, _ in seen} == {1, 2}     # the policy tries both: both clocks seen
+
+
+def burn_cpu(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_step_seconds_cover_emitting_outputs(tiny_checkpoint):
+    """Work done after the sample (here: emitting outputs made 5 ms slower) is part of what a step costs."""
+    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", kv_cache_bytes=16 << 20,
+                                    speculative_method="ngram", cpu_threads=1))
+    seen = []
+    after_step, dispatch = engine.speculator.after_step, engine._dispatch
+
+    def record(scheduler, plan, output, seconds, clock=time.perf_counter):
+        seen.append(seconds)
+        return after_step(scheduler, plan, output, seconds, clock)
+
+    def slow_dispatch(outputs):
+        burn_cpu(0.005)
+        return dispatch(outputs)
+
+    engine.speculator.after_step, engine._dispatch = record, slow_dispatch
+    engine.generate(repeating_prompts(1, 3, stem_len=8, span_range=(4, 8), gap_range=(0, 4)),
+                    SamplingParams(max_tokens=8, temperature=0.0))
+    assert seen and min(seen) >= 0.005
