@@ -31,6 +31,7 @@ from backend.core.plan import ModelRunnerOutput, SchedulerOutput
 from backend.core.scheduler import Scheduler
 from backend.core.sequence import Sequence
 from backend.spec_decode.adaptive import AdaptiveDraftLength
+from backend.spec_decode.step_costs import COLD_STEPS
 from backend.spec_decode.proposer import DraftGrammar, Proposal, Proposer
 
 
@@ -59,6 +60,7 @@ class Speculator:
         self._evidence: dict[int, int] = {}                 # seq_id -> evidence behind the drafts handed over
         self._tracked: set[int] = set()                     # sequences the proposer and policy hold state for
         self.num_cut_draft_tokens = 0                       # drafts dropped by the grammar check, cumulative
+        self._cold_steps = 0                                # decode steps left unobserved after a prefill step
 
     def release_gone(self, scheduler: Scheduler) -> None:
         """Free the state of sequences no longer running (finished, aborted, preempted): draft KV blocks
@@ -93,7 +95,11 @@ class Speculator:
                 self.policy.observe_verify(sid, sched.num_draft_tokens, len(tokens) - 1, self._evidence.get(sid, 0))
             elif sched.num_new_tokens != 1:
                 decode_only = False
-        if decode_only and plan.scheduled:
+        if not decode_only:
+            self._cold_steps = COLD_STEPS
+        elif self._cold_steps:                    # caches still cold from a prefill: not a cost of speculating
+            self._cold_steps -= 1
+        elif plan.scheduled:
             self.policy.observe_step(len(plan.scheduled), drafts, step_seconds)
         self.release_gone(scheduler)
         self._propose(scheduler, clock)

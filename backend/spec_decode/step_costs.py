@@ -28,7 +28,14 @@ processes slowed the machine down (a long step is descheduled more often than a 
 keep speculation off for good, since nothing would ever measure them again. That step is every sequence's
 probe at once, and the policy runs it no more often than its probe budget allows.
 
-The engine passes step times on the loop thread's CPU clock when the step ran on one thread (the
+The decode steps right after a step with a prefill chunk are not observed (``COLD_STEPS``): most likely the
+prefill's activations have pushed the weights out of the caches; the first step after it took 1.4-2 ms where its
+steady state is 0.6 ms (demo target, batch 1). Those steps are a new request's first, which drafts its full ``k``,
+so observing them charged every request's cold start to ``x(B, k_max)`` and kept the longest drafts from ever
+looking worth it.
+
+The engine passes the whole iteration's time (scheduling and emitting outputs are paid per step too), on the
+loop thread's CPU clock when the step ran on one thread (the
 shipped setting), wall time otherwise: the work a step does, not the time other processes took the core.
 """
 from __future__ import annotations
@@ -42,6 +49,7 @@ PLAIN_EVERY = 64           # speculative steps in a bucket before its plain step
 PLAIN_EVERY_UNSETTLED = 8  # the same while the plain estimate rests on fewer than SETTLED steps
 STALE_AFTER = 128          # plain steps in a bucket without a step with drafts before its draft costs are re-measured
 STALE_LENGTH = 16          # steps with drafts in a bucket since a length's last measurement before it is stale
+COLD_STEPS = 2             # decode steps after a step with a prefill chunk whose times are not observed
 
 
 def bucket(num_seqs: int) -> int:

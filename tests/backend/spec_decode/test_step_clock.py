@@ -9,6 +9,7 @@ import pytest
 
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
+from backend.spec_decode.step_costs import COLD_STEPS
 from contracts.sampling_params import SamplingParams
 from tests.helpers.oracle import repeating_prompts
 
@@ -62,3 +63,33 @@ def test_step_seconds_cover_emitting_outputs(tiny_checkpoint):
     engine.generate(repeating_prompts(1, 3, stem_len=8, span_range=(4, 8), gap_range=(0, 4)),
                     SamplingParams(max_tokens=8, temperature=0.0))
     assert seen and min(seen) >= 0.005
+
+
+def test_steps_right_after_a_prefill_are_not_observed(tiny_checkpoint):
+    """The COLD_STEPS decode steps after a step with a prefill chunk say nothing about speculation's costs (caches
+    still cold: a new request's first steps, which all draft the full k, took 2-3x the steady time); later ones are
+    observed."""
+    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", kv_cache_bytes=16 << 20,
+                                    speculative_method="ngram", cpu_threads=1))
+    spec = engine.speculator
+    steps = []                                    # (has a prefill chunk, observed)
+    after_step, observe_step = spec.after_step, spec.policy.observe_step
+
+    def record(scheduler, plan, output, seconds, clock=time.perf_counter):
+        prefill = any(s.num_new_tokens != 1 and not s.num_draft_tokens for s in plan.scheduled)
+        steps.append([prefill, False])
+        return after_step(scheduler, plan, output, seconds, clock)
+
+    def observed(*args):
+        steps[-1][1] = True
+        return observe_step(*args)
+
+    spec.after_step, spec.policy.observe_step = record, observed
+    prompts = repeating_prompts(2, 3, stem_len=8, span_range=(4, 8), gap_range=(0, 4))
+    for prompt in prompts:                        # one after the other: a prefill, then decode steps
+        engine.generate([prompt], SamplingParams(max_tokens=12, temperature=0.0))
+    starts = [i for i, (prefill, _) in enumerate(steps) if prefill]
+    assert len(starts) == len(prompts) >= 2
+    for i in starts:
+        assert [o for _, o in steps[i:i + 1 + COLD_STEPS]] == [False] * (1 + COLD_STEPS)
+        assert steps[i + 1 + COLD_STEPS][1]       # the next decode step is observed
