@@ -6,17 +6,18 @@ engine picks, per step, between 1 thread and ``cpu_threads``, per bucket of step
 powers of two), from a *probe*: ``PROBE_RUN`` consecutive steps with each count, the first step of each
 run not counted (threads waking up), and the median seconds per step of the rest compared (one slow
 step, the machine's noise, cannot decide it). ``cpu_threads`` is kept only when its median beats one
-thread's by ``MARGIN`` (otherwise the second core stays free for the rest of the server). A bucket
-probes at its first step and again after ``RETRY_EVERY`` steps of it, since costs drift with the machine's
-load; each re-probe that confirms the choice doubles that interval (up to ``MAX_RETRY_EVERY``), a changed
-choice resets it, so a steady machine stops paying for probes (a batch-1 probe's two-thread steps took twice a
-one-thread step, 3% of a 7-request run at 200 steps between probes), and at once when the median of its last ``PROBE_RUN`` steps exceeds the chosen count's
-probe median ``SLOWDOWN`` times while the choice is ``cpu_threads``: a second thread that loses its core to
-another process stalls every barrier (steps of 0.3 ms took 170 ms on this 2-core machine under a load of 5),
-so that choice must not last once it goes wrong (the slow steps stand for its run of that probe). For the same
-reason a probe runs the current choice first
-and cuts the other count's run short at its second counted step slower than ``ABORT`` times the choice's
-(keeping the choice: a count that slow could not have won).
+thread's by ``MARGIN`` (otherwise the second core stays free for the rest of the server).
+
+A bucket probes at its first step and again after ``RETRY_EVERY`` steps of it, since costs drift with the
+machine's load. Each re-probe that confirms the choice doubles that interval (up to ``MAX_RETRY_EVERY``) and a
+changed choice resets it, so a steady machine stops paying for probes (a batch-1 probe's two-thread steps took
+twice a one-thread step: 3% of a 7-request run at 200 steps between probes). A bucket also re-probes at once
+when the median of its last ``PROBE_RUN`` steps exceeds the chosen count's probe median ``SLOWDOWN`` times
+while the choice is ``cpu_threads``: a second thread that loses its core to another process stalls every
+barrier (steps of 0.3 ms took 170 ms on this 2-core machine under a load of 5), so that choice must not last
+once it goes wrong (the slow steps stand for its run of that probe). For the same reason a probe runs the
+current choice first and cuts the other count's run short at its second counted step slower than ``ABORT``
+times the choice's (keeping the choice: a count that slow could not have won).
 ``torch.set_num_threads`` costs well under a microsecond.
 """
 from __future__ import annotations
