@@ -1,5 +1,6 @@
 """The quantized KV cache (``kv_cache_dtype`` int8): the maths, the torch backend against exact KV, capacity."""
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from backend.core.kv_quant import (
     kv_format,
     quantize_per_token_head,
 )
+from tests.helpers.isolated import assert_interpreted_cases_pass, run_isolated
 from tests.helpers.paged_reference import make_case
 
 CASES = {
@@ -147,17 +149,12 @@ def test_bad_kv_cache_dtype_names_the_parameter():
 def test_kernels_over_quantized_cache_under_interpreter():
     """triton_interpret_kv_quant_cases.py: write kernel codes/scales, decode (split-K) and prefill (windowed)
     over int8 and fp8 caches in fp32 and fp16, the Triton backend's steps against the torch backend's."""
-    from tests.backend.attention.test_triton_kernels import HERE, run_isolated
-    res = run_isolated(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-                        str(HERE / "triton_interpret_kv_quant_cases.py")], {"TRITON_INTERPRET": "1"}, timeout=600)
-    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
-    assert " passed" in res.stdout and "failed" not in res.stdout
+    assert_interpreted_cases_pass(Path(__file__).resolve().parent / "triton_interpret_kv_quant_cases.py", timeout=600)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (compiled kernels)")
 def test_compiled_kernels_over_quantized_cache_on_gpu():
-    from tests.backend.attention.test_triton_kernels import HERE, run_isolated
-    res = run_isolated([str(HERE / "gpu_kv_quant_check.py")], {}, timeout=600)
+    res = run_isolated([str(Path(__file__).resolve().parent / "gpu_kv_quant_check.py")], {}, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
 
 

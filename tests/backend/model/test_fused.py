@@ -6,16 +6,13 @@ from pathlib import Path
 import torch
 
 from backend.model.fused import TORCH_OPS, FusedOps, check_against_reference, fused_ops
-from tests.backend.attention.test_triton_kernels import run_isolated
+from tests.helpers.isolated import assert_interpreted_cases_pass
 
 HERE = Path(__file__).resolve().parent
 
 
 def test_fused_kernels_under_interpreter():
-    res = run_isolated(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", str(HERE / "fused_cases.py")],
-                       {"TRITON_INTERPRET": "1"}, timeout=600)
-    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
-    assert " passed" in res.stdout and "failed" not in res.stdout
+    assert_interpreted_cases_pass(HERE / "fused_cases.py", timeout=600)
 
 
 def test_off_on_the_cpu_and_when_asked(monkeypatch):
