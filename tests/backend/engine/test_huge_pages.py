@@ -60,3 +60,14 @@ def test_nothing_moves_when_the_mode_is_never_or_the_model_small(monkeypatch):
 def test_arena_is_aligned_and_sized():
     a = huge_page_arena(3 * HUGE_PAGE // 4 + 5)
     assert a is not None and a.numel() == 3 * HUGE_PAGE // 4 + 5 and a.data_ptr() % HUGE_PAGE == 0
+
+
+def test_a_refused_advice_moves_nothing(monkeypatch):
+    """A kernel may refuse MADV_HUGEPAGE whatever its mode reads (a sandboxed CI machine did): the model stays
+    where it was, ties included, and the result says why."""
+    m = tied_model()
+    ptrs = [p.data_ptr() for p in m.parameters()]
+    monkeypatch.setattr(huge_pages, "thp_mode", lambda: "madvise")
+    monkeypatch.setattr(huge_pages, "_madvise_huge", lambda start, length: False)
+    assert move_to_huge_pages(m, min_bytes=0) == huge_pages.HugePageResult(0, "madvise(MADV_HUGEPAGE) failed")
+    assert [p.data_ptr() for p in m.parameters()] == ptrs and m.tail.weight.data_ptr() == m[0].weight.data_ptr()
