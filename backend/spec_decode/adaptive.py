@@ -25,7 +25,9 @@ ones is recognised from one probe) after ``PROBE_EVERY`` steps, the interval dou
 ``PROBE_MAX``) while probes keep failing and never shorter than what keeps all sequences' probes within
 ``PROBE_BUDGET`` of the plain step time (at large batches a probing sequence costs nearly a whole share
 of the step; a draft model's probe costs ``k`` draft forwards), so a change in acceptance is noticed at
-a bounded cost. A probe's cost there is its expected loss, ``x(B, k)`` less the tokens the sequence's
+a bounded cost. A sequence drafting fewer than its cap is probed the same way with its full ``k`` (a *deeper*
+probe): positions past its ``k`` are observed only when drafted, and one early rejection at draft 4 had held
+``k`` at 3 for the rest of the request while drafts 1-3 were accepted ~100% of the time. A probe's cost there is its expected loss, ``x(B, k)`` less the tokens the sequence's
 acceptance says it yields: a sequence just below break-even (one early rejection in a repetitive
 request) is probed again after ``PROBE_EVERY`` steps, not after the whole request. Between probes a sequence at ``k = 0`` costs the policy one counter increment per step:
 nothing it could learn from has happened since it chose ``k = 0`` (no verification), and with the fast
@@ -119,6 +121,7 @@ class _SeqState:
     steps_at_zero: int = 0           # rounds at k = 0 since the last speculative one
     probe_at: int = 0                # ... at which the next probe goes (0: not at k = 0)
     probe_interval: int = PROBE_EVERY
+    steps_short: int = 0             # rounds drafting fewer than the cap since the positions past k were observed
 
 
 @dataclass
@@ -203,7 +206,7 @@ class AdaptiveDraftLength:
         if k > 0:
             st.steps_at_zero, st.probe_at, st.probe_interval = 0, 0, PROBE_EVERY
             self._merit = True
-            return k
+            return self._deepen(st, k, k_max, n, plain, extras)
         st.steps_at_zero += 1
         # a probe's expected loss: its cost less the tokens it is expected to yield (a sequence just below
         # break-even, e.g. after one early rejection, is probed again soon; one whose drafts fail, rarely)
@@ -214,6 +217,21 @@ class AdaptiveDraftLength:
             st.probe_interval = min(PROBE_MAX, 2 * st.probe_interval)
             return k_max
         return 0
+
+    def _deepen(self, st: _SeqState, k: int, k_max: int, n: int, plain: float, extras: list[float]) -> int:
+        """``k``, or now and then the cap: positions past ``k`` are observed only when drafted, so one early
+        rejection there would otherwise hold ``k`` below the cap for the rest of the request. The interval is
+        that of a probe whose loss is the extra drafts' cost less what they are expected to yield."""
+        if k >= k_max:
+            st.steps_short = 0
+            return k
+        st.steps_short += 1
+        gain = (expected_accepted(st.acceptance, k_max) - expected_accepted(st.acceptance, k)) * plain / n
+        loss = max(0.0, extras[k_max - 1] - extras[k - 1] - gain)
+        if st.steps_short < max(PROBE_EVERY, probe_interval_for_budget(n, plain, loss)):
+            return k
+        st.steps_short = 0
+        return k_max
 
     def _estimates(self, n: int, k_max: int) -> tuple[float | None, list[float | None], int, float]:
         """(plain step seconds, ``x(n, 1..k_max)``, interval between probes costing ``x(n, k_max)`` each within

@@ -405,3 +405,33 @@ def test_positions_never_observed_are_no_better_than_the_one_before():
     a = pol._state(1).acceptance
     assert a[0] < PRIOR_ACCEPTANCE and a[1:] == [a[0]] * 3
     assert expected_accepted(a, 4) < expected_accepted([a[0]] + [PRIOR_ACCEPTANCE] * 3, 4) / 1.5
+
+
+def test_a_sequence_below_its_cap_is_probed_deeper():
+    """One rejection at draft 4 must not hold k at 3 for good: positions past k are observed only when drafted,
+    so now and then the full k is drafted, and once draft 4 is seen accepted k returns to 4."""
+    pol = AdaptiveDraftLength(4)
+    sim = Sim(pol, plain=lambda n: 0.002, fixed=0.0002, per_token=0.001)    # a draft token: half a plain step
+    first = [True]
+
+    def accept(s, k):                        # the first verification rejects draft 4; later ones accept all
+        if first[0] and k == 4:
+            first[0] = False
+            return 3
+        return k
+
+    ks = [sim.step([1], accept)[0] for _ in range(200)]
+    at_three = ks.index(3)
+    assert 4 in ks[at_three:]                             # a deeper probe, then k = 4 on merit
+    assert ks[-20:] == [4] * 20
+
+
+def test_no_length_is_dearer_than_a_longer_one():
+    costs = StepCosts()
+    costs.observe_plain(1, 0.002)
+    for _ in range(SETTLED):
+        costs.observe_speculative(1, 1, 2, 0.0022)       # x(1, 2) = 0.2 ms
+    costs.observe_speculative(1, 1, 1, 0.0030)           # one slow step at k = 1: 1 ms
+    costs.observe_speculative(1, 1, 1, 0.0030)
+    costs.observe_speculative(1, 1, 1, 0.0030)
+    assert costs.extra_seconds(1, 1) == pytest.approx(0.0002) and costs.extra_seconds(1, 2) == pytest.approx(0.0002)
