@@ -47,14 +47,13 @@ def _madvise_huge(start: int, length: int) -> bool:
 def huge_page_arena(numel: int) -> torch.Tensor | None:
     """An uninitialised float32 tensor of ``numel`` elements starting on a 2 MiB boundary, advised for huge
     pages before any of its pages is touched; None when the advice fails."""
-    pad = HUGE_PAGE // 4
-    raw = torch.empty(numel + pad, dtype=torch.float32)   # large: fresh mmap'd memory, no page touched yet
+    length = -(-(numel * 4) // HUGE_PAGE) * HUGE_PAGE       # whole huge pages
+    # a huge page more than that, so that a 2 MiB boundary with ``length`` bytes after it lies inside wherever the
+    # allocation lands (large: fresh mmap'd memory, no page touched yet)
+    raw = torch.empty((length + HUGE_PAGE) // 4, dtype=torch.float32)
     ptr = raw.data_ptr()
     start = -(-ptr // HUGE_PAGE) * HUGE_PAGE
-    length = -(-(numel * 4) // HUGE_PAGE) * HUGE_PAGE
-    if start + length > ptr + raw.numel() * 4:
-        length -= HUGE_PAGE                                  # the last partial huge page stays 4 KiB pages
-    if length <= 0 or not _madvise_huge(start, length):
+    if not _madvise_huge(start, length):
         return None
     offset = (start - ptr) // 4
     return raw[offset:offset + numel]

@@ -71,3 +71,25 @@ def test_a_refused_advice_moves_nothing(monkeypatch):
     monkeypatch.setattr(huge_pages, "_madvise_huge", lambda start, length: False)
     assert move_to_huge_pages(m, min_bytes=0) == huge_pages.HugePageResult(0, "madvise(MADV_HUGEPAGE) failed")
     assert [p.data_ptr() for p in m.parameters()] == ptrs and m.tail.weight.data_ptr() == m[0].weight.data_ptr()
+
+
+@pytest.mark.parametrize("shift", [0, 4096, HUGE_PAGE // 2, HUGE_PAGE - 4096])
+def test_the_arena_fits_wherever_the_allocation_lands(monkeypatch, shift):
+    """The advised range starts on a 2 MiB boundary and covers every byte of the arena, wherever the allocator
+    put the memory (a model under 2 MiB used to find no whole huge page after an unlucky boundary: a skip
+    that came and went)."""
+    calls = []
+    real_empty = torch.empty
+
+    def empty_at(n, dtype):                       # the allocation lands ``shift`` bytes past a boundary
+        t = real_empty(n + HUGE_PAGE // 4, dtype=dtype)
+        lead = ((-t.data_ptr()) % HUGE_PAGE + shift) % HUGE_PAGE // 4
+        return t[lead:lead + n]
+
+    monkeypatch.setattr(huge_pages.torch, "empty", empty_at)
+    monkeypatch.setattr(huge_pages, "_madvise_huge", lambda start, length: calls.append((start, length)) or True)
+    numel = 475_452                               # ~1.9 MB: less than one huge page
+    a = huge_page_arena(numel)
+    assert a is not None and a.numel() == numel
+    (start, length), = calls
+    assert start % HUGE_PAGE == 0 and start == a.data_ptr() and start + length >= a.data_ptr() + numel * 4
