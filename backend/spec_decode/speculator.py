@@ -31,8 +31,8 @@ from backend.core.plan import ModelRunnerOutput, SchedulerOutput
 from backend.core.scheduler import Scheduler
 from backend.core.sequence import Sequence
 from backend.spec_decode.adaptive import AdaptiveDraftLength
-from backend.spec_decode.step_costs import COLD_STEPS
 from backend.spec_decode.proposer import DraftGrammar, Proposal, Proposer
+from backend.spec_decode.step_costs import COLD_STEPS
 
 
 class DraftChecker(DraftGrammar, Protocol):
