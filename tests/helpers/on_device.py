@@ -21,11 +21,14 @@ import os
 
 import pytest
 
-_WARMED: set[tuple] = set()
+@pytest.fixture(scope="session")
+def _warmed_kinds() -> set[tuple]:
+    """The engine kinds already warmed in this session."""
+    return set()
 
 
 @pytest.fixture(autouse=True)
-def _on_device(monkeypatch):
+def _on_device(monkeypatch, _warmed_kinds):
     from backend.engine import llm_engine
     from backend.engine.kv_budget import CPU_KV_CACHE_BYTES
     from contracts.sampling_params import SamplingParams
@@ -39,8 +42,8 @@ def _on_device(monkeypatch):
             config = dataclasses.replace(config, kv_cache_bytes=CPU_KV_CACHE_BYTES)
         kind = (config.model_path, config.draft_model_path, config.speculative_method, config.fast_decode,
                 config.kv_cache_dtype)
-        if parts is None and kind not in _WARMED:
-            _WARMED.add(kind)
+        if parts is None and kind not in _warmed_kinds:
+            _warmed_kinds.add(kind)
             warm = object.__new__(llm_engine.LLMEngine)
             init(warm, dataclasses.replace(config, num_kv_blocks=None, kv_cache_bytes=32 << 20, max_num_seqs=4))
             prompt = [0] + [11, 12, 13, 14, 15] * 8            # repeats: n-gram drafts, so verify steps run too
