@@ -72,6 +72,17 @@ class Sequence:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def token_ids_between(self, start: int, end: int) -> list[int]:
+        """Tokens ``start .. end - 1`` of prompt + output, continued by the drafts (a verify step's tail)."""
+        n_prompt, n_known = len(self.prompt_token_ids), self.num_tokens
+        if end > n_known:
+            return (self.all_token_ids + self.draft_token_ids)[start:end]
+        if start >= n_prompt:
+            return self.output_token_ids[start - n_prompt:end - n_prompt]
+        if end <= n_prompt:
+            return self.prompt_token_ids[start:end]
+        return self.all_token_ids[start:end]
+
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED

@@ -1,4 +1,4 @@
-"""Persistent inputs of decode and verify steps (vLLM v1's persistent batch, for the fast decode step).
+"""Persistent inputs of the fast step (vLLM v1's persistent batch): decode, verify and, on the CPU, prefill.
 
 A running sequence keeps one row of a block-table buffer from its first fast step until it finishes
 or is preempted; each step rewrites only the tail of its row that can have changed since the last
@@ -9,8 +9,10 @@ and their rows go into preallocated buffers; ``prepare`` returns views of them, 
 allocates no tensor.
 
 A step is a *decode step* when every scheduled sequence computes exactly its last known token plus
-its drafts and samples after each (``decode_step_shape``); mixed prefill steps stay with the eager
-runner.
+its drafts and samples after each (``decode_step_shape``): every token's logits are sampled. Other
+steps (prefill chunks, alone or mixed with decodes) sample only the last token of each sequence that
+samples (and a verify's k before it): ``DecodeInputs.logit_rows`` lists those tokens, the native
+step computes logits for them alone, and CUDA graphs leave such steps to the eager runner.
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ class DecodeInputs:
     positions: torch.Tensor     # [num_tokens] int64
     token_rows: torch.Tensor    # [num_tokens] int32  block-table row of each token
     block_tables: torch.Tensor  # [num_rows, width] int32  the whole persistent table
-    rows: list[int]             # plan index of every token, in order (the rows to sample)
+    rows: list[int]             # plan index of every sampled row, in order
+    logit_rows: torch.Tensor | None = None   # [len(rows)] int64 token index of each sampled row; None: every token
 
 
 def decode_step_shape(plan: SchedulerOutput) -> bool:
@@ -139,30 +142,42 @@ class PersistentDecodeBatch:
         return row
 
     def prepare(self, plan: SchedulerOutput) -> DecodeInputs:
-        """Fill the buffers for a decode step (``decode_step_shape(plan)`` must hold)."""
+        """Fill the buffers for the plan's step: each sequence's new tokens at their positions and row."""
         num_tokens = plan.num_batched_tokens
         if num_tokens > self._tokens.shape[0]:
             self._grow(0, 0, num_tokens)
         tokens, positions, token_rows = self._tokens, self._positions, self._token_rows
         rows: list[int] = []
+        picks: list[int] = []      # token index of each sampled row
+        every_token = True         # a decode step: every token is sampled
         at = 0
         for i, s in enumerate(plan.scheduled):
             seq = s.seq
             row = self._sync_row(seq)
-            out = seq.output_token_ids
             pos = seq.num_computed_tokens
-            tokens[at] = out[-1] if out else seq.prompt_token_ids[-1]
-            positions[at] = pos
-            token_rows[at] = row
-            k = s.num_draft_tokens
-            if k:
-                tokens[at + 1:at + 1 + k] = seq.draft_token_ids[:k]
-                positions[at + 1:at + 1 + k] = np.arange(pos + 1, pos + 1 + k)
-                token_rows[at + 1:at + 1 + k] = row
-                rows.extend([i] * (k + 1))
+            n, k = s.num_new_tokens, s.num_draft_tokens
+            if n == k + 1 and pos == seq.num_tokens - 1:     # the last known token, then the drafts
+                out = seq.output_token_ids
+                tokens[at] = out[-1] if out else seq.prompt_token_ids[-1]
+                if k:
+                    tokens[at + 1:at + 1 + k] = seq.draft_token_ids[:k]
+            else:                                             # a prefill chunk (or a recompute after preemption)
+                tokens[at:at + n] = seq.token_ids_between(pos, pos + n)
+                every_token = False
+            if n == 1:
+                positions[at] = pos
+                token_rows[at] = row
             else:
-                rows.append(i)
-            at += k + 1
+                positions[at:at + n] = np.arange(pos, pos + n)
+                token_rows[at:at + n] = row
+            if s.sample:
+                rows.extend([i] * (k + 1))
+                picks.extend(range(at + n - 1 - k, at + n))
+            else:
+                every_token = False
+            at += n
         if at != num_tokens:
-            raise ValueError(f"decode step has {at} tokens, the plan says {num_tokens}")
-        return DecodeInputs(self._t_tokens[:at], self._t_positions[:at], self._t_rows[:at], self.block_tables, rows)
+            raise ValueError(f"step has {at} tokens, the plan says {num_tokens}")
+        logit_rows = None if every_token else torch.tensor(picks or [at - 1], dtype=torch.int64)
+        return DecodeInputs(self._t_tokens[:at], self._t_positions[:at], self._t_rows[:at], self.block_tables, rows,
+                            logit_rows)

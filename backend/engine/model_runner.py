@@ -23,20 +23,8 @@ from backend.sampling.sampler import Sampler
 
 def flat_input_ids(plan: SchedulerOutput) -> np.ndarray:
     """Token ids to compute this step, sequence after sequence. ``[num_tokens]`` int64."""
-    chunks = []
-    for s in plan.scheduled:
-        seq, start = s.seq, s.seq.num_computed_tokens
-        n_known = seq.num_tokens
-        end = start + s.num_new_tokens
-        if end <= n_known:
-            if start >= seq.num_prompt_tokens:
-                chunks.append(seq.output_token_ids[start - seq.num_prompt_tokens:end - seq.num_prompt_tokens])
-            elif end <= seq.num_prompt_tokens:
-                chunks.append(seq.prompt_token_ids[start:end])
-            else:
-                chunks.append(seq.all_token_ids[start:end])
-        else:  # the tail runs past the known tokens into the draft tokens (speculative verify)
-            chunks.append((seq.all_token_ids + seq.draft_token_ids)[start:end])
+    chunks = [s.seq.token_ids_between(s.seq.num_computed_tokens, s.seq.num_computed_tokens + s.num_new_tokens)
+              for s in plan.scheduled]
     return np.fromiter((t for c in chunks for t in c), dtype=np.int64, count=plan.num_batched_tokens)
 
 

@@ -1,11 +1,13 @@
-"""The fast decode step on the CPU: the whole forward of a decode or verify step in one native op.
+"""The fast step on the CPU: the whole forward of any step (decode, verify, prefill, mixed) in one native op.
 
 ``torch.ops.triton_llm.decode_forward`` (``backend/native/csrc/decode_forward.cpp``) runs every layer
 (RMSNorm fused with the residual add, QKV, RoPE, paged K/V write, GQA paged attention over the block
 table, o-proj, gate-up, SiLU * up, down) and the LM head with no Python and no op dispatch between
-them; its inputs come from the persistent buffers of ``PersistentDecodeBatch``. Steps that are not
-pure decode/verify steps (prefill chunks in the batch) stay eager, and so do models the op does not
-cover: ``unsupported_reason`` says which and why (the load line shows it). At build the model's weights move
+them; its inputs come from the persistent buffers of ``PersistentDecodeBatch``. A step with prefill chunks
+asks the op for the sampled tokens' logits alone (``logit_rows``), which also lets those tokens alone go
+through the last layer past its K/V write: a 300-token prefill runs ~1.7x faster than the eager forward
+(docs/benchmarks.md). Models the op does not cover stay eager: ``unsupported_reason`` says which and why (the
+load line shows it). At build the model's weights move
 onto transparent huge pages (``huge_pages.py``; a batch-1 step streams all of them), where the kernel allows.
 """
 from __future__ import annotations
@@ -19,7 +21,7 @@ from torch import nn
 
 from backend.core.kv_cache import KVCache
 from backend.core.plan import ForwardOutput, SchedulerOutput
-from backend.engine.decode_batch import PersistentDecodeBatch, decode_step_shape, eager_only_reason
+from backend.engine.decode_batch import PersistentDecodeBatch, eager_only_reason
 from backend.engine.huge_pages import HugePageResult, move_to_huge_pages
 from backend.model.llama import LlamaForCausalLM
 
@@ -68,7 +70,7 @@ class NativeWeights:
 
 
 class NativeDecodeStep:
-    """Runs decode and verify steps through ``decode_forward``; ``build_seconds`` is the load time it added."""
+    """Runs every step through ``decode_forward``; ``build_seconds`` is the load time it added."""
 
     def __init__(self, ops, model: LlamaForCausalLM, kv_cache: KVCache, scale: float | None,
                  build_seconds: float = 0.0, huge_pages: HugePageResult | None = None):
@@ -103,22 +105,25 @@ class NativeDecodeStep:
         return cls(build.ops, model, kv_cache, scale, build_seconds=time.perf_counter() - t0, huge_pages=pages)
 
     def accepts(self, plan: SchedulerOutput) -> bool:
-        """Decode and verify steps (mixed prefill steps stay eager)."""
-        return decode_step_shape(plan)
+        """Every step with tokens to compute: decode, verify, prefill chunks and their mixes."""
+        return plan.num_batched_tokens > 0
 
     def run(self, plan: SchedulerOutput) -> ForwardOutput:
-        """Logits of every token of a decode step (``decode_step_shape(plan)`` holds): ``[num_tokens, vocab]``."""
+        """Logits of the step's sampled rows, ``[len(rows), vocab]`` (none when no sequence samples)."""
         inp = self.batch.prepare(plan)
-        return ForwardOutput(self.forward(inp.token_ids, inp.positions, inp.token_rows, inp.block_tables), inp.rows)
+        logits = self.forward(inp.token_ids, inp.positions, inp.token_rows, inp.block_tables, inp.logit_rows)
+        return ForwardOutput(logits, inp.rows) if inp.rows else ForwardOutput(None, [])
 
     def forward(self, token_ids: torch.Tensor,      # [num_tokens] int64
                 positions: torch.Tensor,            # [num_tokens] int64
                 token_rows: torch.Tensor,           # [num_tokens] int32  block-table row of each token
                 block_tables: torch.Tensor,         # [num_rows, width] int32
+                logit_rows: torch.Tensor | None = None,   # [num_logits] int64 increasing token indices; None: all
                 ) -> torch.Tensor:
-        """Logits ``[num_tokens, vocab]``: each token at its position of its row's sequence, attending causally
-        to that row's paged KV (also the draft model's steps: ``backend/spec_decode/draft_forward.py``)."""
+        """Logits ``[num_tokens, vocab]`` (``[num_logits, vocab]``: those tokens'): each token at its position of its
+        row's sequence, attending causally to that row's paged KV (also the draft model's steps:
+        ``backend/spec_decode/draft_forward.py``)."""
         w = self.weights
         return self._op(token_ids, positions, token_rows, block_tables, self.block_size, w.embed, w.layer_weights,
                         w.layer_biases, self.k_cache, self.v_cache, w.cos, w.sin, w.final_norm, w.lm_head,
-                        self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.scale)
+                        self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.scale, logit_rows)

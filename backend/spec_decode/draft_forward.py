@@ -4,11 +4,10 @@ A proposal runs a catch-up forward (each sequence's known tokens the draft cache
 two, a whole prompt for a new sequence) and then ``k - 1`` one-token forwards. With the fast decode step
 on (``EngineConfig.fast_decode``), they go through the target's native op (``NativeDecodeStep.forward``,
 ``backend/native/csrc/decode_forward.cpp``) built over the draft model and the draft's KV cache: the op
-takes each token's position and block-table row, so a catch-up of several tokens per sequence and a
-one-token step are the same call, and no attention metadata is built between draft tokens. The op
-computes logits at every token, so a long catch-up (more than ``NATIVE_MAX_TOKENS`` tokens in the call,
-e.g. a new sequence's prompt) runs eagerly, where only the last position of each sequence reaches the LM
-head; so does every step of a draft the op cannot serve (``native_reason`` says why).
+takes each token's position and block-table row, so a catch-up of several tokens per sequence (a new
+sequence's whole prompt too) and a one-token step are the same call, and no attention metadata is built
+between draft tokens. A catch-up asks the op for each sequence's last token alone (``logit_rows``). Every
+step of a draft the op cannot serve runs eagerly (``native_reason`` says why).
 
 The block tables are fixed for a whole proposal (the proposer reserves every block up front), so
 ``begin`` writes them once into one ``[num_seqs, width]`` table and every step reuses it.
@@ -22,9 +21,6 @@ from backend.attention.metadata import build_attention_metadata
 from backend.attention.selector import make_attention_backend
 from backend.core.kv_cache import KVCache
 from backend.model.llama import LlamaForCausalLM
-
-NATIVE_MAX_TOKENS = 64   # tokens per native call at most: past this the LM head over every token costs more
-
 
 def last_token_indices(news: list[int]) -> list[int]:
     """Flat index of each sequence's last new token, when sequence ``j`` has ``news[j]`` tokens in order."""
@@ -42,6 +38,9 @@ class TokenBuffers:
     """The native op's per-token inputs in preallocated buffers (no tensor built per draft step)."""
 
     def __init__(self, capacity: int):
+        self._allocate(capacity)
+
+    def _allocate(self, capacity: int) -> None:
         self._ids = np.zeros(capacity, dtype=np.int64)
         self._positions = np.zeros(capacity, dtype=np.int64)
         self._rows = np.zeros(capacity, dtype=np.int32)
@@ -51,6 +50,8 @@ class TokenBuffers:
     def fill(self, ids, positions, rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Views ``([n] int64 token ids, [n] int64 positions, [n] int32 block-table rows)``, n = len(ids)."""
         n = len(ids)
+        if n >= len(self._views):    # a long catch-up (a new sequence's prompt): grow, at least doubling
+            self._allocate(max(n, 2 * (len(self._views) - 1)))
         self._ids[:n], self._positions[:n], self._rows[:n] = ids, positions, rows
         return self._views[n]
 
@@ -67,7 +68,7 @@ class DraftForward:
         self.native_reason = "" if native is not None else native_reason
         self._tables: list[list[int]] = []
         self._table = torch.zeros((0, 0), dtype=torch.int32)           # [num_seqs, width] for the native op
-        self._inputs = TokenBuffers(NATIVE_MAX_TOKENS)
+        self._inputs = TokenBuffers(64)
 
     @classmethod
     def build(cls, model: LlamaForCausalLM, kv_cache: KVCache, windows, fast: bool) -> DraftForward:
@@ -99,7 +100,7 @@ class DraftForward:
     def logits(self, rows: list[int], starts: list[int], news: list[int], ids: list[int]) -> torch.Tensor:
         """``[len(rows), vocab]``: sequence ``rows[j]`` computes ``news[j]`` tokens (``ids``, in order) from
         position ``starts[j]``, writing their K/V into its blocks."""
-        if self.native is not None and len(ids) <= NATIVE_MAX_TOKENS:
+        if self.native is not None:
             return self._native(rows, starts, news, ids)
         return self._eager(rows, starts, news, ids)
 
@@ -107,8 +108,8 @@ class DraftForward:
         one_each = len(ids) == len(rows)
         token_ids, positions, token_rows = self._inputs.fill(
             ids, starts if one_each else token_positions(starts, news), rows if one_each else np.repeat(rows, news))
-        logits = self.native.forward(token_ids, positions, token_rows, self._table)   # [len(ids), vocab]
-        return logits if one_each else logits[last_token_indices(news)]
+        picks = None if one_each else torch.tensor(last_token_indices(news), dtype=torch.int64)
+        return self.native.forward(token_ids, positions, token_rows, self._table, picks)   # [len(rows), vocab]
 
     def _eager(self, rows: list[int], starts: list[int], news: list[int], ids: list[int]) -> torch.Tensor:
         meta = build_attention_metadata(starts, news, [self._tables[i] for i in rows], self.kv_cache.block_size,

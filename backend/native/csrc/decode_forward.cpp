@@ -9,7 +9,13 @@
 // Per layer: RMSNorm (fused with the residual add of the previous block), QKV projection, RoPE
 // (rotate-half, from the model's cos/sin tables), paged K/V write, GQA attention over the block table,
 // o-projection + residual, RMSNorm, gate-up projection, SiLU * up, down projection (+ residual into the
-// next norm). Then the final norm and the LM head: returns logits [num_tokens, vocab].
+// next norm). Then the final norm and the LM head: returns logits [num_tokens, vocab], or with logit_rows only
+// those tokens' logits [len(logit_rows), vocab]. Then only those tokens go on past the last layer's K/V write:
+// the other tokens of a prefill chunk need their K/V in every layer, but nothing of the last layer's attention
+// or MLP (a prefill chunk of a 4-layer model saves ~1/5 of its work).
+//
+// That covers prefill chunks too (positions from the sequence's computed length on): the engine runs every step
+// of a supported model through this op on the CPU, mixed or not.
 //
 // Modules: layer_ops (norm, RoPE, SiLU), paged_attention (K/V write, attention), f32_gemv (the projections of
 // steps of up to 16 tokens; larger steps call at::linear, MKL's GEMM). Sliding windows and quantized weights
@@ -59,8 +65,9 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
                           at::TensorList v_cache, const at::Tensor& cos_table,  // [max_pos, hd]
                           const at::Tensor& sin_table, const at::Tensor& final_norm,  // [D]
                           const at::Tensor& lm_head,       // [V, D]
-                          int64_t num_heads, int64_t kv_heads, int64_t head_dim, double eps, double scale) {
-  const int64_t T = token_ids.size(0);
+                          int64_t num_heads, int64_t kv_heads, int64_t head_dim, double eps, double scale,
+                          const c10::optional<at::Tensor>& logit_rows) {  // [R] int64 increasing token indices; none: all
+  int64_t T = token_ids.size(0);
   const int64_t L = static_cast<int64_t>(k_cache.size());
   const int64_t D = embed.size(1);
   TORCH_CHECK(T > 0, "decode_forward: no tokens");
@@ -77,6 +84,19 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
   const int64_t max_ctx = check_step_tokens(positions, token_rows, block_tables, block_size, cos_table.size(0));
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int32_t* rows = token_rows.data_ptr<int32_t>();
+  const bool select = logit_rows.has_value() && logit_rows->defined();
+  at::Tensor keep, keep_pos, keep_rows;  // the selected tokens' indices, positions and rows
+  if (select) {
+    TORCH_CHECK(logit_rows->scalar_type() == at::kLong && logit_rows->dim() == 1 && logit_rows->numel() > 0,
+                "decode_forward: logit_rows must be a non-empty 1-D int64 tensor");
+    keep = logit_rows->contiguous();
+    const int64_t* k = keep.data_ptr<int64_t>();
+    for (int64_t i = 0; i < keep.numel(); ++i)
+      TORCH_CHECK(k[i] >= (i ? k[i - 1] + 1 : 0) && k[i] < T, "decode_forward: logit_rows[", i, "] = ", k[i],
+                  ": expected increasing token indices below ", T);
+    keep_pos = positions.index_select(0, keep);
+    keep_rows = token_rows.index_select(0, keep);
+  }
   const Paged paged{block_tables.data_ptr<int32_t>(), block_tables.size(1), block_size};
   const int64_t qkv_width = (num_heads + 2 * kv_heads) * head_dim;
 
@@ -98,6 +118,16 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
                sin_table.data_ptr<float>(), T);
     write_kv(qkvp, qkv_width, num_heads, kv_heads, head_dim, pos, rows, paged, k_cache[l].data_ptr<float>(),
              v_cache[l].data_ptr<float>(), T);
+    if (select && l == L - 1 && keep.numel() < T) {  // past its K/V, the last layer needs only the kept tokens
+      qkv = qkv.index_select(0, keep);
+      qkvp = qkv.data_ptr<float>();
+      x = x.index_select(0, keep);
+      pos = keep_pos.data_ptr<int64_t>();
+      rows = keep_rows.data_ptr<int32_t>();
+      T = keep.numel();
+      h = at::empty({T, D}, x.options());
+      attn = at::empty({T, num_heads * head_dim}, x.options());
+    }
     paged_attention(qkvp, qkv_width, num_heads, kv_heads, head_dim, pos, rows, paged,
                     k_cache[l].data_ptr<float>(), v_cache[l].data_ptr<float>(), static_cast<float>(scale),
                     attn.data_ptr<float>(), T, max_ctx);
@@ -112,7 +142,8 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
   }
   add_rms_norm(x.data_ptr<float>(), delta.defined() ? delta.data_ptr<float>() : nullptr,
                final_norm.data_ptr<float>(), h.data_ptr<float>(), T, D, eps);
-  return project(h, lm_head, at::Tensor());  // [T, V]
+  if (select && h.size(0) != keep.numel()) h = h.index_select(0, keep);  // no layers: the embeddings' rows
+  return project(h, lm_head, at::Tensor());  // [T, V] ([R, V] with logit_rows)
 }
 
 }  // namespace
@@ -123,6 +154,6 @@ TORCH_LIBRARY_FRAGMENT(triton_llm, m) {
       "decode_forward(Tensor token_ids, Tensor positions, Tensor token_rows, Tensor block_tables, int block_size, "
       "Tensor embed, Tensor[] layer_weights, Tensor[] layer_biases, Tensor(a!)[] k_cache, Tensor(b!)[] v_cache, "
       "Tensor cos, Tensor sin, Tensor final_norm, Tensor lm_head, int num_heads, int num_kv_heads, int head_dim, "
-      "float eps, float scale) -> Tensor");
+      "float eps, float scale, Tensor? logit_rows=None) -> Tensor");
   m.impl("decode_forward", c10::DispatchKey::CPU, TORCH_FN(triton_llm_native::decode_forward));
 }

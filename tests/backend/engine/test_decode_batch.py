@@ -1,6 +1,6 @@
 """Persistent decode inputs (backend/engine/decode_batch.py): rows follow their sequences through
-admission, growth across blocks, speculative rollback, preemption, abort and finish; and the fast
-decode step gives the eager engine's tokens."""
+admission, growth across blocks, speculative rollback, preemption, abort and finish; and the native
+step, which runs every step on the CPU (prefill chunks too), gives the eager engine's tokens."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,9 +26,11 @@ def checked_engine(config: EngineConfig, log: dict) -> LLMEngine:
     execute = runner.execute
 
     def checked(plan):
+        fast = runner.fast_decode.accepts(plan)
         out = execute(plan)
-        fast = decode_step_shape(plan)
-        log["fast_steps"] += fast
+        decode = decode_step_shape(plan)
+        log["decode_steps"] += fast and decode
+        log["prefill_steps"] += fast and not decode
         log["eager_steps"] += not fast
         log["max_rows"] = max(log["max_rows"], batch.num_rows_in_use)
         gone = set(plan.finished_seq_ids) | {s.seq_id for s in plan.preempted}
@@ -57,11 +59,11 @@ def test_rows_follow_sequences_and_tokens_match_eager(tiny_checkpoint, spec):
           "watermark": 0.0, "max_model_len": 128, "speculative_method": spec, "num_speculative_tokens": 3}
     eager = LLMEngine(EngineConfig(**kw))
     expected = [output_token_ids(o) for o in eager.generate(prompts, params)]
-    log = {"fast_steps": 0, "eager_steps": 0, "max_rows": 0}
+    log = {"decode_steps": 0, "prefill_steps": 0, "eager_steps": 0, "max_rows": 0}
     engine = checked_engine(EngineConfig(**kw, fast_decode=True), log)
     got = [output_token_ids(o) for o in engine.generate(prompts, params)]
     assert got == expected
-    assert log["fast_steps"] > 10 and log["eager_steps"] > 0
+    assert log["decode_steps"] > 10 and log["prefill_steps"] > 0 and log["eager_steps"] == 0
     assert engine.stats().num_preemptions > 0, "the pool was meant to force preemption"
     if spec == "ngram":
         assert engine.stats().spec.num_accepted_tokens > 0, "verify steps were meant to accept drafts"
@@ -72,7 +74,7 @@ def test_rows_follow_sequences_and_tokens_match_eager(tiny_checkpoint, spec):
 
 
 def test_aborted_sequences_release_their_rows(tiny_checkpoint):
-    log = {"fast_steps": 0, "eager_steps": 0, "max_rows": 0}
+    log = {"decode_steps": 0, "prefill_steps": 0, "eager_steps": 0, "max_rows": 0}
     engine = checked_engine(EngineConfig(model_path=str(tiny_checkpoint), block_size=4, fast_decode=True), log)
     params = SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True)
     for i in range(4):
@@ -90,9 +92,9 @@ def test_aborted_sequences_release_their_rows(tiny_checkpoint):
         engine.step()
     assert set(batch.seq_ids()) <= set(engine.scheduler._finished_seq_ids)
     engine.add_request("next", [0, 5], params, lambda out: None)
-    engine.step()   # its prefill (eager) plan lists the finished sequences: their rows go
-    assert batch.num_rows_in_use == 0
-    engine.step()   # its first decode takes a row
+    engine.step()   # its prefill plan lists the finished sequences: their rows go; its prefill takes a row
+    assert batch.seq_ids() == [engine.scheduler.running[0].seq_id]
+    engine.step()   # its first decode keeps the row
     assert batch.num_rows_in_use == 1
 
 

@@ -1,8 +1,10 @@
 """The native decode forward (backend/native/csrc/decode_forward.cpp) against the eager model.
 
 Sequences with cached contexts crossing block boundaries compute 1 (decode) or k + 1 (verify) new
-tokens; the native op's logits and the K/V it writes must equal the eager forward's (tolerance:
-a different summation order), for GQA and MHA, tied and untied heads, biased projections.
+tokens, or prefill chunks (with ``logit_rows``: only the sampled tokens' logits, only those tokens
+through the last layer past its K/V write); the native op's logits and the K/V it writes must equal
+the eager forward's (tolerance: a different summation order), for GQA and MHA, tied and untied heads,
+biased projections.
 """
 from __future__ import annotations
 
@@ -64,13 +66,15 @@ def prefilled_case(model, ctx_lens, query_lens, seed):
     cache = KVCache(cfg.num_hidden_layers, NUM_BLOCKS, BLOCK, cfg.num_key_value_heads, cfg.head_dim)
     tables = random_layout(ctx_lens, query_lens, BLOCK, NUM_BLOCKS, gen)
     ctx_tokens = torch.randint(0, cfg.vocab_size, (sum(ctx_lens),), generator=gen)
-    eager_step(model, cache, tables, [0] * len(ctx_lens), ctx_lens, ctx_tokens)
+    cached = [(t, c) for t, c in zip(tables, ctx_lens) if c]   # a sequence with no context has nothing to write
+    if cached:
+        eager_step(model, cache, [t for t, _ in cached], [0] * len(cached), [c for _, c in cached], ctx_tokens)
     new_tokens = torch.randint(0, cfg.vocab_size, (sum(query_lens),), generator=gen)
     return cache, tables, new_tokens
 
 
 @torch.inference_mode()
-def native_step(ops, model, cache, tables, ctx_lens, query_lens, token_ids):
+def native_step(ops, model, cache, tables, ctx_lens, query_lens, token_ids, logit_rows=None):
     step = NativeDecodeStep(ops, model, cache, scale=None)
     width = max(len(t) for t in tables)
     block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
@@ -79,7 +83,7 @@ def native_step(ops, model, cache, tables, ctx_lens, query_lens, token_ids):
     w = step.weights
     return step._op(token_ids, positions, rows, block_tables, BLOCK, w.embed, w.layer_weights, w.layer_biases,
                     step.k_cache, step.v_cache, w.cos, w.sin, w.final_norm, w.lm_head, step.num_heads,
-                    step.num_kv_heads, step.head_dim, step.eps, step.scale)
+                    step.num_kv_heads, step.head_dim, step.eps, step.scale, logit_rows)
 
 
 # head_dim 8, 12, 6: the attention's per-token path; 16 (G = 3) and 48 (MHA): its tiled path (paged_attention.cpp)
@@ -106,6 +110,33 @@ def test_native_forward_matches_eager(ops, model_kind, ctx_lens, query_lens):
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)
     assert torch.equal(got.argmax(-1), expected.argmax(-1))
     torch.testing.assert_close(cache.data, eager_cache.data, atol=1e-5, rtol=1e-5)   # the same K/V written
+
+
+@pytest.mark.parametrize("model_kind", ["gqa_tied", "gqa_bias", "mha_hd48_bias"])
+@pytest.mark.parametrize("ctx_lens, query_lens, picks", [
+    ([0], [37], [36]),                        # a whole prompt, its last token sampled
+    ([0, 9, 5], [70, 1, 5], [69, 70, 72, 73, 74, 75]),   # a prefill chunk beside a decode and a verify (k = 3)
+    ([12, 0], [20, 3], [22]),                 # a chunk that does not sample (mid-prompt), then a short prompt
+    ([0], [5], [0, 1, 2, 3, 4]),              # every token: no gather past the last K/V write
+])
+def test_prefill_chunks_return_the_sampled_rows(ops, model_kind, ctx_lens, query_lens, picks):
+    model = make_model(*MODELS[model_kind])
+    cache, tables, tokens = prefilled_case(model, ctx_lens, query_lens, seed=len(picks))
+    eager_cache = KVCache(cache.num_layers, NUM_BLOCKS, BLOCK, cache.num_kv_heads, cache.head_dim)
+    eager_cache.data.copy_(cache.data)
+    expected = eager_step(model, eager_cache, tables, ctx_lens, query_lens, tokens)[picks]
+    got = native_step(ops, model, cache, tables, ctx_lens, query_lens, tokens, torch.tensor(picks))
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(cache.data, eager_cache.data, atol=1e-5, rtol=1e-5)   # every token's K/V, all layers
+
+
+@pytest.mark.parametrize("picks", [[], [3, 2], [0, 0], [-1], [9]])
+def test_bad_logit_rows_are_refused(ops, picks):
+    model = make_model(6, 2, True, False)
+    cache, tables, tokens = prefilled_case(model, [0], [9], seed=0)
+    with pytest.raises(RuntimeError, match="logit_rows"):
+        native_step(ops, model, cache, tables, [0], [9], tokens, torch.tensor(picks, dtype=torch.int64))
 
 
 def test_unsupported_models_stay_eager():

@@ -1,6 +1,6 @@
 """The draft model's steps through the native decode op (``fast_decode``): the same drafts and the same
 ``q`` as the eager draft, round after round of simulated verification (rollback, multi-token catch-ups,
-a prompt long enough to catch up eagerly), every draft block back at the end; drafts the op cannot
+a prompt longer than the op's first token buffers), every draft block back at the end; drafts the op cannot
 serve stay eager and say why; an engine speculating with native draft steps is lossless and leaks
 nothing when requests stop, abort or get preempted in the middle of speculation."""
 from __future__ import annotations
@@ -14,7 +14,6 @@ from backend.config import EngineConfig
 from backend.core.sequence import Sequence
 from backend.engine.llm_engine import LLMEngine, output_token_ids
 from backend.model.config import ModelConfig
-from backend.spec_decode.draft_forward import NATIVE_MAX_TOKENS
 from backend.spec_decode.draft_model import DraftModelProposer
 from contracts.sampling_params import SamplingParams
 from tests.helpers.checkpoints import DEMO_DRAFT, make_random_checkpoint
@@ -55,7 +54,7 @@ def test_native_draft_steps_equal_the_eager_ones(draft_checkpoint, temperature):
     assert native.forward.native is not None, native.forward.native_reason
     assert eager.forward.native is None
     calls = counting_native_calls(native)
-    lengths = [3, 17, 40, NATIVE_MAX_TOKENS + 30, 9]    # the long prompt catches up eagerly, then steps natively
+    lengths = [3, 17, 40, 94, 9]    # 163 prompt tokens in the first call: past the first buffers (64)
     seqs = [Sequence(seq_id=i, request_id=str(i), seq_index=0, prompt_token_ids=[rng.randrange(VOCAB) for _ in
                      range(n)], params=SamplingParams(max_tokens=400, temperature=temperature, top_k=50 * (i % 2),
                                                       seed=100 + i if i % 3 else None))
@@ -78,6 +77,7 @@ def test_native_draft_steps_equal_the_eager_ones(draft_checkpoint, temperature):
     assert sum(len(d) for d in a.draft_token_ids.values()) > 0
     assert (compared > 0) == (temperature > 0)
     assert calls and max(calls) > len(seqs), "no multi-token catch-up went through the native op"
+    assert calls[0] == sum(lengths), "the prompts' catch-up did not go through the native op"
     for p in (native, eager):
         p.free([s.seq_id for s in seqs])
         assert p.num_used_blocks == 0
