@@ -88,7 +88,8 @@ def measure(engine: LLMEngine, items: list[Item], concurrency: int) -> dict:
     drafts = spec.num_draft_tokens - before.num_draft_tokens
     accepted = spec.num_accepted_tokens - before.num_accepted_tokens
     verifies = spec.num_drafts - before.num_drafts
-    row = {"tok_per_s": s["tok_per_s"], "tpot_ms_p50": s["tpot_ms"]["p50"], "steps": engine.stats().steps - steps0,
+    row = {"tok_per_s": s["tok_per_s"], "tpot_ms_p50": s["tpot_ms"]["p50"], "ttft_ms_p50": s["ttft_ms"]["p50"],
+           "steps": engine.stats().steps - steps0,
            "draft_tokens": drafts, "accepted_tokens": accepted,
            "acceptance_rate": accepted / drafts if drafts else None,
            "mean_accepted_length": 1 + accepted / verifies if verifies else 1.0, "errors": s["errors"],
@@ -138,28 +139,63 @@ def solve_increasing(f, target: float) -> float | None:
     return hi
 
 
-def draft_goal_analysis(measured: dict, fixed: dict | None, k_max: int, goal: float) -> dict | None:
-    """Why a batch-1 cell misses ``goal`` from its measured costs and acceptance, and what would reach it.
+def prefill_share(none_row: dict, max_tokens: int) -> float:
+    """The share of a batch-1 request's time that is its prompt's prefill, from ``none``'s medians: ``TTFT / (TTFT
+    + TPOT * (max_tokens - 1))``. Speculation does not shorten it."""
+    ttft, tpot = none_row.get("ttft_ms_p50"), none_row.get("tpot_ms_p50")
+    if not ttft or not tpot:
+        return 0.0
+    return ttft / (ttft + tpot * (max_tokens - 1))
+
+
+def overall_speedup(decode_speedup: float, prefill: float) -> float:
+    """Tokens/s ratio when decoding runs ``decode_speedup`` times faster and ``prefill`` of the time does not."""
+    return 1.0 / (prefill + (1.0 - prefill) / decode_speedup)
+
+
+def decode_speedup_for(goal: float, prefill: float) -> float | None:
+    """The decode speed-up that makes ``overall_speedup`` reach ``goal`` (None: the prefill alone forbids it)."""
+    return None if 1.0 / goal <= prefill else (1.0 - prefill) / (1.0 / goal - prefill)
+
+
+def goal_analysis(measured: dict, fixed: dict | None, k_max: int, goal: float, prefill: float = 0.0) -> dict | None:
+    """Why a batch-1 cell misses ``goal`` from its measured costs, acceptance and prefill share, and what would
+    reach it.
 
     Costs at bucket 1 from ``measured`` (the fixed-k engine when there is one: it speculates every step, so its
     costs rest on the most steps): ``r_k = x(1, k) / t(1)``, the extra seconds of speculating with ``k``
-    drafts (proposer included) per plain step; the speed-up with per-position acceptance ``a`` is
-    ``(1 + E(k)) / (1 + r_k)``. Acceptance ``a`` from the fixed-k engine's mean accepted length.
+    drafts (proposer included) per plain step; the decode speed-up with per-position acceptance ``a`` is
+    ``(1 + E(k)) / (1 + r_k)``, and tokens/s also pay the prompts' prefill (``prefill`` of ``none``'s time,
+    ``overall_speedup``). Acceptance ``a`` from the fixed-k engine's mean accepted length.
     """
     plain = measured.get("plain_step_ms", {}).get(1)
     extra = measured.get("extra_ms_per_seq", {}).get(1, {})
     if not plain or not extra:
         return None
     ratio = {k: x / plain for k, x in extra.items()}
-    out: dict = {"plain_step_ms": plain, "extra_per_plain_step": ratio}
+    need = decode_speedup_for(goal, prefill)
+    out: dict = {"plain_step_ms": plain, "extra_per_plain_step": ratio, "prefill_share": prefill,
+                 "decode_speedup_for_goal": need}
     if fixed is not None and fixed["draft_tokens"]:
         a = solve_increasing(lambda v: geometric_accepted(v, k_max), fixed["mean_accepted_length"] - 1) or 1.0
         out["per_position_acceptance"] = a
-        out["predicted_speedup"] = {k: (1 + geometric_accepted(a, k)) / (1 + r) for k, r in ratio.items()}
-        out["max_extra_for_goal"] = {k: max(0.0, (1 + geometric_accepted(a, k)) / goal - 1) for k in ratio}
-    out["acceptance_for_goal"] = {k: solve_increasing(lambda v, k=k: 1 + geometric_accepted(v, k), goal * (1 + r))
-                                  for k, r in ratio.items()}
+        out["predicted_speedup"] = {k: overall_speedup((1 + geometric_accepted(a, k)) / (1 + r), prefill)
+                                    for k, r in ratio.items()}
+        out["max_extra_for_goal"] = {k: max(0.0, (1 + geometric_accepted(a, k)) / need - 1) if need else None
+                                     for k in ratio}
+    out["acceptance_for_goal"] = {k: solve_increasing(lambda v, k=k: 1 + geometric_accepted(v, k), need * (1 + r))
+                                  if need else None for k, r in ratio.items()}
+    out["best_with_every_draft_accepted"] = max(overall_speedup((1 + k) / (1 + r), prefill) for k, r in ratio.items())
     return out
+
+
+def rounded(value):
+    """``value`` with its floats to 2 decimals (dicts and lists walked), for printing."""
+    if isinstance(value, float):
+        return round(value, 2)
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    return value
 
 
 def plot(cells: list[dict], path: Path) -> None:
@@ -280,14 +316,18 @@ def main(argv=None) -> int:
     analysis = {}
     for wl, temp in sorted({(c["workload"], c["temperature"]) for c in cells}):
         at1 = {c["method"]: c for c in cells if (c["workload"], c["temperature"], c["concurrency"]) == (wl, temp, 1)}
-        if "draft" in at1:
-            found = draft_goal_analysis(at1.get("draft-fixed", at1["draft"]), at1.get("draft-fixed"), args.k,
-                                        GOALS[("draft", "mixed", 1, "greedy")])
+        prefill = prefill_share(at1["none"], max_tokens) if "none" in at1 else 0.0
+        for method in ("ngram", "draft"):
+            if method not in at1:
+                continue
+            goal = next(g for (m, *_), g in GOALS.items() if m == method)   # the method's batch-1 goal
+            fixed = at1.get(f"{method}-fixed")
+            found = goal_analysis(fixed or at1[method], fixed, args.k, goal, prefill)
             if found:
-                analysis[f"draft {wl} T={temp:g} c=1"] = found
-                print(f"draft {wl} T={temp:g} c=1: {found}")
+                analysis[f"{method} {wl} T={temp:g} c=1"] = found
+                print(f"{method} {wl} T={temp:g} c=1 (goal {goal}x): {rounded(found)}")
     plot(cells, out / "spec.png")
-    write_json(out / "spec.json", {"cells": cells, "goals": verdicts, "draft_analysis": analysis, "machine": machine(load),
+    write_json(out / "spec.json", {"cells": cells, "goals": verdicts, "goal_analysis": analysis, "machine": machine(load),
                                    "commit": git_commit(), "seconds": time.perf_counter() - t0})
     print(f"wrote {out / 'spec.json'} and {out / 'spec.png'}")
     return 0

@@ -1,9 +1,10 @@
-"""bench_spec's arithmetic behind the draft-model goal: speed-up from acceptance and measured costs."""
+"""bench_spec's arithmetic behind the batch-1 goals: speed-up from acceptance, measured costs and the prefill share."""
 from __future__ import annotations
 
 import pytest
 
-from bench.bench_spec import draft_goal_analysis, geometric_accepted, solve_increasing
+from bench.bench_spec import (decode_speedup_for, geometric_accepted, goal_analysis, overall_speedup, prefill_share,
+                              solve_increasing)
 
 
 def test_geometric_accepted_and_its_inverse():
@@ -16,11 +17,29 @@ def test_geometric_accepted_and_its_inverse():
 def test_analysis_predicts_speedup_and_what_would_reach_the_goal():
     adaptive = {"plain_step_ms": {1: 2.0}, "extra_ms_per_seq": {1: {1: 1.0, 4: 3.0}}}
     fixed = {"draft_tokens": 100, "mean_accepted_length": 1 + geometric_accepted(0.5, 4)}
-    out = draft_goal_analysis(adaptive, fixed, 4, 1.3)
+    out = goal_analysis(adaptive, fixed, 4, 1.3)
     assert out["per_position_acceptance"] == pytest.approx(0.5)
     assert out["predicted_speedup"][1] == pytest.approx(1.5 / 1.5)
     assert out["predicted_speedup"][4] == pytest.approx((1 + geometric_accepted(0.5, 4)) / 2.5)
     assert out["max_extra_for_goal"][1] == pytest.approx(1.5 / 1.3 - 1)
     assert out["acceptance_for_goal"][1] == pytest.approx(0.95)   # 1 + a >= 1.3 * 1.5
     assert 0.5 < out["acceptance_for_goal"][4] < 1.0
-    assert draft_goal_analysis({"plain_step_ms": {}}, fixed, 4, 1.3) is None
+    assert goal_analysis({"plain_step_ms": {}}, fixed, 4, 1.3) is None
+    assert out["best_with_every_draft_accepted"] == pytest.approx(max(2 / 1.5, 5 / 2.5))
+
+
+def test_the_prefill_share_raises_the_decode_speedup_a_goal_needs():
+    assert prefill_share({"ttft_ms_p50": 10.0, "tpot_ms_p50": 0.5}, 81) == pytest.approx(0.2)
+    assert prefill_share({"ttft_ms_p50": None, "tpot_ms_p50": 0.5}, 81) == 0.0
+    assert overall_speedup(2.0, 0.0) == pytest.approx(2.0)
+    assert overall_speedup(3.0, 0.2) == pytest.approx(1 / (0.2 + 0.8 / 3))
+    need = decode_speedup_for(2.0, 0.2)
+    assert overall_speedup(need, 0.2) == pytest.approx(2.0) and need == pytest.approx(8 / 3)
+    assert decode_speedup_for(2.0, 0.5) is None          # half the time in prefill: 2x is out of reach
+    adaptive = {"plain_step_ms": {1: 1.0}, "extra_ms_per_seq": {1: {4: 0.5}}}
+    fixed = {"draft_tokens": 100, "mean_accepted_length": 1 + geometric_accepted(0.9, 4)}
+    without, with_prefill = (goal_analysis(adaptive, fixed, 4, 2.0, p) for p in (0.0, 0.2))
+    assert without["predicted_speedup"][4] == pytest.approx((1 + geometric_accepted(0.9, 4)) / 1.5)
+    assert with_prefill["predicted_speedup"][4] == pytest.approx(overall_speedup(without["predicted_speedup"][4], 0.2))
+    assert with_prefill["acceptance_for_goal"][4] > without["acceptance_for_goal"][4]
+    assert goal_analysis(adaptive, fixed, 4, 2.0, 0.6)["acceptance_for_goal"][4] is None
