@@ -6,8 +6,10 @@ table, o-proj, gate-up, SiLU * up, down) and the LM head with no Python and no o
 them; its inputs come from the persistent buffers of ``PersistentDecodeBatch``. A step with prefill chunks
 asks the op for the sampled tokens' logits alone (``logit_rows``), which also lets those tokens alone go
 through the last layer past its K/V write: a 300-token prefill runs ~1.7x faster than the eager forward
-(docs/benchmarks.md). Models the op does not cover stay eager: ``unsupported_reason`` says which and why (the
-load line shows it). At build the model's weights move
+(docs/benchmarks.md). Prefill steps stay eager where the op's attention has no tiled kernel for the head
+dim (``TILED_HEAD_DIMS``): its per-token loop is no faster than the eager forward at 300 tokens (head dim
+24: 62 against 64 us per token) and grows with the square of the prompt. Models the op does not cover stay
+eager: ``unsupported_reason`` says which and why (the load line shows it). At build the model's weights move
 onto transparent huge pages (``huge_pages.py``; a batch-1 step streams all of them), where the kernel allows.
 """
 from __future__ import annotations
@@ -21,7 +23,7 @@ from torch import nn
 
 from backend.core.kv_cache import KVCache
 from backend.core.plan import ForwardOutput, SchedulerOutput
-from backend.engine.decode_batch import PersistentDecodeBatch, eager_only_reason
+from backend.engine.decode_batch import PersistentDecodeBatch, decode_step_shape, eager_only_reason
 from backend.engine.huge_pages import HugePageResult, move_to_huge_pages
 from backend.model.llama import LlamaForCausalLM
 
@@ -69,6 +71,9 @@ class NativeWeights:
                    model.norm.weight.detach(), model.lm_head.weight.detach())
 
 
+TILED_HEAD_DIMS = range(16, 129, 16)   # the op's tiled attention (paged_attention.cpp, kMaxD16); else a per-token loop
+
+
 class NativeDecodeStep:
     """Runs every step through ``decode_forward``; ``build_seconds`` is the load time it added."""
 
@@ -86,6 +91,7 @@ class NativeDecodeStep:
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(cfg.head_dim)
         self.batch = PersistentDecodeBatch(kv_cache.block_size)
         self.build_seconds = build_seconds
+        self.prefills = cfg.head_dim in TILED_HEAD_DIMS   # prefill chunks too, or decode and verify steps only
 
     @classmethod
     def build(cls, model: LlamaForCausalLM, kv_cache: KVCache, windows, scale: float | None
@@ -105,8 +111,8 @@ class NativeDecodeStep:
         return cls(build.ops, model, kv_cache, scale, build_seconds=time.perf_counter() - t0, huge_pages=pages)
 
     def accepts(self, plan: SchedulerOutput) -> bool:
-        """Every step with tokens to compute: decode, verify, prefill chunks and their mixes."""
-        return plan.num_batched_tokens > 0
+        """Decode and verify steps; prefill chunks and their mixes too where the attention is tiled (``prefills``)."""
+        return plan.num_batched_tokens > 0 and (self.prefills or decode_step_shape(plan))
 
     def run(self, plan: SchedulerOutput) -> ForwardOutput:
         """Logits of the step's sampled rows, ``[len(rows), vocab]`` (none when no sequence samples)."""

@@ -6,8 +6,10 @@ on (``EngineConfig.fast_decode``), they go through the target's native op (``Nat
 ``backend/native/csrc/decode_forward.cpp``) built over the draft model and the draft's KV cache: the op
 takes each token's position and block-table row, so a catch-up of several tokens per sequence (a new
 sequence's whole prompt too) and a one-token step are the same call, and no attention metadata is built
-between draft tokens. A catch-up asks the op for each sequence's last token alone (``logit_rows``). Every
-step of a draft the op cannot serve runs eagerly (``native_reason`` says why).
+between draft tokens. A catch-up asks the op for each sequence's last token alone (``logit_rows``); where the
+op's attention is a per-token loop (a head dim it does not tile, ``NativeDecodeStep.prefills``), catch-ups of
+more than ``PER_TOKEN_MAX_TOKENS`` run eagerly. Every step of a draft the op cannot serve runs eagerly
+(``native_reason`` says why).
 
 The block tables are fixed for a whole proposal (the proposer reserves every block up front), so
 ``begin`` writes them once into one ``[num_seqs, width]`` table and every step reuses it.
@@ -21,6 +23,9 @@ from backend.attention.metadata import build_attention_metadata
 from backend.attention.selector import make_attention_backend
 from backend.core.kv_cache import KVCache
 from backend.model.llama import LlamaForCausalLM
+
+PER_TOKEN_MAX_TOKENS = 64   # tokens per native call where the op's attention is a per-token loop
+
 
 def last_token_indices(news: list[int]) -> list[int]:
     """Flat index of each sequence's last new token, when sequence ``j`` has ``news[j]`` tokens in order."""
@@ -100,7 +105,7 @@ class DraftForward:
     def logits(self, rows: list[int], starts: list[int], news: list[int], ids: list[int]) -> torch.Tensor:
         """``[len(rows), vocab]``: sequence ``rows[j]`` computes ``news[j]`` tokens (``ids``, in order) from
         position ``starts[j]``, writing their K/V into its blocks."""
-        if self.native is not None:
+        if self.native is not None and (self.native.prefills or len(ids) <= PER_TOKEN_MAX_TOKENS):
             return self._native(rows, starts, news, ids)
         return self._eager(rows, starts, news, ids)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -137,6 +138,23 @@ def test_bad_logit_rows_are_refused(ops, picks):
     cache, tables, tokens = prefilled_case(model, [0], [9], seed=0)
     with pytest.raises(RuntimeError, match="logit_rows"):
         native_step(ops, model, cache, tables, [0], [9], tokens, torch.tensor(picks, dtype=torch.int64))
+
+
+def _plan(computed: int, new: int, total: int):
+    seq = SimpleNamespace(num_computed_tokens=computed, num_tokens=total)
+    return SimpleNamespace(scheduled=[SimpleNamespace(seq=seq, sample=True, num_new_tokens=new, num_draft_tokens=0)],
+                           num_batched_tokens=new)
+
+
+@pytest.mark.parametrize("model_kind, prefills", [("gqa_hd16", True), ("mha_hd48_bias", True), ("gqa_tied", False)])
+def test_prefill_goes_native_only_where_the_attention_is_tiled(ops, model_kind, prefills):
+    model = make_model(*MODELS[model_kind])
+    cfg = model.config
+    step = NativeDecodeStep(ops, model, KVCache(2, 8, BLOCK, cfg.num_key_value_heads, cfg.head_dim), scale=None)
+    assert step.prefills is prefills
+    assert step.accepts(_plan(7, 1, 8))                     # a decode step: always
+    assert step.accepts(_plan(0, 8, 8)) is prefills         # a prompt
+    assert step.accepts(_plan(4, 3, 9)) is prefills         # a chunk that does not reach the end
 
 
 def test_unsupported_models_stay_eager():

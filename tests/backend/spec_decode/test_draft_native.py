@@ -54,7 +54,7 @@ def test_native_draft_steps_equal_the_eager_ones(draft_checkpoint, temperature):
     assert native.forward.native is not None, native.forward.native_reason
     assert eager.forward.native is None
     calls = counting_native_calls(native)
-    lengths = [3, 17, 40, 94, 9]    # 163 prompt tokens in the first call: past the first buffers (64)
+    lengths = [3, 17, 40, 94, 9]    # 163 prompt tokens in the first call: past the first buffers and the per-token limit
     seqs = [Sequence(seq_id=i, request_id=str(i), seq_index=0, prompt_token_ids=[rng.randrange(VOCAB) for _ in
                      range(n)], params=SamplingParams(max_tokens=400, temperature=temperature, top_k=50 * (i % 2),
                                                       seed=100 + i if i % 3 else None))
@@ -77,7 +77,10 @@ def test_native_draft_steps_equal_the_eager_ones(draft_checkpoint, temperature):
     assert sum(len(d) for d in a.draft_token_ids.values()) > 0
     assert (compared > 0) == (temperature > 0)
     assert calls and max(calls) > len(seqs), "no multi-token catch-up went through the native op"
-    assert calls[0] == sum(lengths), "the prompts' catch-up did not go through the native op"
+    if native.forward.native.prefills:   # a tiled head dim: the prompts' catch-up too (else it runs eagerly)
+        assert calls[0] == sum(lengths), "the prompts' catch-up did not go through the native op"
+    else:
+        assert calls[0] < sum(lengths)
     for p in (native, eager):
         p.free([s.seq_id for s in seqs])
         assert p.num_used_blocks == 0
