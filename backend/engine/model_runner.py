@@ -17,6 +17,7 @@ from backend.core.kv_cache import KVCache
 from backend.core.plan import ForwardOutput, ModelRunnerOutput, SchedulerOutput
 from backend.model.llama import LlamaForCausalLM
 from backend.sampling.batch import is_plain_greedy
+from backend.sampling.ops import row_argmax
 from backend.sampling.rejection import greedy_verify
 from backend.sampling.sampler import Sampler
 
@@ -118,5 +119,5 @@ class ModelRunner:
                 bitmask: torch.Tensor | None) -> list[int]:  # [num_rows, ceil(vocab / 32)] int32, or None
         """Each row's argmax; among the tokens its grammar allows when there is a bitmask."""
         if bitmask is None:
-            return logits.argmax(dim=-1).tolist()
+            return row_argmax(logits)
         return self.sampler.bitmask_kernels.masked_argmax(logits, bitmask).tolist()

@@ -239,10 +239,12 @@ class AdaptiveDraftLength:
         key = (n, k_max)
         if key not in self._round_estimates:
             plain = self.costs.plain_seconds(n)
-            extras = [self.costs.extra_seconds(n, k) for k in range(1, k_max + 1)]
+            extras, pessimistic = self.costs.extra_seconds_upto(n, k_max)
+            if extras is None:
+                extras = [None] * k_max
             probe_every, probe_seconds = 0, 0.0
             if plain is not None and extras[0] is not None:
-                probe_seconds = self.costs.extra_seconds(n, k_max, optimistic=False)
+                probe_seconds = pessimistic
                 probe_every = probe_interval_for_budget(n, plain, probe_seconds)
             self._round_estimates[key] = (plain, extras, probe_every, probe_seconds)
         return self._round_estimates[key]

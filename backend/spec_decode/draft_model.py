@@ -33,7 +33,7 @@ from backend.model.fused import fused_ops
 from backend.model.llama import LlamaForCausalLM
 from backend.model.loader import load_model
 from backend.sampling.batch import GREEDY_EPS, SamplingBatch, is_plain_greedy
-from backend.sampling.ops import inverse_cdf_draw
+from backend.sampling.ops import inverse_cdf_draw, row_argmax
 from backend.sampling.sampler import Sampler, compute_probs
 from backend.spec_decode.draft_forward import DraftForward
 from backend.spec_decode.proposer import DraftGrammar, DraftMasks, Proposal, Proposer
@@ -251,7 +251,7 @@ class DraftModelProposer(Proposer):
         drafts, masks = run.drafts, run.masks
         bitmask = masks.bitmask(rows) if masks is not None else None
         if bitmask is None and all(run.plain[i] for i in rows):                  # plain greedy: the argmax
-            tokens = logits.argmax(dim=-1).tolist()
+            tokens = row_argmax(logits)
             for i, t in zip(rows, tokens):
                 drafts[i].append(t)
             if masks is not None:

@@ -157,14 +157,33 @@ class StepCosts:
         ``optimistic``: a length measured fewer than ``SETTLED`` times, or stale (not measured in the bucket's
         last ``STALE_LENGTH`` steps with drafts), is taken at no more than what the other lengths imply, so that
         one slow first step or a burst of slow steps does not rule it out for good."""
+        b = self._extra_bucket(num_seqs)
+        if b is None:
+            return None
+        return self._extra(b, {j: t.estimate() for j, t in self.extra[b].items()}, k, optimistic)
+
+    def extra_seconds_upto(self, num_seqs: int, k_max: int) -> tuple[list[float] | None, float | None]:
+        """``[x(B, 1), ..., x(B, k_max)]`` (optimistic) and ``x(B, k_max)`` not optimistic, reading the bucket's
+        measurements once (the policy asks for all of them every round); ``(None, None)`` as ``extra_seconds``."""
+        b = self._extra_bucket(num_seqs)
+        if b is None:
+            return None, None
+        measured = {j: t.estimate() for j, t in self.extra[b].items()}
+        return ([self._extra(b, measured, k, True) for k in range(1, k_max + 1)],
+                self._extra(b, measured, k_max, False))
+
+    def _extra_bucket(self, num_seqs: int) -> int | None:
+        """The bucket whose draft costs stand for ``num_seqs``: its own, else the nearest measured one."""
         b = bucket(num_seqs)
         if not self.extra.get(b):
             known = [c for c, by_k in self.extra.items() if by_k]
             if not known:
                 return None
             b = min(known, key=lambda c: (abs(c.bit_length() - b.bit_length()), c))
+        return b
+
+    def _extra(self, b: int, measured: dict[int, float], k: int, optimistic: bool) -> float:
         by_k = self.extra[b]
-        measured = {j: t.estimate() for j, t in by_k.items()}
         x = min([interpolate_extra(measured, k)] + [v for j, v in measured.items() if j > k])   # monotone in k
         if optimistic and k in by_k and len(measured) > 1 and \
                 (not by_k[k].settled or self.speculative_steps[b] - by_k[k].last_seen >= STALE_LENGTH):

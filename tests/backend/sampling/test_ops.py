@@ -1,6 +1,7 @@
-"""Each sampling filter alone (backend/sampling_ops.py)."""
+"""Each sampling filter alone (backend/sampling/ops.py)."""
 import math
 
+import pytest
 import torch
 
 from backend.sampling.ops import (
@@ -16,6 +17,7 @@ from backend.sampling.ops import (
     bitmask_penalty,
     gather_logprobs,
     inverse_cdf_draw,
+    row_argmax,
     token_counts,
     unpack_bitmask,
 )
@@ -175,3 +177,19 @@ def test_inverse_cdf_draw_never_draws_zero_probability_tokens():
     drawn = inverse_cdf_draw(probs, [None] * 2000, torch.Generator().manual_seed(0))
     assert set(drawn.tolist()) == {1, 3}
     assert math.isclose((drawn == 1).float().mean().item(), 0.5, abs_tol=0.06)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 33])
+def test_row_argmax_is_torch_argmax_ties_nan_and_inf_included(rows):
+    gen = torch.Generator().manual_seed(rows)
+    logits = torch.randn(rows, 4096, generator=gen)
+    logits[0, [7, 300, 4000]] = 50.0                  # equal maxima: the first
+    if rows > 1:
+        logits[1, 9] = float("nan")                    # NaN is the maximum
+        logits[1, 10] = float("inf")
+    if rows > 2:
+        logits[2] = float("-inf")                      # a fully masked row: index 0
+        logits[3, 4095] = float("inf")
+    assert row_argmax(logits) == logits.argmax(dim=-1).tolist()
+    assert row_argmax(logits)[0] == 7
+    assert row_argmax(logits.to(torch.float64)) == logits.argmax(dim=-1).tolist()   # other dtypes: torch's

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 
@@ -435,3 +436,26 @@ def test_no_length_is_dearer_than_a_longer_one():
     costs.observe_speculative(1, 1, 1, 0.0030)
     costs.observe_speculative(1, 1, 1, 0.0030)
     assert costs.extra_seconds(1, 1) == pytest.approx(0.0002) and costs.extra_seconds(1, 2) == pytest.approx(0.0002)
+
+
+def test_all_lengths_at_once_equal_each_length_alone():
+    """``extra_seconds_upto`` (read once per round by the policy) gives what ``extra_seconds`` gives per length,
+    through unsettled, stale, borrowed-bucket and monotone cases."""
+    rng = random.Random(4)
+    costs = StepCosts()
+    assert costs.extra_seconds_upto(1, 4) == (None, None)
+    compared = 0
+    for step in range(400):
+        b = rng.choice([1, 1, 1, 3, 8])
+        if rng.random() < 0.2:
+            costs.observe_plain(b, rng.uniform(0.001, 0.003))
+        else:
+            costs.observe_speculative(b, rng.randint(1, b), rng.choice([1, 2, 4, 4, 6]), rng.uniform(0.001, 0.01))
+        n, k_max = rng.choice([1, 2, 3, 8, 32]), rng.choice([1, 4, 6, 8])
+        extras, pessimistic = costs.extra_seconds_upto(n, k_max)
+        alone = [costs.extra_seconds(n, k) for k in range(1, k_max + 1)]
+        assert extras == (None if alone[0] is None else alone)
+        assert pessimistic == costs.extra_seconds(n, k_max, optimistic=False)
+        compared += extras is not None and extras != [costs.extra_seconds(n, k, optimistic=False)
+                                                     for k in range(1, k_max + 1)]
+    assert compared >= 10, "the optimistic and pessimistic estimates never differed: the cases were not reached"
