@@ -73,7 +73,7 @@ class DraftForward:
         self.native_reason = "" if native is not None else native_reason
         self._tables: list[list[int]] = []
         self._table = torch.zeros((0, 0), dtype=torch.int32)           # [num_seqs, width] for the native op
-        self._inputs = TokenBuffers(64)
+        self._inputs = TokenBuffers(64)                                 # grows for a long catch-up
 
     @classmethod
     def build(cls, model: LlamaForCausalLM, kv_cache: KVCache, windows, fast: bool) -> DraftForward:
