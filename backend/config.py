@@ -57,7 +57,7 @@ class EngineConfig:
     guided_compile_timeout_s: float = 10.0     # a guided request fails when its grammar takes longer to compile
     guided_compile_workers: int = 2            # grammar compile threads (a timed-out compile keeps its thread)
     guided_jump_forward: bool = False          # append the tokens a grammar forces without a forward pass each
-    fast_decode: bool = False                  # decode/verify steps through the native fused forward (CPU fp32)
+    fast_decode: bool = False                  # every CPU step through the native fused forward (fp32); CUDA graphs
     python_switch_interval_ms: float = 0.0     # > 0: sys.setswitchinterval while the loop runs (process-wide)
 
     def __post_init__(self) -> None:
