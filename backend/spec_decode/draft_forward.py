@@ -49,16 +49,19 @@ class TokenBuffers:
         self._ids = np.zeros(capacity, dtype=np.int64)
         self._positions = np.zeros(capacity, dtype=np.int64)
         self._rows = np.zeros(capacity, dtype=np.int32)
-        tensors = [torch.from_numpy(a) for a in (self._ids, self._positions, self._rows)]   # share the arrays
-        self._views = [tuple(t[:n] for t in tensors) for n in range(capacity + 1)]
+        self._tensors = [torch.from_numpy(a) for a in (self._ids, self._positions, self._rows)]   # share the arrays
+        self._views: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}   # n -> the first n of each
 
     def fill(self, ids, positions, rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Views ``([n] int64 token ids, [n] int64 positions, [n] int32 block-table rows)``, n = len(ids)."""
         n = len(ids)
-        if n >= len(self._views):    # a long catch-up (a new sequence's prompt): grow, at least doubling
-            self._allocate(max(n, 2 * (len(self._views) - 1)))
+        if n > len(self._ids):       # a long catch-up (a new sequence's prompt): grow, at least doubling
+            self._allocate(max(n, 2 * len(self._ids)))
         self._ids[:n], self._positions[:n], self._rows[:n] = ids, positions, rows
-        return self._views[n]
+        views = self._views.get(n)
+        if views is None:
+            views = self._views[n] = tuple(t[:n] for t in self._tensors)
+        return views
 
 
 class DraftForward:
