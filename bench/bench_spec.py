@@ -327,8 +327,9 @@ def main(argv=None) -> int:
                 analysis[f"{method} {wl} T={temp:g} c=1"] = found
                 print(f"{method} {wl} T={temp:g} c=1 (goal {goal}x): {rounded(found)}")
     plot(cells, out / "spec.png")
-    write_json(out / "spec.json", {"cells": cells, "goals": verdicts, "goal_analysis": analysis, "machine": machine(load),
-                                   "commit": git_commit(), "seconds": time.perf_counter() - t0})
+    write_json(out / "spec.json", {"cells": cells, "goals": verdicts, "goal_analysis": analysis,
+                                   "machine": machine(load), "commit": git_commit(),
+                                   "seconds": time.perf_counter() - t0})
     print(f"wrote {out / 'spec.json'} and {out / 'spec.png'}")
     return 0
 

@@ -27,10 +27,11 @@ ones is recognised from one probe) after ``PROBE_EVERY`` steps, the interval dou
 of the step; a draft model's probe costs ``k`` draft forwards), so a change in acceptance is noticed at
 a bounded cost. A sequence drafting fewer than its cap is probed the same way with its full ``k`` (a *deeper*
 probe): positions past its ``k`` are observed only when drafted, and one early rejection at draft 4 had held
-``k`` at 3 for the rest of the request while drafts 1-3 were accepted ~100% of the time. A probe's cost there is its expected loss, ``x(B, k)`` less the tokens the sequence's
-acceptance says it yields: a sequence just below break-even (one early rejection in a repetitive
-request) is probed again after ``PROBE_EVERY`` steps, not after the whole request. Between probes a sequence at ``k = 0`` costs the policy one counter increment per step:
-nothing it could learn from has happened since it chose ``k = 0`` (no verification), and with the fast
+``k`` at 3 for the rest of the request while drafts 1-3 were accepted ~100% of the time. A probe's cost there
+is its expected loss, ``x(B, k)`` less the tokens the sequence's acceptance says it yields: a sequence just
+below break-even (one early rejection in a repetitive request) is probed again after ``PROBE_EVERY`` steps,
+not after the whole request. Between probes a sequence at ``k = 0`` costs the policy one counter increment per
+step: nothing it could learn from has happened since it chose ``k = 0`` (no verification), and with the fast
 decode step (~0.5 ms at batch 1) re-deciding every step would itself cost a few percent.
 
 Acceptance depends on what backs a proposal as much as on the request: an n-gram lookup that matched the

@@ -3,8 +3,14 @@ from __future__ import annotations
 
 import pytest
 
-from bench.bench_spec import (decode_speedup_for, geometric_accepted, goal_analysis, overall_speedup, prefill_share,
-                              solve_increasing)
+from bench.bench_spec import (
+    decode_speedup_for,
+    geometric_accepted,
+    goal_analysis,
+    overall_speedup,
+    prefill_share,
+    solve_increasing,
+)
 
 
 def test_geometric_accepted_and_its_inverse():

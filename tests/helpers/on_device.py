@@ -21,6 +21,7 @@ import os
 
 import pytest
 
+
 @pytest.fixture(scope="session")
 def _warmed_kinds() -> set[tuple]:
     """The engine kinds already warmed in this session."""

@@ -54,7 +54,7 @@ def test_native_draft_steps_equal_the_eager_ones(draft_checkpoint, temperature):
     assert native.forward.native is not None, native.forward.native_reason
     assert eager.forward.native is None
     calls = counting_native_calls(native)
-    lengths = [3, 17, 40, 94, 9]    # 163 prompt tokens in the first call: past the first buffers and the per-token limit
+    lengths = [3, 17, 40, 94, 9]    # 163 prompt tokens in the first call: past the buffers and the per-token limit
     seqs = [Sequence(seq_id=i, request_id=str(i), seq_index=0, prompt_token_ids=[rng.randrange(VOCAB) for _ in
                      range(n)], params=SamplingParams(max_tokens=400, temperature=temperature, top_k=50 * (i % 2),
                                                       seed=100 + i if i % 3 else None))
