@@ -1,6 +1,9 @@
 """N-gram prompt lookup: propose the tokens that followed the latest earlier occurrence of the
 sequence's last ``n`` tokens in its own prompt + output (the longest ``n`` in ``ngram_min..ngram_max``
-first, the latest occurrence among those).
+first, the latest occurrence among those). Where that occurrence ends less than ``k`` tokens before the
+context does (the context is in a loop: ``a b c a b c a b``), the copy runs on around the loop instead of
+stopping at the context's end (``continuation``): a greedy model stuck in a loop of period 2 had every step
+draft 1 token where it now drafts the full ``k``, all of them accepted.
 
 Indexed incrementally, no scan of the context per step: each sequence keeps an ``NgramIndex``, a
 hash table from every ``n``-gram of its tokens to the latest position where it ends. A step indexes
@@ -18,6 +21,18 @@ from backend.core.sequence import Sequence
 from backend.spec_decode.proposer import DraftGrammar, Proposal, Proposer
 
 BULK = 16   # positions to index above which zipped slices (C loops) beat a Python loop per position
+
+
+def continuation(tokens: list[int], start: int, k: int) -> list[int]:
+    """``k`` tokens copied from ``tokens[start:]`` onwards, the copy allowed to overlap its own output (as an LZ77
+    match may): where the stream ends less than ``k`` tokens after ``start``, the copy goes on with what it has just
+    produced, so a context in a loop of period ``p = len(tokens) - start`` is continued around the loop rather
+    than cut at ``p`` tokens. ``start < len(tokens)``."""
+    follow = tokens[start:start + k]
+    period = len(follow)
+    if period < k:
+        follow = (follow * (k // period + 1))[:k]
+    return follow
 
 
 class NgramIndex:
@@ -56,8 +71,8 @@ class NgramIndex:
         self._indexed = end
 
     def lookup(self, k: int) -> list[int]:
-        """Up to ``k`` tokens after the latest earlier occurrence of the longest recurring suffix
-        (``n_max`` down to ``n_min`` tokens); empty when none recurs."""
+        """``k`` tokens after the latest earlier occurrence of the longest recurring suffix (``n_max`` down to
+        ``n_min`` tokens), the copy running on around a loop (``continuation``); empty when none recurs."""
         return self.match(k)[0]
 
     def match(self, k: int) -> tuple[list[int], int]:
@@ -68,7 +83,7 @@ class NgramIndex:
         for n in range(min(self.n_max, length - 1), self.n_min - 1, -1):
             end = table.get(tuple(toks[length - n:]))
             if end is not None:
-                return toks[end + 1:end + 1 + k], n
+                return continuation(toks, end + 1, k), n
         return [], 0
 
 

@@ -12,12 +12,16 @@ from contracts.sampling_params import SamplingParams
 
 def naive_match(ctx: list[int], n_min: int, n_max: int, k: int) -> tuple[list[int], int]:
     """Obviously correct reference: for n from n_max down, the latest earlier start of the last n tokens;
-    the tokens after it and n (0: none)."""
+    the k tokens after it, copied one by one onto the end of the stream (a copy that reaches the stream's end
+    reads its own output), and n (0: none)."""
     for n in range(min(n_max, len(ctx) - 1), n_min - 1, -1):
         suffix = ctx[-n:]
         for start in range(len(ctx) - n - 1, -1, -1):
             if ctx[start:start + n] == suffix:
-                return ctx[start + n:start + n + k], n
+                stream = list(ctx)                 # copy token by token, reading what the copy has written
+                for i in range(k):
+                    stream.append(stream[start + n + i])
+                return stream[len(ctx):], n
     return [], 0
 
 
@@ -32,6 +36,10 @@ def naive_lookup(ctx: list[int], n_min: int, n_max: int, k: int) -> list[int]:
     ([5, 3, 8, 1, 3, 9, 2, 3], 2, 4, 2, []),           # no 2-gram recurs
     ([1, 2, 9, 1, 2, 7, 5, 2], 1, 4, 2, [7, 5]),        # "2" recurs: latest match wins
     ([4, 1, 2, 8, 6, 1, 2, 7, 3, 4, 1, 2], 1, 3, 2, [8, 6]),   # "4 1 2" beats the later "1 2"
+    ([1, 2, 1, 2, 1, 2], 1, 4, 5, [1, 2, 1, 2, 1]),     # a loop of period 2 goes on around the loop
+    ([7, 7, 7], 1, 4, 4, [7, 7, 7, 7]),                 # ... of period 1
+    ([5, 1, 2, 3, 9, 1, 2, 3], 1, 4, 6, [9, 1, 2, 3, 9, 1]),   # the copy reaches the end after 4 tokens
+    ([1, 2, 3, 4, 5, 9, 1, 2, 3], 1, 4, 8, [4, 5, 9, 1, 2, 3, 4, 5]),
 ])
 def test_lookup_cases(ctx, n_min, n_max, k, want):
     index = NgramIndex(n_min, n_max)
