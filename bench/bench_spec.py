@@ -88,7 +88,7 @@ def measure(engine: LLMEngine, items: list[Item], concurrency: int) -> dict:
     drafts = spec.num_draft_tokens - before.num_draft_tokens
     accepted = spec.num_accepted_tokens - before.num_accepted_tokens
     verifies = spec.num_drafts - before.num_drafts
-    row = {"tok_per_s": s["tok_per_s"], "tpot_ms_p50": s["tpot_ms"]["p50"], "ttft_ms_p50": s["ttft_ms"]["p50"],
+    row = {"tok_per_s": s["tok_per_s"], "seconds": seconds, "tpot_ms_p50": s["tpot_ms"]["p50"], "ttft_ms_p50": s["ttft_ms"]["p50"],
            "steps": engine.stats().steps - steps0,
            "draft_tokens": drafts, "accepted_tokens": accepted,
            "acceptance_rate": accepted / drafts if drafts else None,
@@ -101,10 +101,19 @@ def measure(engine: LLMEngine, items: list[Item], concurrency: int) -> dict:
     return row
 
 
+def request_chunks(items: list[Item], size: int) -> list[list[Item]]:
+    """``items`` in consecutive chunks of ``size`` (the last one possibly shorter)."""
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
 def combine(rounds: list[dict]) -> dict:
-    """One row from rounds over the same items: tok/s over the total time, counters summed."""
+    """One row from measurements (rounds over the same items, or a round's chunks): tok/s over the total time,
+    counters and seconds summed, TPOT and TTFT their medians."""
     row = dict(rounds[-1])
-    row["tok_per_s"] = len(rounds) / sum(1.0 / r["tok_per_s"] for r in rounds)
+    row["seconds"] = sum(r["seconds"] for r in rounds)
+    row["tok_per_s"] = sum(r["tok_per_s"] * r["seconds"] for r in rounds) / row["seconds"]
+    for key in ("tpot_ms_p50", "ttft_ms_p50"):
+        row[key] = statistics.median(r[key] for r in rounds)
     for key in ("steps", "draft_tokens", "accepted_tokens", "errors"):
         row[key] = sum(r[key] for r in rounds)
     verifies = sum(r["verifies"] for r in rounds)
@@ -236,11 +245,14 @@ def main(argv=None) -> int:
                     help="at least this many requests per cell (else twice the concurrency, at least 4; with "
                          "--quick, the concurrency): at batch 1 four requests are too few for a stable ratio")
     ap.add_argument("--rounds", type=int, default=1, help="measure each cell this many times, alternating the order")
+    ap.add_argument("--chunk", type=int, default=0,
+                    help="within a round, the methods take turns every this many requests (0: twice the "
+                         "concurrency, at least 2), so that a slow spell of the machine hits them alike")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     args = ap.parse_args(argv)
     workloads = args.workloads.split(",")
-    if args.rounds < 1 or args.requests < 0 or not set(workloads) <= {"repeat", "mixed"}:
-        ap.error("--rounds must be >= 1, --requests >= 0 and --workloads a subset of repeat,mixed")
+    if args.rounds < 1 or args.requests < 0 or args.chunk < 0 or not set(workloads) <= {"repeat", "mixed"}:
+        ap.error("--rounds must be >= 1, --requests and --chunk >= 0 and --workloads a subset of repeat,mixed")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
@@ -275,9 +287,14 @@ def main(argv=None) -> int:
                     for eng in engines.values():                      # warm-up: shapes, caches, measured costs
                         run_engine_level(eng, items[:min(2, n)], 2, level_seconds=1e9, request_timeout=300)
                     runs: dict[str, list[dict]] = {m: [] for m in engines}
-                    for r in range(args.rounds):                      # alternate the order against load drift
-                        for m in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
-                            runs[m].append(measure(engines[m], items, c))
+                    chunks = request_chunks(items, args.chunk or max(2 * c, 2))
+                    for r in range(args.rounds):
+                        parts: dict[str, list[dict]] = {m: [] for m in engines}
+                        for i, chunk in enumerate(chunks):            # alternate the order against load drift
+                            for m in (list(engines) if (r + i) % 2 == 0 else list(engines)[::-1]):
+                                parts[m].append(measure(engines[m], chunk, c))
+                        for m, ps in parts.items():
+                            runs[m].append(combine(ps))
                     rows = {m: combine(rs) for m, rs in runs.items()}
                     base = rows["none"]["tok_per_s"] if "none" in rows else None
                     for m, r in rows.items():
