@@ -293,8 +293,8 @@ def main(argv=None) -> int:
                         for i, chunk in enumerate(chunks):            # alternate the order against load drift
                             for m in (list(engines) if (r + i) % 2 == 0 else list(engines)[::-1]):
                                 parts[m].append(measure(engines[m], chunk, c))
-                        for m, ps in parts.items():
-                            runs[m].append(combine(ps))
+                        for m, measured in parts.items():
+                            runs[m].append(combine(measured))
                     rows = {m: combine(rs) for m, rs in runs.items()}
                     base = rows["none"]["tok_per_s"] if "none" in rows else None
                     for m, r in rows.items():
