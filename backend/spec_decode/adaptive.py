@@ -306,6 +306,11 @@ class AdaptiveDraftLength:
         self._round += 1
         return True
 
+    def wake(self) -> None:
+        """End any doze: speculation resumes after the governor's epochs without it (governor.py), where nothing
+        was observed, so the next rounds decide afresh."""
+        self._quiet_rounds = self._dozed = 0
+
     def end_round(self) -> None:
         """An awake round's choices are made: it was quiet unless some sequence drafts on merit (module docstring)."""
         if not self.enabled:

@@ -31,6 +31,7 @@ from backend.core.plan import ModelRunnerOutput, SchedulerOutput
 from backend.core.scheduler import Scheduler
 from backend.core.sequence import Sequence
 from backend.spec_decode.adaptive import AdaptiveDraftLength
+from backend.spec_decode.governor import SpeculationGovernor
 from backend.spec_decode.proposer import DraftGrammar, Proposal, Proposer
 from backend.spec_decode.step_costs import COLD_STEPS
 
@@ -55,6 +56,7 @@ class Speculator:
         self.proposer = proposer
         self.max_k = max_k
         self.policy = AdaptiveDraftLength(max_k, enabled=adaptive)
+        self.governor = SpeculationGovernor(enabled=adaptive)   # whether to speculate at all (governor.py)
         self.grammar = grammar                              # cuts guided drafts; None: no guided requests
         self.draft_probs: dict[int, torch.Tensor] = {}      # seq_id -> [k, vocab] q for the next verification
         self._evidence: dict[int, int] = {}                 # seq_id -> evidence behind the drafts handed over
@@ -83,10 +85,25 @@ class Speculator:
     def after_step(self, scheduler: Scheduler, plan: SchedulerOutput, output: ModelRunnerOutput,
                    step_seconds: float, clock: Callable[[], float] = time.perf_counter) -> None:
         """Learn from the step's verifications and time (``step_seconds``, measured on ``clock``); propose the
-        next step's drafts, timed on the same clock."""
-        if self.policy.asleep():                  # dozing: nothing drafted for a while (adaptive.py)
-            self.release_gone(scheduler)
-            return
+        next step's drafts, timed on the same clock; report a decode step, this call included, to the governor."""
+        start = clock()
+        if not self.governor.speculating():       # an epoch without speculation (governor.py)
+            self._stand_by(scheduler, plan, output)
+        else:
+            if self.governor.woke():              # speculation resumes after an epoch without: no doze carried over
+                self.policy.wake()
+            if self.policy.asleep():              # dozing: nothing drafted for a while (adaptive.py)
+                self.release_gone(scheduler)
+            else:
+                self._learn(plan, output, step_seconds)
+                self.release_gone(scheduler)
+                self._propose(scheduler, clock)
+        if all(s.num_new_tokens == 1 + s.num_draft_tokens for s in plan.scheduled):   # no prefill chunk
+            self.governor.observe(len(plan.scheduled), sum(map(len, output.sampled_token_ids)),
+                                  step_seconds + clock() - start)
+
+    def _learn(self, plan: SchedulerOutput, output: ModelRunnerOutput, step_seconds: float) -> None:
+        """The policy observes the step's verifications and, for a warm decode-only step, its time."""
         decode_only, drafts = True, 0
         for sched, tokens in zip(plan.scheduled, output.sampled_token_ids):
             if sched.num_draft_tokens:
@@ -101,8 +118,18 @@ class Speculator:
             self._cold_steps -= 1
         elif plan.scheduled:
             self.policy.observe_step(len(plan.scheduled), drafts, step_seconds)
+
+    def _stand_by(self, scheduler: Scheduler, plan: SchedulerOutput, output: ModelRunnerOutput) -> None:
+        """A round of an epoch without speculation: propose nothing. The first such step may still verify drafts
+        proposed before the epoch began; their acceptance is learnt (their time is not a speculative step's)."""
+        if self._evidence:
+            for sched, tokens in zip(plan.scheduled, output.sampled_token_ids):
+                if sched.num_draft_tokens:
+                    sid = sched.seq.seq_id
+                    self.policy.observe_verify(sid, sched.num_draft_tokens, len(tokens) - 1,
+                                               self._evidence.get(sid, 0))
+            self.draft_probs, self._evidence = {}, {}
         self.release_gone(scheduler)
-        self._propose(scheduler, clock)
 
     def _propose(self, scheduler: Scheduler, clock: Callable[[], float]) -> None:
         self.draft_probs, self._evidence = {}, {}

@@ -1,0 +1,145 @@
+"""The speculation governor (backend/spec_decode/governor.py): epochs with and without speculation, compared by
+their realized goodput, choose whether to speculate; the other arm is re-tried at doubling intervals and a
+changed workload is followed within a few re-tries."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from backend.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.spec_decode.governor import (EPOCH_STEPS, EXPLORE_EVERY, EXPLORE_MAX, MIN_STEPS, SETTLE,
+                                          WARMUP_STEPS, SpeculationGovernor, log_goodput_ratio)
+from contracts.sampling_params import SamplingParams
+from tests.helpers.oracle import repeating_prompts
+
+
+def drive(gov: SpeculationGovernor, steps: int, on_speed: float, off_speed: float = 1.0, num_seqs: int = 1,
+          drift=lambda i: 1.0) -> list[bool]:
+    """``steps`` engine steps of ``num_seqs`` sequences: one token per sequence a step, taking 1 / speed seconds
+    per token in the arm of the step (times ``drift(i)``, the machine's speed); the arm of every step."""
+    arms = []
+    for i in range(steps):
+        on = gov.speculating()
+        arms.append(on)
+        speed = on_speed if on else off_speed
+        gov.observe(num_seqs, num_seqs, drift(i) * num_seqs / speed)
+    return arms
+
+
+def test_the_sample_is_the_log_of_the_goodput_ratio():
+    assert log_goodput_ratio(2.0, 1.0) == pytest.approx(math.log(2.0))
+    assert log_goodput_ratio(1.0, 1.0) == 0.0
+
+
+def test_speculation_that_pays_stays_on_but_for_rare_re_tries():
+    gov = SpeculationGovernor()
+    arms = drive(gov, 400 * EPOCH_STEPS, on_speed=1.8)
+    assert arms[0]                                                   # on first
+    assert gov.snapshot()[1]["on"] and gov.snapshot()[1]["log_ratio"] == pytest.approx(math.log(1.8))
+    late = arms[len(arms) // 2:]
+    assert late.count(False) / len(late) < 1.1 / (EXPLORE_MAX + 1)  # one re-try epoch per longest interval
+    assert gov._buckets[1].explore_every == EXPLORE_MAX
+
+
+def test_speculation_that_costs_is_turned_off():
+    gov = SpeculationGovernor()
+    arms = drive(gov, 400 * EPOCH_STEPS, on_speed=0.88)
+    assert not gov.snapshot()[1]["on"] and gov.snapshot()[1]["log_ratio"] == pytest.approx(math.log(0.88))
+    late = arms[len(arms) // 2:]
+    assert late.count(True) / len(late) < 1.3 / (EXPLORE_MAX + 1)   # a re-try epoch has WARMUP_STEPS more
+
+
+def epoch_arms(gov: SpeculationGovernor) -> list[bool]:
+    """The arm of every epoch the governor starts from now on."""
+    arms, start = [], gov._start
+
+    def recording(b):
+        ep = start(b)
+        arms.append(ep.on)
+        return ep
+
+    gov._start = recording
+    return arms
+
+
+def test_arms_alternate_until_settled_then_follow_the_samples():
+    gov = SpeculationGovernor()
+    arms = epoch_arms(gov)
+    drive(gov, 30 * (EPOCH_STEPS + WARMUP_STEPS), on_speed=0.5)
+    # on, off, on, off: a sample from each run that follows a run of the other arm, taken when that run ends
+    assert arms[:SETTLE + 2] == [True, False, True, False][:SETTLE + 2]
+    assert arms[SETTLE + 2:SETTLE + 2 + EXPLORE_EVERY] == [False] * EXPLORE_EVERY   # decided: off
+    assert arms[SETTLE + 2 + EXPLORE_EVERY] is True                                  # then one re-try
+
+
+def test_a_change_of_workload_is_followed_within_a_few_re_tries():
+    gov = SpeculationGovernor()
+    drive(gov, 2000 * EPOCH_STEPS // 10, on_speed=2.0)              # greedy code: speculating doubles throughput
+    assert gov.speculating() and gov._buckets[1].explore_every == EXPLORE_MAX
+    arms = drive(gov, 2000 * EPOCH_STEPS // 10, on_speed=0.85)     # sampled prose: it costs 15%
+    switched = arms.index(False, arms.index(False) + 1) if arms.count(False) > 1 else None
+    # the first re-try comes within the longest interval; from its disagreeing sample on, re-tries come every
+    # EXPLORE_EVERY epochs until the mean crosses over
+    assert switched is not None and switched < (EXPLORE_MAX + 6 * (EXPLORE_EVERY + 1)) * (EPOCH_STEPS + 1)
+    assert not gov.speculating()
+    last = arms[-50 * EPOCH_STEPS:]
+    assert last.count(True) / len(last) < 0.05
+
+
+def test_only_neighbouring_epochs_compare_so_slow_drift_cancels():
+    # the machine slows down 3x over the run; speculating is worth 1.25x throughout
+    gov = SpeculationGovernor()
+    n = 300 * EPOCH_STEPS
+    drive(gov, n, on_speed=1.25, drift=lambda i: 1.0 + 2.0 * i / n)
+    assert gov.snapshot()[1]["on"]
+    assert gov.snapshot()[1]["log_ratio"] == pytest.approx(math.log(1.25), abs=0.05)
+
+
+def test_buckets_are_judged_apart_and_short_epochs_say_nothing():
+    gov = SpeculationGovernor()
+    drive(gov, 40 * EPOCH_STEPS, on_speed=2.0, num_seqs=1)
+    drive(gov, 40 * EPOCH_STEPS, on_speed=0.8, num_seqs=32)
+    snap = gov.snapshot()
+    assert snap[1]["on"] and not snap[32]["on"]
+    samples = snap[32]["samples"]
+    for _ in range(10):                                              # the batch flips bucket before MIN_STEPS
+        drive(gov, MIN_STEPS - 2, on_speed=2.0, num_seqs=32)
+        drive(gov, MIN_STEPS - 2, on_speed=2.0, num_seqs=4)
+    assert gov.snapshot()[32]["samples"] == samples and 4 not in {b for b, s in gov.snapshot().items() if s["samples"]}
+
+
+def test_disabled_always_speculates_and_learns_nothing():
+    gov = SpeculationGovernor(enabled=False)
+    assert all(drive(gov, 20 * EPOCH_STEPS, on_speed=0.5)) and gov.snapshot() == {}
+
+
+def test_the_explore_interval_starts_short():
+    gov = SpeculationGovernor()
+    drive(gov, (SETTLE + 1) * (EPOCH_STEPS + 1), on_speed=3.0)
+    assert gov._buckets[1].explore_every == EXPLORE_EVERY
+
+
+def test_engine_runs_epochs_of_both_arms_and_every_block_comes_back(tiny_checkpoint):
+    """End to end: the governor's epochs run in the engine (on, then off, then as the samples say), the step after
+    an epoch change verifies the drafts proposed before it, and no KV block is left behind. Greedy output stays
+    exact with the governor on (test_spec_oracle.py runs adaptive engines)."""
+    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", kv_cache_bytes=16 << 20,
+                                    speculative_method="ngram"))
+    gov = engine.speculator.governor
+    arms = []
+    speculating = gov.speculating
+
+    def record():
+        on = speculating()
+        arms.append(on)
+        return on
+
+    gov.speculating = record
+    outs = engine.generate(repeating_prompts(4, 3, stem_len=8, span_range=(4, 8), gap_range=(0, 4)),
+                           SamplingParams(max_tokens=160, temperature=1.0, seed=3))
+    assert all(sum(len(o.new_token_ids) for o in req) == 160 for req in outs)
+    assert True in arms and False in arms                            # both arms ran in the engine
+    assert any(s["samples"] for s in gov.snapshot().values())        # and were compared
+    assert engine.scheduler.block_manager.num_used_blocks == 0
