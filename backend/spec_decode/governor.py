@@ -6,7 +6,7 @@ speed (on a shared host a decode step's time moves by 2-3x over seconds), the sp
 steps with prefill chunks it does not observe. Measured with ``bench_spec.py``, n-gram speculation on sampled
 requests (few drafts accepted) ran at 0.88-0.94x of no speculation, every per-sequence choice locally justified.
 
-So the speculator runs in *epochs* of ``EPOCH_STEPS`` engine steps, each in one of two *arms*: **on** (the
+So the speculator runs in *epochs* of ``epoch_steps(B)`` decode steps, each in one of two *arms*: **on** (the
 speculator and its policy as usual) or **off** (the speculator does nothing: no lookups, no drafts, no policy
 work). An epoch's *goodput* is the tokens it emitted per second of its decode steps, the speculator's own time
 included. Steps with prefill chunks are left out: both arms prefill the same requests, and a 300-token chunk
@@ -30,7 +30,10 @@ the other arm proposed (or has none proposed yet); after an epoch without specul
 decides afresh, and only the step after a proposal verifies anything. Measured from its first step, one epoch of
 speculation tried after a run without it read as no faster than that run where the run before had been 1.3x
 faster. An epoch cut short by a change of batch-size bucket is dropped
-if it measured fewer than ``MIN_STEPS`` steps.
+if it measured fewer than half its steps. An epoch is ``EPOCH_STEPS`` steps at batch 1 and shorter at larger
+batches (down to ``MIN_EPOCH_STEPS``): a step of many sequences averages their drafts' fortunes already, and at
+batch 32 (8 ms a step on the demo target) 32-step epochs put the longest re-try interval ten seconds apart, longer
+than a benchmark cell, so a bucket that had chosen wrongly before a change of workload kept its choice.
 
 Disabled (``speculative_adaptive`` false, a fixed ``k``): always on.
 """
@@ -41,14 +44,19 @@ from dataclasses import dataclass, field
 
 from backend.spec_decode.step_costs import bucket
 
-EPOCH_STEPS = 32      # engine steps per epoch
-MIN_STEPS = 8         # measured steps below which an epoch cut short says nothing
+EPOCH_STEPS = 32      # decode steps per epoch at batch 1 (epoch_steps)
+MIN_EPOCH_STEPS = 8   # ... and at least, at any batch size
 SETTLE = 2            # samples per bucket before the arm is chosen by them (the arms alternate until then)
 SAMPLE_WEIGHT = 0.25  # weight of a new sample once a bucket has a few
 EXPLORE_EVERY = 4     # epochs of the chosen arm before the other is tried again
 EXPLORE_MAX = 32      # the interval doubles up to this while the re-tries confirm the choice
 HYSTERESIS = 0.02     # |log ratio| past which the choice changes sides
 WARMUP_STEPS = 4      # unmeasured steps of an epoch with speculation after one without
+
+
+def epoch_steps(batch_bucket: int) -> int:
+    """Decode steps per epoch for a batch-size bucket: ``EPOCH_STEPS / B``, at least ``MIN_EPOCH_STEPS``."""
+    return max(MIN_EPOCH_STEPS, EPOCH_STEPS // batch_bucket)
 
 
 def log_goodput_ratio(on_tokens_per_second: float, off_tokens_per_second: float) -> float:
@@ -154,13 +162,13 @@ class SpeculationGovernor:
             ep.steps += 1
             ep.tokens += tokens
             ep.seconds += seconds
-        if ep.steps >= EPOCH_STEPS:
+        if ep.steps >= epoch_steps(b):
             self._close()
             self._start(b)
 
     def _close(self) -> None:
         ep, self._epoch = self._epoch, None
-        if ep is not None and ep.steps >= MIN_STEPS and ep.seconds > 0.0 and ep.tokens > 0:
+        if ep is not None and 2 * ep.steps >= epoch_steps(ep.bucket) and ep.seconds > 0.0 and ep.tokens > 0:
             self._buckets[ep.bucket].add_epoch(ep)
 
     def _start(self, b: int) -> _Epoch:

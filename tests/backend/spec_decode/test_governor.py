@@ -9,8 +9,9 @@ import pytest
 
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
-from backend.spec_decode.governor import (EPOCH_STEPS, EXPLORE_EVERY, EXPLORE_MAX, MIN_STEPS, SETTLE,
-                                          WARMUP_STEPS, SpeculationGovernor, log_goodput_ratio)
+from backend.spec_decode.governor import (EPOCH_STEPS, EXPLORE_EVERY, EXPLORE_MAX, SETTLE,
+                                          WARMUP_STEPS, SpeculationGovernor, epoch_steps,
+                                          log_goodput_ratio)
 from contracts.sampling_params import SamplingParams
 from tests.helpers.oracle import repeating_prompts
 
@@ -26,6 +27,11 @@ def drive(gov: SpeculationGovernor, steps: int, on_speed: float, off_speed: floa
         speed = on_speed if on else off_speed
         gov.observe(num_seqs, num_seqs, drift(i) * num_seqs / speed)
     return arms
+
+
+def test_epochs_are_shorter_at_large_batches():
+    assert epoch_steps(1) == EPOCH_STEPS and epoch_steps(2) == EPOCH_STEPS // 2
+    assert epoch_steps(32) == epoch_steps(64) < epoch_steps(2)
 
 
 def test_the_sample_is_the_log_of_the_goodput_ratio():
@@ -103,10 +109,11 @@ def test_buckets_are_judged_apart_and_short_epochs_say_nothing():
     drive(gov, 40 * EPOCH_STEPS, on_speed=0.8, num_seqs=32)
     snap = gov.snapshot()
     assert snap[1]["on"] and not snap[32]["on"]
-    samples = snap[32]["samples"]
-    for _ in range(10):                                              # the batch flips bucket before MIN_STEPS
-        drive(gov, MIN_STEPS - 2, on_speed=2.0, num_seqs=32)
-        drive(gov, MIN_STEPS - 2, on_speed=2.0, num_seqs=4)
+    drive(gov, 1, on_speed=2.0, num_seqs=4)          # closes the epoch going on at 32
+    samples = gov.snapshot()[32]["samples"]
+    for _ in range(10):                             # the batch flips bucket before half an epoch is measured
+        drive(gov, epoch_steps(32) // 2 - 1, on_speed=2.0, num_seqs=32)
+        drive(gov, epoch_steps(4) // 2 - 1, on_speed=2.0, num_seqs=4)
     assert gov.snapshot()[32]["samples"] == samples and 4 not in {b for b, s in gov.snapshot().items() if s["samples"]}
 
 
