@@ -46,6 +46,9 @@ from contracts.sampling_params import SamplingParams
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = {  # name -> EngineConfig overrides
     "none": {},
+    # a second engine without speculation (not in the default methods): its ratio to `none` is the measurement's
+    # own noise, the yardstick for the others' (an A/A test)
+    "none-again": {},
     "ngram": {"speculative_method": "ngram"},
     "ngram-fixed": {"speculative_method": "ngram", "speculative_adaptive": False},
     "draft": {"speculative_method": "draft"},
@@ -234,7 +237,9 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=str(ROOT / "models/demo-target"))
     ap.add_argument("--draft", default=str(ROOT / "models/demo-draft"))
     ap.add_argument("--levels", default="1,8,32")
-    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--methods", default=",".join(m for m in METHODS if m != "none-again"),
+                    help="of " + ", ".join(METHODS) + " (none-again: a second engine without speculation, the A/A "
+                         "control)")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--fast-decode", choices=("on", "off"), default="on", help="EngineConfig.fast_decode (shipped: on)")
@@ -330,6 +335,9 @@ def main(argv=None) -> int:
                          "met": min(adaptive) >= ADAPTIVE_FLOOR})
     for v in verdicts:
         print(f"goal {v['goal']}: {v['ratio']:.2f} {'met' if v['met'] else 'NOT met'}")
+    control = [c["ratio"] for c in cells if c["method"] == "none-again" and c["ratio"] is not None]
+    if control:   # what the same engine reads against itself: differences inside this range are noise
+        print(f"A/A control (none-again / none): {min(control):.2f}-{max(control):.2f} over {len(control)} cells")
     analysis = {}
     for wl, temp in sorted({(c["workload"], c["temperature"]) for c in cells}):
         at1 = {c["method"]: c for c in cells if (c["workload"], c["temperature"], c["concurrency"]) == (wl, temp, 1)}
