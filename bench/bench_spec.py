@@ -7,8 +7,11 @@ held-out code:
   (so the continuation the model is about to write is already in its context);
 - ``mixed``: ``bench_engine.py``'s mixed workload (prompts cut anywhere, no planted repetition).
 
-Prints, per cell, tokens/s and the ratio to ``none`` (with ``--rounds N``, every method runs N times in
-alternating order, and the ratio is the median of the per-round ratios, their range in brackets), the
+Prints, per cell, tokens/s and the ratio to ``none`` (with ``--rounds N``, every method runs N times, and the ratio
+is the median of the per-round ratios, their range in brackets; within a round the methods take turns every
+``--chunk`` requests, 2c by default, in alternating order, so that a slow spell of the shared machine hits them
+alike; ``--methods none,none-again,...`` adds a second engine without speculation, whose ratio is the
+measurement's own noise), the
 decode-speed ratio (median TPOT of ``none`` over the method's: the prompts' prefill, which speculation does not
 touch, left out), the mean accepted length (tokens per verified step), the acceptance rate, and the measured costs behind
 them (the adaptive policy's plain decode step time and extra seconds per speculating sequence for each
@@ -91,7 +94,8 @@ def measure(engine: LLMEngine, items: list[Item], concurrency: int) -> dict:
     drafts = spec.num_draft_tokens - before.num_draft_tokens
     accepted = spec.num_accepted_tokens - before.num_accepted_tokens
     verifies = spec.num_drafts - before.num_drafts
-    row = {"tok_per_s": s["tok_per_s"], "seconds": seconds, "tpot_ms_p50": s["tpot_ms"]["p50"], "ttft_ms_p50": s["ttft_ms"]["p50"],
+    row = {"tok_per_s": s["tok_per_s"], "seconds": seconds, "tpot_ms_p50": s["tpot_ms"]["p50"],
+           "ttft_ms_p50": s["ttft_ms"]["p50"],
            "steps": engine.stats().steps - steps0,
            "draft_tokens": drafts, "accepted_tokens": accepted,
            "acceptance_rate": accepted / drafts if drafts else None,

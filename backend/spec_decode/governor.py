@@ -1,39 +1,39 @@
 """Whether speculating pays at all, judged from the engine's realized throughput: the adaptive policy's safety net.
 
-The adaptive draft length (adaptive.py) predicts what drafts buy from a model: per-position acceptance and
-measured step costs. A model can be wrong where it cannot see: costs measured while the machine ran at another
-speed (on a shared host a decode step's time moves by 2-3x over seconds), the speculator's own bookkeeping, the
-steps with prefill chunks it does not observe. Measured with ``bench_spec.py``, n-gram speculation on sampled
-requests (few drafts accepted) ran at 0.88-0.94x of no speculation, every per-sequence choice locally justified.
+The adaptive draft length (adaptive.py) predicts what drafts buy from a model: per-position acceptance and measured
+step costs. A model can be wrong where it cannot see: costs measured while the machine ran at another speed (on a
+shared host a decode step's time moves by 2-3x over seconds), the speculator's own bookkeeping, the steps with
+prefill chunks it does not observe. Measured with ``bench_spec.py``, n-gram speculation on sampled requests (few
+drafts accepted) read 0.88-0.94x of no speculation in four of six cells.
 
 So the speculator runs in *epochs* of ``epoch_steps(B)`` decode steps, each in one of two *arms*: **on** (the
-speculator and its policy as usual) or **off** (the speculator does nothing: no lookups, no drafts, no policy
-work). An epoch's *goodput* is the tokens it emitted per second of its decode steps, the speculator's own time
-included. Steps with prefill chunks are left out: both arms prefill the same requests, and a 300-token chunk
-takes as long as 20 decode steps at batch 1, so an epoch with one and an epoch without would differ by far more
-than speculation makes them differ. The machine's speed
-drifts, so only neighbours compare: consecutive epochs of one arm in one batch-size bucket are pooled into a
-*run* (the tokens over the seconds of all of them: the drafts' acceptance moves with the text, from one part of a
-request to the next, and one epoch of speculation is a noisy sample of it), and a run that follows a run of the
-other arm gives one sample of ``log(goodput_on / goodput_off)``. The samples' running mean per bucket (an average over
-the first ``SETTLE`` samples, then weight ``SAMPLE_WEIGHT``) chooses the arm, changing it only when the mean is
-past ``HYSTERESIS`` on the other side of 0 (where the arms are that close, either will do, and noisy samples
-would otherwise flip the choice back and forth, each flip costing a transition step). Until a bucket has ``SETTLE``
-samples the arms alternate (on first). After that the other arm is tried again for one epoch after
-``EXPLORE_EVERY`` epochs of the chosen one, which yields two samples (the epochs before and after it bracket
-it); the interval doubles up to ``EXPLORE_MAX`` while the re-tries confirm the choice, and returns to
+speculator and its policy as usual) or **off** (the speculator does nothing: no lookups, no drafts, no policy work).
+An epoch's *goodput* is the tokens it emitted per second of its decode steps, the speculator's own time included.
+Steps with prefill chunks are left out: both arms prefill the same requests, and a 300-token chunk takes as long as
+20 decode steps at batch 1, so an epoch with one and an epoch without would differ by far more than speculation
+makes them differ. The machine's speed drifts, so only neighbours compare: consecutive epochs of one arm in one
+batch-size bucket are pooled into a *run* (the tokens over the seconds of all of them: the drafts' acceptance moves
+with the text, from one part of a request to the next, and one epoch of speculation is a noisy sample of it), and a
+run that follows a run of the other arm gives one sample of ``log(goodput_on / goodput_off)``. The samples' running
+mean per bucket (an average over the first ``SETTLE`` samples, then weight ``SAMPLE_WEIGHT``) chooses the arm,
+changing it only when the mean is past ``HYSTERESIS`` on the other side of 0 (where the arms are that close, either
+will do, and noisy samples would otherwise flip the choice back and forth, each flip costing a transition step).
+Until a bucket has ``SETTLE`` samples the arms alternate (on first). After that the other arm is tried again for one
+epoch after ``EXPLORE_EVERY`` epochs of the chosen one, which yields two samples (the runs before and after it
+bracket it); the interval doubles up to ``EXPLORE_MAX`` while the re-tries confirm the choice, and returns to
 ``EXPLORE_EVERY`` when a re-try's own sample disagrees with it, before the mean has moved: after a change of
-workload (greedy code, where speculating doubled throughput, then sampled prose, where it costs 10%) the mean
-needs several samples to cross over, and at the longest interval they would take thousands of steps. The first step of an epoch is not measured: it still verifies the drafts
-the other arm proposed (or has none proposed yet); after an epoch without speculation, the first
-``WARMUP_STEPS`` are not: the proposer catches up with the tokens it did not see, the policy (woken from any doze)
-decides afresh, and only the step after a proposal verifies anything. Measured from its first step, one epoch of
-speculation tried after a run without it read as no faster than that run where the run before had been 1.3x
-faster. An epoch cut short by a change of batch-size bucket is dropped
-if it measured fewer than half its steps. An epoch is ``EPOCH_STEPS`` steps at batch 1 and shorter at larger
-batches (down to ``MIN_EPOCH_STEPS``): a step of many sequences averages their drafts' fortunes already, and at
-batch 32 (8 ms a step on the demo target) 32-step epochs put the longest re-try interval ten seconds apart, longer
-than a benchmark cell, so a bucket that had chosen wrongly before a change of workload kept its choice.
+workload (greedy code, where speculating doubled throughput, then sampled prose, where it costs 10%) the mean needs
+several samples to cross over, and at the longest interval they would take thousands of steps. The first step of an
+epoch is not measured: it still verifies the drafts the other arm proposed (or has none proposed yet); after an
+epoch without speculation, the first ``WARMUP_STEPS`` are not: the proposer catches up with the tokens it did not
+see, the policy (woken from any doze) decides afresh, and only the step after a proposal verifies anything. With
+only the first step unmeasured and the policy's doze carried over, the governor chose no speculation on greedy
+``mixed`` requests at batch 1, where speculating ran 1.33x faster (it read 0.98x of no speculation; with the warm-
+up, 1.23x). An epoch cut short by a change of batch-size bucket is dropped if it measured fewer than half its steps.
+An epoch is ``EPOCH_STEPS`` steps at batch 1 and shorter at larger batches (down to ``MIN_EPOCH_STEPS``): a step of
+many sequences averages their drafts' fortunes already, and at batch 32 (8 ms a step on the demo target) 32-step
+epochs put the longest re-try interval ten seconds apart, longer than a benchmark cell, so a bucket that had chosen
+wrongly before a change of workload kept its choice.
 
 Disabled (``speculative_adaptive`` false, a fixed ``k``): always on.
 """

@@ -9,9 +9,16 @@ import pytest
 
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
-from backend.spec_decode.governor import (EPOCH_STEPS, EXPLORE_EVERY, EXPLORE_MAX, SETTLE,
-                                          WARMUP_STEPS, SpeculationGovernor, epoch_steps,
-                                          log_goodput_ratio)
+from backend.spec_decode.governor import (
+    EPOCH_STEPS,
+    EXPLORE_EVERY,
+    EXPLORE_MAX,
+    SETTLE,
+    WARMUP_STEPS,
+    SpeculationGovernor,
+    epoch_steps,
+    log_goodput_ratio,
+)
 from contracts.sampling_params import SamplingParams
 from tests.helpers.oracle import repeating_prompts
 
