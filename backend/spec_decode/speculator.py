@@ -102,8 +102,8 @@ class Speculator:
             self.governor.observe(len(plan.scheduled), sum(map(len, output.sampled_token_ids)),
                                   step_seconds + clock() - start)
 
-    def _learn(self, plan: SchedulerOutput, output: ModelRunnerOutput, step_seconds: float) -> None:
-        """The policy observes the step's verifications and, for a warm decode-only step, its time."""
+    def _observe_verifications(self, plan: SchedulerOutput, output: ModelRunnerOutput) -> tuple[bool, int]:
+        """The policy observes the step's verifications; (no prefill chunk in the step, draft tokens verified)."""
         decode_only, drafts = True, 0
         for sched, tokens in zip(plan.scheduled, output.sampled_token_ids):
             if sched.num_draft_tokens:
@@ -112,6 +112,11 @@ class Speculator:
                 self.policy.observe_verify(sid, sched.num_draft_tokens, len(tokens) - 1, self._evidence.get(sid, 0))
             elif sched.num_new_tokens != 1:
                 decode_only = False
+        return decode_only, drafts
+
+    def _learn(self, plan: SchedulerOutput, output: ModelRunnerOutput, step_seconds: float) -> None:
+        """The policy observes the step's verifications and, for a warm decode-only step, its time."""
+        decode_only, drafts = self._observe_verifications(plan, output)
         if not decode_only:
             self._cold_steps = COLD_STEPS
         elif self._cold_steps:                    # caches still cold from a prefill: not a cost of speculating
@@ -123,11 +128,7 @@ class Speculator:
         """A round of an epoch without speculation: propose nothing. The first such step may still verify drafts
         proposed before the epoch began; their acceptance is learnt (their time is not a speculative step's)."""
         if self._evidence:
-            for sched, tokens in zip(plan.scheduled, output.sampled_token_ids):
-                if sched.num_draft_tokens:
-                    sid = sched.seq.seq_id
-                    self.policy.observe_verify(sid, sched.num_draft_tokens, len(tokens) - 1,
-                                               self._evidence.get(sid, 0))
+            self._observe_verifications(plan, output)
             self.draft_probs, self._evidence = {}, {}
         self.release_gone(scheduler)
 
