@@ -157,3 +157,21 @@ def test_engine_runs_epochs_of_both_arms_and_every_block_comes_back(tiny_checkpo
     assert True in arms and False in arms                            # both arms ran in the engine
     assert any(s["samples"] for s in gov.snapshot().values())        # and were compared
     assert engine.scheduler.block_manager.num_used_blocks == 0
+
+
+def test_greedy_output_is_exact_across_epochs_of_both_arms(tiny_checkpoint):
+    """Greedy requests long enough for several epochs of each arm (the transitions included: an epoch without
+    speculation whose first step verifies drafts, speculation resuming with a woken policy) give the output of an
+    engine without speculation, token for token, and free every block."""
+    prompts = repeating_prompts(3, 5, stem_len=8, span_range=(4, 8), gap_range=(0, 4))
+    params = SamplingParams(max_tokens=200, temperature=0.0)
+    plain = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", kv_cache_bytes=16 << 20))
+    want = [[t for o in req for t in o.new_token_ids] for req in plain.generate(prompts, params)]
+    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", kv_cache_bytes=16 << 20,
+                                    speculative_method="ngram"))
+    arms = epoch_arms(engine.speculator.governor)
+    got = [[t for o in req for t in o.new_token_ids] for req in engine.generate(prompts, params)]
+    assert got == want
+    assert arms.count(True) >= 2 and arms.count(False) >= 2                # both arms, and changes between them
+    assert engine.scheduler.spec_counters.num_draft_tokens > 0
+    assert engine.scheduler.block_manager.num_used_blocks == 0
