@@ -251,8 +251,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workloads", default="repeat,mixed")
     ap.add_argument("--temperatures", default="0,0.8")
     ap.add_argument("--requests", type=int, default=0,
-                    help="at least this many requests per cell (else twice the concurrency, at least 4; with "
-                         "--quick, the concurrency): at batch 1 four requests are too few for a stable ratio")
+                    help="at least this many requests per cell (else twice the concurrency, at least 16; with "
+                         "--quick, the concurrency): at batch 1 the first four `repeat` prompts are the friendliest "
+                         "(n-gram 1.81-2.15x on them against 1.36-1.50x on sixteen, docs/benchmarks.md)")
     ap.add_argument("--rounds", type=int, default=1, help="measure each cell this many times, alternating the order")
     ap.add_argument("--chunk", type=int, default=0,
                     help="within a round, the methods take turns every this many requests (0: twice the "
@@ -291,7 +292,7 @@ def main(argv=None) -> int:
             ps = prompts[wl]
             for temp in (float(t) for t in args.temperatures.split(",")):
                 for c in levels:
-                    n = max(args.requests, max(2 * c, 4) if not args.quick else max(c, 2))
+                    n = max(args.requests, max(2 * c, 16) if not args.quick else max(c, 2))
                     items = items_for(ps[:n], max_tokens, temp)
                     for eng in engines.values():                      # warm-up: shapes, caches, measured costs
                         run_engine_level(eng, items[:min(2, n)], 2, level_seconds=1e9, request_timeout=300)

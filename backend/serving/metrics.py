@@ -7,7 +7,9 @@
 Speculative decoding, as counters (vLLM's names with a ``triton_llm_`` prefix):
 ``triton_llm_spec_decode_num_drafts_total``, ``triton_llm_spec_decode_num_draft_tokens_total``,
 ``triton_llm_spec_decode_num_accepted_tokens_total``,
-``triton_llm_spec_decode_num_accepted_tokens_per_pos_total{position="0".."k-1"}``.
+``triton_llm_spec_decode_num_accepted_tokens_per_pos_total{position="0".."k-1"}``, and
+``triton_llm_spec_decode_num_standby_steps_total`` (engine steps in the speculation governor's epochs without
+speculation, backend/spec_decode/governor.py).
 
 The engine loop thread's time (backend/engine/loop_clock.py), a counter of seconds per state:
 ``triton_llm_engine_loop_seconds_total{state=busy|cpu|runqueue|blocked}`` (busy: inside steps; cpu: on a
@@ -38,6 +40,7 @@ SPEC_COUNTERS: dict[str, Callable[[Any], int]] = {     # family suffix -> cumula
     "num_drafts_total": lambda c: c.num_drafts,
     "num_draft_tokens_total": lambda c: c.num_draft_tokens,
     "num_accepted_tokens_total": lambda c: c.num_accepted_tokens,
+    "num_standby_steps_total": lambda c: c.num_standby_steps,
 }
 SPEC_PER_POS = SPEC_PREFIX + "num_accepted_tokens_per_pos_total"
 LOOP_FAMILY = "triton_llm_engine_loop_seconds_total"

@@ -130,6 +130,7 @@ class Speculator:
         if self._evidence:
             self._observe_verifications(plan, output)
             self.draft_probs, self._evidence = {}, {}
+        scheduler.spec_counters.num_standby_steps += 1
         self.release_gone(scheduler)
 
     def _propose(self, scheduler: Scheduler, clock: Callable[[], float]) -> None:

@@ -70,7 +70,7 @@ def test_speculative_counters_add_what_the_engine_counted():
     m.update()
     current[0] = stats(spec=SpecDecodeCounters(3, 10, 7, [3, 2, 2]))
     m.update()
-    current[0] = stats(spec=SpecDecodeCounters(5, 14, 9, [5, 2, 2, 0]))
+    current[0] = stats(spec=SpecDecodeCounters(5, 14, 9, [5, 2, 2, 0], num_standby_steps=40))
     m.update()
     m.update()                                                            # nothing new: nothing added
     def total(name):
@@ -78,7 +78,7 @@ def test_speculative_counters_add_what_the_engine_counted():
         assert fam.kind == "counter"
         return [x.value for x in fam.metrics]
     assert total("num_drafts_total") == [5] and total("num_draft_tokens_total") == [14]
-    assert total("num_accepted_tokens_total") == [9]
+    assert total("num_accepted_tokens_total") == [9] and total("num_standby_steps_total") == [40]
     per_pos = {x.labels["position"]: x.value for x in
                [f for f in pb.families if f.name == SPEC_PER_POS][0].metrics}
     assert per_pos == {"0": 5, "1": 2, "2": 2, "3": None}

@@ -156,6 +156,7 @@ def test_engine_runs_epochs_of_both_arms_and_every_block_comes_back(tiny_checkpo
     assert all(sum(len(o.new_token_ids) for o in req) == 160 for req in outs)
     assert True in arms and False in arms                            # both arms ran in the engine
     assert any(s["samples"] for s in gov.snapshot().values())        # and were compared
+    assert 0 < engine.stats().spec.num_standby_steps < engine.stats().steps   # counted for the metrics
     assert engine.scheduler.block_manager.num_used_blocks == 0
 
 
