@@ -49,15 +49,17 @@ class BitmaskKernels:
             return self.native.masked_argmax(logits, bitmask)
         return apply_token_bitmask(logits.to(torch.float32, copy=True), bitmask).argmax(dim=-1)
 
-    def forced_tokens(
+    def all_forced(
         self,
         bitmask: torch.Tensor,  # [num_rows, ceil(vocab / 32)] int32
         vocab: int,
-    ) -> list[int] | None:      # per row: the one token it allows, or -1 (several, or none)
-        """None without the native kernel: unpacking the bits with torch ops costs more than the draws a forced
-        step saves (tests compare the kernel with ``unpack_bitmask``)."""
+    ) -> list[int] | None:      # [num_rows]: the one token each row allows
+        """The one token each row allows, when every row allows exactly one below ``vocab``; None when a row allows
+        several or none, and without the native kernel (unpacking the bits with torch ops costs more than the draws
+        a forced step saves; tests compare the kernel with ``unpack_bitmask``)."""
         if self.native is None or not bitmask.is_cpu or bitmask.stride(-1) != 1:
             return None
-        return self.native.forced_tokens(bitmask, vocab).tolist()
+        forced = self.native.forced_tokens(bitmask, vocab).tolist()   # the kernel's -1: several or none
+        return forced if min(forced, default=-1) >= 0 else None
 
 TORCH_KERNELS = BitmaskKernels()

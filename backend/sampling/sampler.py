@@ -114,8 +114,8 @@ def sample_tokens(
         return logits.argmax(dim=-1) if mask is None else kernels.masked_argmax(logits, mask)
     if batch.grammar_bitmask is not None and batch.grammar_bitmask.is_cpu and batch.bad_word_bans is None \
             and batch.min_tokens_bans is None:   # (on CUDA the check would cost a sync; the draw is cheap there)
-        forced = kernels.forced_tokens(batch.grammar_bitmask, logits.shape[-1])
-        if forced is not None and min(forced) >= 0:   # every row's grammar allows one token: no draw returns another
+        forced = kernels.all_forced(batch.grammar_bitmask, logits.shape[-1])
+        if forced is not None:                 # every row's grammar allows one token: no draw returns another
             if not batch.all_greedy:   # the RNGs advance as the draw would advance them
                 draw_uniforms(len(forced), batch.generators, generator, batch.greedy_rows, logits.device)
             return torch.tensor(forced, dtype=torch.int64, device=logits.device)

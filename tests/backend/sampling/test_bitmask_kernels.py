@@ -146,14 +146,18 @@ def test_masked_argmax_treats_nan_as_torch_does():
 
 @pytest.mark.parametrize("vocab", [32, 37, 100, 4099])
 def test_forced_tokens_native_and_torch_find_rows_that_allow_one_token(vocab):
-    """Rows that allow exactly one token below the vocabulary give it (bits past the vocabulary do not count);
-    rows that allow several or none give -1."""
+    """The kernel: rows that allow exactly one token below the vocabulary give it (bits past the vocabulary do not
+    count), rows that allow several or none give -1. ``all_forced``: the tokens only when every row is forced."""
     _, bitmask = random_case(16, vocab, 5)
     allowed = unpack_bitmask(bitmask, vocab)
     expected = [int(row.nonzero()[0]) if row.sum() == 1 else -1 for row in allowed]
     assert sum(t >= 0 for t in expected) >= 4 and -1 in expected
-    assert BitmaskKernels.of(BUILD.ops).forced_tokens(bitmask, vocab) == expected
-    assert TORCH_KERNELS.forced_tokens(bitmask, vocab) is None          # no check without the native kernel
+    assert BUILD.ops.forced_tokens(bitmask, vocab).tolist() == expected
+    kernels = BitmaskKernels.of(BUILD.ops)
+    assert kernels.all_forced(bitmask, vocab) is None                  # some rows allow several, or none
+    rows = [i for i, t in enumerate(expected) if t >= 0]
+    assert kernels.all_forced(bitmask[rows], vocab) == [expected[i] for i in rows]
+    assert TORCH_KERNELS.all_forced(bitmask[rows], vocab) is None      # no check without the native kernel
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
