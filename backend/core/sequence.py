@@ -75,8 +75,8 @@ class Sequence:
     def token_ids_between(self, start: int, end: int) -> list[int]:
         """Tokens ``start .. end - 1`` of prompt + output, continued by the drafts (a verify step's tail)."""
         n_prompt, n_known = len(self.prompt_token_ids), self.num_tokens
-        if end > n_known:
-            return (self.all_token_ids + self.draft_token_ids)[start:end]
+        if end > n_known:      # the known part, then the drafts (a verify step's tail)
+            return self.token_ids_between(start, n_known) + self.draft_token_ids[max(0, start - n_known):end - n_known]
         if start >= n_prompt:
             return self.output_token_ids[start - n_prompt:end - n_prompt]
         if end <= n_prompt:
