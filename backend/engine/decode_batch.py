@@ -37,6 +37,18 @@ class DecodeInputs:
     logit_rows: torch.Tensor | None = None   # [len(rows)] int64 token index of each sampled row; None: every token
 
 
+def sampled_token_indices(plan: SchedulerOutput) -> list[int]:
+    """The step's token index of each sampled row, in order: the last ``k + 1`` tokens of each sequence that samples
+    (its last token and its ``k`` drafts). Built only for steps that are not decode steps, where it says which
+    tokens the op computes logits for."""
+    picks, at = [], 0
+    for s in plan.scheduled:
+        at += s.num_new_tokens
+        if s.sample:
+            picks.extend(range(at - 1 - s.num_draft_tokens, at))
+    return picks
+
+
 def decode_step_shape(plan: SchedulerOutput) -> bool:
     """Every sequence computes its last known token and its drafts, and samples after each."""
     for s in plan.scheduled:
@@ -148,7 +160,6 @@ class PersistentDecodeBatch:
             self._grow(0, 0, num_tokens)
         tokens, positions, token_rows = self._tokens, self._positions, self._token_rows
         rows: list[int] = []
-        picks: list[int] = []      # token index of each sampled row
         every_token = True         # a decode step: every token is sampled
         at = 0
         for i, s in enumerate(plan.scheduled):
@@ -172,12 +183,11 @@ class PersistentDecodeBatch:
                 token_rows[at:at + n] = row
             if s.sample:
                 rows.extend([i] * (k + 1))
-                picks.extend(range(at + n - 1 - k, at + n))
             else:
                 every_token = False
             at += n
         if at != num_tokens:
             raise ValueError(f"step has {at} tokens, the plan says {num_tokens}")
-        logit_rows = None if every_token else torch.tensor(picks or [at - 1], dtype=torch.int64)
+        logit_rows = None if every_token else torch.tensor(sampled_token_indices(plan) or [at - 1], dtype=torch.int64)
         return DecodeInputs(self._t_tokens[:at], self._t_positions[:at], self._t_rows[:at], self.block_tables, rows,
                             logit_rows)
