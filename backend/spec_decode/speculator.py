@@ -98,7 +98,8 @@ class Speculator:
                 self._learn(plan, output, step_seconds)
                 self.release_gone(scheduler)
                 self._propose(scheduler, clock)
-        if all(s.num_new_tokens == 1 + s.num_draft_tokens for s in plan.scheduled):   # no prefill chunk
+        # a decode step (no prefill chunk) counts towards the governor's epochs
+        if self.governor.enabled and all(s.num_new_tokens == 1 + s.num_draft_tokens for s in plan.scheduled):
             self.governor.observe(len(plan.scheduled), sum(map(len, output.sampled_token_ids)),
                                   step_seconds + clock() - start)
 
