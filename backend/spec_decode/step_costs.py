@@ -1,24 +1,22 @@
 """Measured step costs of speculative decoding, for the adaptive draft length (backend/spec_decode/adaptive.py).
 
-``t(B)``: a plain decode step over ``B`` sequences; ``x(B, k)``: everything a step with drafts costs beyond a
-plain one, per speculating sequence, when the longest draft run is ``k``. Both are measured per
-batch-size bucket (powers of two), ``x`` for each draft length (the longest draft run in the step),
-because neither is linear: a verify step has fixed costs per speculating sequence, a draft model
-costs one forward per draft position whatever the batch, and where a step is compute-bound (large
-batches) extra verify tokens cost as much as any other token and ``k`` drops, possibly to 0. An
-unmeasured ``x(B, k)`` is interpolated linearly in ``k`` between measured lengths (``x(B, 0) = 0``),
-which errs low, so an untried length that looks best is tried and then known; above the longest
-measured length it grows in proportion to ``k``; a bucket with no measurement borrows the nearest
-bucket's. No length is taken as dearer than a longer one measured in its bucket (a step with more draft tokens
-does not cost less; a length chosen rarely rests on few steps, and one slow step among them had left
-``x(1, 1)`` at 0.55 ms where ``x(1, 2)`` read 0.08-0.17). A cost's estimate is the median of its last
-``WINDOW`` observations (the minimum while it has fewer than ``SETTLED``): on a shared machine other
-processes slow some steps down, and a step descheduled for a while says nothing about speculation. A length measured only a few times is taken at no more than
-what the other lengths imply, so one slow first step does not rule it out for good; so is a *stale* length,
-one not measured in the bucket's last ``STALE_LENGTH`` steps with drafts: a burst of slow steps (another
-process taking the caches) can leave a length's median high, the policy then picks other lengths, and
-nothing would ever measure it again while those keep speculation going. Its next measurement replaces
-its old ones.
+``t(B)``: a plain decode step over ``B`` sequences; ``x(B, k)``: everything a step with drafts costs beyond a plain
+one, per speculating sequence, when the longest draft run is ``k``. Both are measured per batch-size bucket (powers
+of two), ``x`` for each draft length (the longest draft run in the step), because neither is linear: a verify step
+has fixed costs per speculating sequence, a draft model costs one forward per draft position whatever the batch, and
+where a step is compute-bound (large batches) extra verify tokens cost as much as any other token and ``k`` drops,
+possibly to 0. An unmeasured ``x(B, k)`` is interpolated linearly in ``k`` between measured lengths (``x(B, 0) =
+0``), which errs low, so an untried length that looks best is tried and then known; above the longest measured
+length it grows in proportion to ``k``; a bucket with no measurement borrows the nearest bucket's. No length is
+taken as dearer than a longer one measured in its bucket (a step with more draft tokens does not cost less; a length
+chosen rarely rests on few steps, and one slow step among them had left ``x(1, 1)`` at 0.55 ms where ``x(1, 2)``
+read 0.08-0.17). A cost's estimate is the median of its last ``WINDOW`` observations (the minimum while it has fewer
+than ``SETTLED``): on a shared machine other processes slow some steps down, and a step descheduled for a while says
+nothing about speculation. A length measured only a few times is taken at no more than what the other lengths imply,
+so one slow first step does not rule it out for good; so is a *stale* length, one not measured in the bucket's last
+``STALE_LENGTH`` steps with drafts: a burst of slow steps (another process taking the caches) can leave a length's
+median high, the policy then picks other lengths, and nothing would ever measure it again while those keep
+speculation going. Its next measurement replaces its old ones.
 
 To keep ``t`` current while everyone speculates, the engine runs one step without drafts when a
 bucket's plain time is unknown or stale (``plain_step_due``: every ``PLAIN_EVERY`` speculative steps,
