@@ -71,17 +71,23 @@ class ServerSpan:
 
     def failed(self, exc: BaseException, context) -> None:
         """Note how the call ended, from the exception leaving the handler: an abort (its code and message
-        are on ``context``), a cancellation (the client's, or the call's deadline), or anything else."""
+        are on ``context``), a cancellation (the client's, or the call's deadline), or anything else. Past the
+        call's deadline, an ending with no code of its own is the deadline's (the upstream call has the same
+        deadline: when its timer fires first, the abort that reports it can find the call already ended and leave
+        no code on ``context``; the client sees DEADLINE_EXCEEDED either way)."""
+        remaining = context.time_remaining()
+        deadline = remaining is not None and remaining <= 0
         if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
-            remaining = context.time_remaining()
-            deadline = remaining is not None and remaining <= 0
             self.code = grpc.StatusCode.DEADLINE_EXCEEDED if deadline else grpc.StatusCode.CANCELLED
             self.message = "deadline exceeded" if deadline else "cancelled by the client"
             return
         code = context.code() if isinstance(exc, grpc.aio.AbortError) else None
-        self.code = code if isinstance(code, grpc.StatusCode) and code != grpc.StatusCode.OK \
-            else grpc.StatusCode.UNKNOWN
-        self.message = (context.details() if code is not None else None) or f"{type(exc).__name__}: {exc}"
+        if isinstance(code, grpc.StatusCode) and code != grpc.StatusCode.OK:
+            self.code = code
+        else:
+            self.code = grpc.StatusCode.DEADLINE_EXCEEDED if deadline else grpc.StatusCode.UNKNOWN
+        self.message = (context.details() if code is not None else None) or \
+            ("deadline exceeded" if deadline else f"{type(exc).__name__}: {exc}")
 
     def end(self) -> None:
         attrs = self.attributes

@@ -254,3 +254,31 @@ def test_a_hanging_collector_delays_neither_calls_nor_shutdown():
         assert took < 5, f"the gateway took {took:.1f}s to stop with a hanging collector"
     finally:
         listener.close()
+
+
+class _EndedContext:
+    """A servicer context as the handler's exception leaves it: time left on the deadline, no abort code."""
+
+    def __init__(self, remaining):
+        self._remaining = remaining
+
+    def time_remaining(self):
+        return self._remaining
+
+    def code(self):
+        return None
+
+    def details(self):
+        return None
+
+
+@pytest.mark.parametrize("remaining, want", [(-0.001, grpc.StatusCode.DEADLINE_EXCEEDED),
+                                             (5.0, grpc.StatusCode.UNKNOWN), (None, grpc.StatusCode.UNKNOWN)])
+def test_an_ending_without_a_code_past_the_deadline_is_the_deadlines(remaining, want):
+    """The upstream call shares the deadline; when its timer fires first, the abort reporting it can find the call
+    ended and leave no code: past the deadline that is DEADLINE_EXCEEDED (what the client sees), else UNKNOWN."""
+    from gateway.tracing import ServerSpan
+    span = ServerSpan(tracer=None, method="Generate", parent=None, context=None, start_ns=0)
+    span.failed(RuntimeError("abort on an ended call"), _EndedContext(remaining))
+    assert span.code == want
+    assert (span.message == "deadline exceeded") == (want == grpc.StatusCode.DEADLINE_EXCEEDED)
