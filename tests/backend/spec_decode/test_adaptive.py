@@ -11,14 +11,17 @@ from backend.spec_decode.adaptive import (
     DOZE_EVERY,
     FORGET_AFTER,
     GLOBAL_DECAY,
+    MIN_WEIGHT,
     PRIOR_ACCEPTANCE,
     PROBE_EVERY,
     PROBE_MAX,
+    SEQ_PRIOR_WEIGHT,
     AdaptiveDraftLength,
     best_num_drafts,
     cap_unobserved,
     expected_accepted,
     probe_interval_for_budget,
+    shrunk_acceptance,
 )
 from backend.spec_decode.step_costs import (
     PLAIN_EVERY,
@@ -49,6 +52,35 @@ def test_best_k_trades_acceptance_against_cost():
     # a gain below the margin is not worth the risk: 1.04x expected
     assert best_num_drafts([0.04], 1.0, [0.0]) == 0
     assert best_num_drafts([0.10], 1.0, [0.0]) == 1
+
+
+def test_a_sequences_acceptance_is_its_own_mean_shrunk_towards_the_engines():
+    engine = [0.9, 0.8, 0.7, 0.6]
+    assert shrunk_acceptance([0.0] * 4, [0] * 4, engine) == engine             # nothing of its own yet
+    w = SEQ_PRIOR_WEIGHT
+    got = shrunk_acceptance([0.0, 1.0, 0.5, 0.0], [1, 3, 2, 0], engine)
+    assert got == pytest.approx([w * 0.9 / (w + 1), (w * 0.8 + 3) / (w + 3), (w * 0.7 + 1) / (w + 2), 0.6])
+    # an exponential mean counts as 1 / MIN_WEIGHT observations however many are behind it
+    many = round(1 / MIN_WEIGHT)
+    assert shrunk_acceptance([0.2], [10 * many], [0.9]) == pytest.approx(shrunk_acceptance([0.2], [many], [0.9]))
+
+
+def test_one_rejection_in_a_copying_request_keeps_its_full_k():
+    """Drafts of a copy are accepted ~always: a new sequence's first rejection, at draft 3, must not cut its k.
+    It did while one rejection halved the position's estimate (a prior worth one observation), and then only a
+    probe now and then could undo it."""
+    pol = AdaptiveDraftLength(4)
+    # a draft token costs 0.4 of a plain step: drafts 3 and 4 pay only when accepted more than ~70% of the time
+    sim = Sim(pol, plain=lambda n: 0.002, fixed=0.0002, per_token=0.0008)
+    for s in range(60):                                         # other requests copy: every draft accepted
+        sim.step([100 + s // 20], lambda s, k: k)
+    first = next(k for k in iter(lambda: sim.step([1], lambda s, k: min(k, 2))[0], None) if k)
+    assert first == 4                                           # ... and draft 3 was rejected
+    ks = [k for k in (sim.step([1], lambda s, k: k)[0] for _ in range(6)) if k]
+    assert len(ks) >= 5 and set(ks) == {4}
+    # drafts that keep failing at draft 3 do cut it: the sequence's own evidence outweighs the engine's
+    ks = [k for k in (sim.step([1], lambda s, k: min(k, 2))[0] for _ in range(20)) if k]
+    assert ks[-1] == 2
 
 
 def test_interpolation_errs_low_between_and_grows_in_proportion_above():
@@ -323,7 +355,7 @@ def test_probe_interval_budgets_a_probes_expected_loss(acceptance, interval):
         pol.costs.observe_plain(1, 0.002)
         for k in range(1, 5):
             pol.costs.observe_speculative(1, 1, k, 0.004)       # x = 2 ms whatever k: a fixed cost per verify
-    pol._state(1).acceptance = list(acceptance)
+    pol.global_acceptance[0], pol.global_observations[0] = list(acceptance), [100] * 4   # what the engine learnt
     assert pol.choose(1, 4, 1) == 0
     loss = 0.002 - expected_accepted(acceptance, 4) * 0.002
     assert pol._seqs[(1, 0)].probe_at == max(PROBE_EVERY, probe_interval_for_budget(1, 0.002, loss)) == interval
@@ -403,8 +435,9 @@ def test_positions_never_observed_are_no_better_than_the_one_before():
     assert acceptance == [0.3, 0.3, 0.8, 0.8]          # observed positions keep their own estimate
     pol = AdaptiveDraftLength(4)
     pol.observe_verify(1, 4, 0)                         # one rejection at draft 1: E(4) follows it
-    a = pol._state(1).acceptance
-    assert a[0] < PRIOR_ACCEPTANCE and a[1:] == [a[0]] * 3
+    a, engine = pol.acceptance(1), pol.global_acceptance[0]
+    assert engine[1:] == [engine[0]] * 3 and a[1:] == engine[1:]   # unobserved: the engine's, capped at draft 1
+    assert a[0] < engine[0] < PRIOR_ACCEPTANCE
     assert expected_accepted(a, 4) < expected_accepted([a[0]] + [PRIOR_ACCEPTANCE] * 3, 4) / 1.5
 
 
