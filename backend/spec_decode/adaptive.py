@@ -107,11 +107,8 @@ def shrunk_acceptance(own: list[float], observations: list[int], engine: list[fl
     ``engine``, worth ``SEQ_PRIOR_WEIGHT`` observations; positions the sequence never drafted take the engine's
     estimate as it is (``cap_unobserved`` keeps that no better than the position before where the engine has
     not observed it either)."""
-    out = []
-    for m, n, g in zip(own, observations, engine):
-        n = min(n, 1.0 / MIN_WEIGHT)
-        out.append((SEQ_PRIOR_WEIGHT * g + n * m) / (SEQ_PRIOR_WEIGHT + n))
-    return out
+    n_max, w = 1.0 / MIN_WEIGHT, SEQ_PRIOR_WEIGHT
+    return [g if not n else (w * g + min(n, n_max) * m) / (w + min(n, n_max)) for m, n, g in zip(own, observations, engine)]
 
 
 def best_num_drafts(acceptance: list[float], step_share: float, extra_seconds: list[float]) -> int:
@@ -121,8 +118,11 @@ def best_num_drafts(acceptance: list[float], step_share: float, extra_seconds: l
     """
     step_share = max(step_share, 1e-12)
     best_k, best_rate = 0, 0.0
-    for k in range(1, len(extra_seconds) + 1):
-        rate = (1.0 + expected_accepted(acceptance, k)) / (step_share + extra_seconds[k - 1])
+    tokens, run = 1.0, 1.0                       # 1 + E(k), and the product of a_1..a_k, grown one k at a time
+    for k, (a, x) in enumerate(zip(acceptance, extra_seconds), 1):
+        run *= a
+        tokens += run
+        rate = tokens / (step_share + x)
         if rate > best_rate * (1 + 1e-6):
             best_k, best_rate = k, rate
     return best_k if best_rate * step_share > 1.0 + MARGIN else 0
@@ -231,7 +231,7 @@ class AdaptiveDraftLength:
         if plain is None or extras[0] is None:           # costs unknown: speculate fully to measure them
             self._merit = True                           # (nothing is known yet: no dozing until it is)
             return k_max
-        acceptance = self.acceptance(seq_id, evidence)
+        acceptance = shrunk_acceptance(st.acceptance, st.observations, self._global(evidence)[0])
         k = best_num_drafts(acceptance, plain / n, extras)
         if k > 0:
             st.steps_at_zero, st.probe_at, st.probe_interval = 0, 0, PROBE_EVERY
