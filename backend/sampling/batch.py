@@ -68,6 +68,14 @@ def is_plain_greedy(seq: Sequence) -> bool:
             and len(seq.output_token_ids) >= p.min_tokens)
 
 
+def reads_output_ids(seq: Sequence) -> bool:
+    """Whether the sequence's filters read its tokens so far: penalties, bad words, a ``min_tokens`` still to reach.
+    Only then does a verify step build each of its rows' outputs (the drafts before the row appended)."""
+    p = seq.params
+    return (p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+            or bool(p.bad_words_ids) or len(seq.output_token_ids) < p.min_tokens)
+
+
 def bad_word_bans(output: list[int], bad_words: Seq[Seq[int]]) -> list[int]:
     """Tokens to forbid next: the last token of each bad word whose prefix ends the output."""
     banned = []

@@ -13,11 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence as Seq
 
+import numpy as np
 import torch
 
 from backend.core.outputs import TokenLogprob
 from backend.core.sequence import Sequence
-from backend.sampling.batch import GREEDY_EPS, SamplingBatch, build_sampling_batch
+from backend.sampling.batch import GREEDY_EPS, SamplingBatch, build_sampling_batch, reads_output_ids
 from backend.sampling.bitmask_kernels import TORCH_KERNELS, BitmaskKernels
 from backend.sampling.ops import (
     apply_bans,
@@ -29,8 +30,9 @@ from backend.sampling.ops import (
     gather_logprobs,
     inverse_cdf_draw,
     logits_to_probs,
+    row_argmax,
 )
-from backend.sampling.rejection import acceptance_probs, num_accepted, recovery_probs
+from backend.sampling.rejection import acceptance_probs, num_accepted, point_mass_rule, recovery_probs
 
 
 @dataclass
@@ -95,7 +97,8 @@ def compute_probs(
 ) -> torch.Tensor:          # [num_rows, vocab] fp32
     """The distribution each row is actually sampled from: greedy rows are one-hot at their argmax."""
     penalised = mask_and_penalise(logits, batch, kernels)
-    probs = logits_to_probs(filter_logits(penalised.clone(), batch))
+    # (the filters work in place: greedy rows take the argmax of what they leave untouched)
+    probs = logits_to_probs(filter_logits(penalised.clone() if batch.any_greedy else penalised, batch))
     if batch.any_greedy:
         one_hot = torch.zeros_like(probs).scatter_(1, penalised.argmax(dim=-1, keepdim=True), 1.0)
         probs = torch.where(batch.greedy[:, None], one_hot, probs)
@@ -231,32 +234,29 @@ class Sampler:
         """
         counts = [len(d) for d in drafts]
         rows_seqs = [s for s, k in zip(seqs, counts) for _ in range(k + 1)]
-        outputs = [s.output_token_ids + d[:j] for s, d, k in zip(seqs, drafts, counts) for j in range(k + 1)]
+        outputs = [s.output_token_ids + d[:j] for s, d, k in zip(seqs, drafts, counts) for j in range(k + 1)] \
+            if any(map(reads_output_ids, seqs)) else None       # (else no filter reads them)
         batch = self.build_batch(rows_seqs, output_token_ids=outputs, grammar_bitmask=grammar_bitmask)
         probs = compute_probs(logits, batch, self.bitmask_kernels)             # [R, vocab]
         b, k_max, dev = len(seqs), max(counts), logits.device
-        first = torch.tensor(_row_starts(counts), dtype=torch.int64, device=dev)      # [B] first row of each seq
-        offs = torch.arange(k_max + 1, device=dev)
-        n_drafts = torch.tensor(counts, dtype=torch.int64, device=dev)
-        # [B, K+1] row of each (sequence, position); padding positions repeat the sequence's first row
-        idx = torch.where(offs[None, :] <= n_drafts[:, None], first[:, None] + offs[None, :], first[:, None])
-        target = probs[idx]                                                    # [B, K+1, vocab]
-        draft_ids = torch.tensor([d + [0] * (k_max - len(d)) for d in drafts], dtype=torch.int64, device=dev)
-        q = _padded_draft_probs(draft_probs, draft_ids, counts, probs.shape[1]) if k_max else None
         gens = [self.generator_for(s) for s in seqs]
         greedy = [s.params.temperature < GREEDY_EPS for s in seqs]
+        u = None
         if k_max:
             u = torch.rand(b, k_max, generator=self.generator, device=dev)      # unseeded rows
             for i, g in enumerate(gens):
                 if g is not None and counts[i] and not greedy[i]:
                     u[i] = torch.rand(k_max, generator=g, device=dev)
-            accepted = num_accepted(acceptance_probs(draft_ids, target, q), u, n_drafts)
+        point_masses = draft_probs is None or all(q is None for q in draft_probs)
+        if point_masses and probs.device.type == "cpu" and probs.dtype == torch.float32:
+            acc, last_np = point_mass_rule(probs.numpy(), _row_starts(counts), list(drafts),
+                                           u.numpy() if u is not None else np.empty((b, 0), dtype=np.float32))
+            last = torch.from_numpy(last_np)                                   # [B, vocab]
         else:
-            accepted = torch.zeros(b, dtype=torch.int64, device=dev)
-        last = recovery_probs(accepted, n_drafts, draft_ids, target, q)       # [B, vocab]
-        drawn = inverse_cdf_draw(last, gens, self.generator, skip_rows=greedy)
-        final = torch.where(torch.tensor(greedy, device=dev), last.argmax(dim=-1), drawn)
-        acc, fin = accepted.tolist(), final.tolist()
+            acc, last = self._rejection_rule(probs, drafts, counts, draft_probs, u)
+        fin = inverse_cdf_draw(last, gens, self.generator, skip_rows=greedy).tolist()
+        if any(greedy):
+            fin = [a if g else t for a, g, t in zip(row_argmax(last), greedy, fin)]
         token_ids = [d[:a] + [f] for d, a, f in zip(drafts, acc, fin)]
         logprobs: list[list[TokenLogprob] | None] = [None] * b
         if any(s.params.logprobs is not None for s in seqs):
@@ -271,6 +271,31 @@ class Sampler:
                     logprobs[i] = lps[pos:pos + len(t)]
                 pos += len(t)
         return VerifyOutput(token_ids, logprobs, acc)
+
+
+    @staticmethod
+    def _rejection_rule(
+        probs: torch.Tensor,                           # [R, vocab] p of every row
+        drafts: Seq[list[int]],
+        counts: list[int],
+        draft_probs: Seq[torch.Tensor | None] | None,  # per sequence [k_i, vocab] q, None: point masses
+        u: torch.Tensor | None,                        # [B, max k] acceptance uniforms; None when no drafts
+    ) -> tuple[list[int], torch.Tensor]:               # (accepted per sequence, [B, vocab] the last token's dist.)
+        """The rejection rule batched in tensor ops (any device, any draft distributions)."""
+        b, k_max, dev = len(drafts), max(counts), probs.device
+        first = torch.tensor(_row_starts(counts), dtype=torch.int64, device=dev)      # [B] first row of each seq
+        offs = torch.arange(k_max + 1, device=dev)
+        n_drafts = torch.tensor(counts, dtype=torch.int64, device=dev)
+        # [B, K+1] row of each (sequence, position); padding positions repeat the sequence's first row
+        idx = torch.where(offs[None, :] <= n_drafts[:, None], first[:, None] + offs[None, :], first[:, None])
+        target = probs[idx]                                                    # [B, K+1, vocab]
+        draft_ids = torch.tensor([d + [0] * (k_max - len(d)) for d in drafts], dtype=torch.int64, device=dev)
+        q = _padded_draft_probs(draft_probs, draft_ids, counts, probs.shape[1]) if k_max else None
+        if k_max:
+            accepted = num_accepted(acceptance_probs(draft_ids, target, q), u, n_drafts)
+        else:
+            accepted = torch.zeros(b, dtype=torch.int64, device=dev)
+        return accepted.tolist(), recovery_probs(accepted, n_drafts, draft_ids, target, q)
 
 
 def _row_starts(counts: Seq[int]) -> list[int]:

@@ -15,6 +15,8 @@ from backend.sampling.ops import (
     apply_top_k_top_p,
     apply_top_p,
     bitmask_penalty,
+    cdf_draw,
+    cdf_draw_host,
     gather_logprobs,
     inverse_cdf_draw,
     row_argmax,
@@ -193,3 +195,20 @@ def test_row_argmax_is_torch_argmax_ties_nan_and_inf_included(rows):
     assert row_argmax(logits) == logits.argmax(dim=-1).tolist()
     assert row_argmax(logits)[0] == 7
     assert row_argmax(logits.to(torch.float64)) == logits.argmax(dim=-1).tolist()   # other dtypes: torch's
+
+
+def test_the_host_draw_equals_the_tensor_ops_bit_for_bit():
+    """``cdf_draw_host`` (the CPU's) gives the tokens ``cdf_draw`` (other devices') gives for the same uniforms:
+    seeded requests draw the same whichever way, including zero-probability tails, one-hot rows, unnormalised
+    rows and uniforms at the top of [0, 1)."""
+    gen = torch.Generator().manual_seed(5)
+    for trial in range(50):
+        probs = torch.rand(6, 4096, generator=gen) ** 8
+        probs[0, 100:] = 0.0                                   # a tail of zeros
+        probs[1] = 0.0
+        probs[1, 7] = 1.0                                      # one-hot
+        probs[2] *= 3.0                                        # unnormalised
+        probs = probs.softmax(dim=-1) if trial % 2 else probs
+        u = torch.rand(6, 1, dtype=torch.float64, generator=gen)
+        u[3] = 1.0 - 2.0 ** -53
+        assert torch.equal(cdf_draw_host(probs, u), cdf_draw(probs, u))

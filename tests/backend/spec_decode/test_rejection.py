@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 import backend.sampling.sampler as sampler_module
 from backend.core.sequence import Sequence
-from backend.sampling.rejection import acceptance_probs, num_accepted, recovery_probs
+from backend.sampling.rejection import acceptance_probs, num_accepted, point_mass_rule, recovery_probs
 from backend.sampling.sampler import Sampler
 from contracts.sampling_params import SamplingParams
 
@@ -115,3 +116,60 @@ def test_a_sequence_without_drafts_samples_exactly_as_plain_sampling(k):
     plain = Sampler(VOCAB, seed=0).sample(logits[:1], seqs[:1]).token_ids.tolist()
     verified = Sampler(VOCAB, seed=0).verify(logits, seqs, [[], [1] * k])
     assert verified.token_ids[0] == plain
+
+
+def run_point_mass_verify(n: int, seed0: int, drafts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """n sequences verifying the same point-mass drafts (n-gram): (first tokens, second tokens or -1)."""
+    sampler = Sampler(VOCAB, seed=seed0)
+    seqs = [Sequence(seq_id=i, request_id=f"r{i}", seq_index=0, prompt_token_ids=[0],
+                     params=SamplingParams(temperature=1.0, seed=seed0 * 100003 + i)) for i in range(n)]
+    out = sampler.verify(P_LOGITS.repeat(n, 1), seqs, [list(drafts) for _ in range(n)])
+    return (torch.tensor([t[0] for t in out.token_ids]),
+            torch.tensor([t[1] if len(t) > 1 else -1 for t in out.token_ids]))
+
+
+@pytest.mark.parametrize("drafts", [[0, 1], [3, 5]])   # likely drafts, and unlikely ones (mostly recovered)
+def test_point_mass_drafts_reproduce_the_target_distribution(drafts):
+    """The host path for point-mass drafts (``point_mass_rule``): the first token follows p_0, the second (after
+    the first draft was accepted) p_1; and the same test catches a rule that accepts on argmax equality."""
+    p = P_LOGITS.softmax(-1)
+    first, second = run_point_mass_verify(N, 5, drafts)
+    assert chi2(torch.bincount(first, minlength=VOCAB).float(), p[0]) < chi2_critical(VOCAB - 1)
+    sel = first == drafts[0]
+    assert int(sel.sum()) > 1000
+    assert chi2(torch.bincount(second[sel], minlength=VOCAB).float(), p[1]) < chi2_critical(VOCAB - 1)
+
+
+def test_the_point_mass_fit_test_catches_a_wrong_rule(monkeypatch):
+    def argmax_rule(probs, row_starts, drafts, uniforms):    # accept a draft only when it is the argmax
+        best = probs.argmax(axis=1)
+        return point_mass_rule(probs, row_starts, drafts, np.where(
+            np.array([[d[j] == best[s + j] for j in range(len(d))] for s, d in zip(row_starts, drafts)]), 0.0, 1.0))
+    monkeypatch.setattr(sampler_module, "point_mass_rule", argmax_rule)
+    first, _ = run_point_mass_verify(N, 5, [0, 1])
+    assert chi2(torch.bincount(first, minlength=VOCAB).float(), P_LOGITS.softmax(-1)[0]) > chi2_critical(VOCAB - 1)
+
+
+def test_point_mass_rule_equals_the_tensor_rule_bit_for_bit():
+    """The host path gives the accepted counts and last-token distributions of ``num_accepted`` and
+    ``recovery_probs`` with ``q = None`` (which CUDA and draft-model steps use), for the same uniforms."""
+    gen = torch.Generator().manual_seed(1)
+    for trial in range(40):
+        counts = torch.randint(0, 5, (4,), generator=gen).tolist()
+        if not any(counts):
+            counts[0] = 2
+        probs = (torch.rand(sum(counts) + 4, 50, generator=gen) ** 4).softmax(-1) if trial % 3 else \
+            torch.zeros(sum(counts) + 4, 50).scatter_(1, torch.randint(0, 50, (sum(counts) + 4, 1), generator=gen), 1.0)
+        starts = [sum(c + 1 for c in counts[:i]) for i in range(4)]
+        argmax = probs.argmax(-1)
+        drafts = [[int(argmax[s + j]) if torch.rand(1, generator=gen) < 0.6 else int(torch.randint(0, 50, (1,),
+                   generator=gen)) for j in range(c)] for s, c in zip(starts, counts)]
+        k = max(counts)
+        u = torch.rand(4, k, generator=gen)
+        acc, last = point_mass_rule(probs.numpy(), starts, drafts, u.numpy())
+        idx = torch.tensor([[s + min(j, c) for j in range(k + 1)] for s, c in zip(starts, counts)])
+        target, ids = probs[idx], torch.tensor([d + [0] * (k - len(d)) for d in drafts])
+        n = torch.tensor(counts)
+        expected = num_accepted(acceptance_probs(ids, target, None), u, n)
+        assert acc == expected.tolist()
+        assert torch.equal(torch.from_numpy(last), recovery_probs(expected, n, ids, target, None))
