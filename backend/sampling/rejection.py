@@ -63,27 +63,43 @@ def recovery_probs(
     return torch.where(rejected[:, None], residual, p)
 
 
-def point_mass_rule(
+def host_rejection_rule(
     probs: np.ndarray,          # [num_rows, vocab] float32: p of every verified position, rows of seq i then seq i+1
     row_starts: list[int],      # [B] first row of each sequence
     drafts: list[list[int]],    # [B] each sequence's k_i drafts
-    uniforms: np.ndarray,       # [B, max k] float32 in [0, 1): draft j is accepted when u_j < p_j(d_{j+1})
+    uniforms: np.ndarray,       # [B, max k] float32 in [0, 1): draft j is accepted when u_j < its acceptance prob.
+    draft_probs: list[np.ndarray | None] | None = None,   # [B] each [k_i, vocab] float32 q; None: point masses
 ) -> tuple[list[int], np.ndarray]:   # (accepted drafts per sequence, [B, vocab] float32 to draw the last token from)
-    """``num_accepted`` and ``recovery_probs`` for point-mass drafts (n-gram, greedy drafts: ``q = onehot``) on the
-    host, one sequence at a time: the same values bit for bit (``max(0, p - onehot(d))`` is ``p`` with ``d``
-    zeroed) without the dozen tensor ops that cost a CPU verify step ~250 us whatever its size."""
+    """``num_accepted(acceptance_probs(...))`` and ``recovery_probs`` on the host, one sequence at a time, bit for bit
+    the same values (float32 scalar and row arithmetic, as the tensor ops do it; a point mass's ``max(0, p - q)`` is
+    ``p`` with the draft zeroed) without the dozen tensor ops that cost a CPU verify step ~250 us whatever its
+    size. A draft is looked at only until the first rejection, so most rows are never touched."""
     accepted, last = [], np.empty((len(drafts), probs.shape[1]), dtype=np.float32)
+    tiny = np.float32(1e-30)
     for i, (start, d) in enumerate(zip(row_starts, drafts)):
+        q = draft_probs[i] if draft_probs is not None else None
         a = 0
-        while a < len(d) and uniforms[i, a] < min(1.0, probs[start + a, d[a]]):
+        while a < len(d):
+            p_d = probs[start + a, d[a]]
+            if q is None:
+                ok = uniforms[i, a] < min(1.0, p_d)
+            else:
+                q_d = q[a, d[a]]
+                ok = q_d > 0 and uniforms[i, a] < min(1.0, p_d / max(q_d, tiny))
+            if not ok:
+                break
             a += 1
         accepted.append(a)
-        last[i] = probs[start + a]
-        if a < len(d):                     # recovered: the residual, unless it is all zero (then p itself)
-            p_d = last[i, d[a]]
+        p = probs[start + a]
+        if a == len(d):                    # bonus: p itself
+            last[i] = p
+        elif q is None:                    # recovered from p less the rejected point mass
+            last[i] = p
             last[i, d[a]] = 0.0
-            if not last[i].any():
-                last[i, d[a]] = p_d
+        else:                              # recovered from max(0, p - q)
+            np.maximum(p - q[a], 0.0, out=last[i])
+        if a < len(d) and not last[i].any():   # an all-zero residual (p == q up to rounding): p itself
+            last[i] = p
     return accepted, last
 
 

@@ -32,7 +32,7 @@ from backend.sampling.ops import (
     logits_to_probs,
     row_argmax,
 )
-from backend.sampling.rejection import acceptance_probs, num_accepted, point_mass_rule, recovery_probs
+from backend.sampling.rejection import acceptance_probs, host_rejection_rule, num_accepted, recovery_probs
 
 
 @dataclass
@@ -247,13 +247,15 @@ class Sampler:
             for i, g in enumerate(gens):
                 if g is not None and counts[i] and not greedy[i]:
                     u[i] = torch.rand(k_max, generator=g, device=dev)
-        point_masses = draft_probs is None or all(q is None for q in draft_probs)
-        if point_masses and probs.device.type == "cpu" and probs.dtype == torch.float32:
-            acc, last_np = point_mass_rule(probs.numpy(), _row_starts(counts), list(drafts),
-                                           u.numpy() if u is not None else np.empty((b, 0), dtype=np.float32))
+        qs = None if draft_probs is None or all(q is None for q in draft_probs) else list(draft_probs)
+        if self.host_rule(probs) and all(q is None or self.host_rule(q) for q in qs or ()):
+            acc, last_np = host_rejection_rule(
+                probs.numpy(), _row_starts(counts), list(drafts),
+                u.numpy() if u is not None else np.empty((b, 0), dtype=np.float32),
+                [q if q is None else q.numpy() for q in qs] if qs is not None else None)
             last = torch.from_numpy(last_np)                                   # [B, vocab]
         else:
-            acc, last = self._rejection_rule(probs, drafts, counts, draft_probs, u)
+            acc, last = self._rejection_rule(probs, drafts, counts, qs, u)
         fin = inverse_cdf_draw(last, gens, self.generator, skip_rows=greedy).tolist()
         if any(greedy):
             fin = [a if g else t for a, g, t in zip(row_argmax(last), greedy, fin)]
@@ -272,6 +274,12 @@ class Sampler:
                 pos += len(t)
         return VerifyOutput(token_ids, logprobs, acc)
 
+
+    @staticmethod
+    def host_rule(t: torch.Tensor) -> bool:
+        """Whether the rejection rule runs on the host for this tensor (``host_rejection_rule``): contiguous float32 on
+        the CPU. On other devices the batched tensor ops are asynchronous and cheap."""
+        return t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
 
     @staticmethod
     def _rejection_rule(

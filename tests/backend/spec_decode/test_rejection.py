@@ -16,7 +16,7 @@ import torch
 
 import backend.sampling.sampler as sampler_module
 from backend.core.sequence import Sequence
-from backend.sampling.rejection import acceptance_probs, num_accepted, point_mass_rule, recovery_probs
+from backend.sampling.rejection import acceptance_probs, host_rejection_rule, num_accepted, recovery_probs
 from backend.sampling.sampler import Sampler
 from contracts.sampling_params import SamplingParams
 
@@ -64,15 +64,35 @@ def fit_ok(first, second, draft1) -> bool:
     return ok0 and ok1 and int(sel.sum()) > 2000
 
 
-def test_speculative_sampling_reproduces_the_target_distribution():
+@pytest.fixture(params=["host", "tensor"])
+def rule_path(request, monkeypatch):
+    """Both implementations of the rule: on the host (the CPU's) and in tensor ops (other devices')."""
+    if request.param == "tensor":
+        monkeypatch.setattr(Sampler, "host_rule", staticmethod(lambda t: False))
+    return request.param
+
+
+def argmax_host_rule(probs, row_starts, drafts, uniforms, draft_probs=None):
+    """A wrong rule on the host: a draft is accepted exactly when it is the target's argmax."""
+    best = probs.argmax(axis=1)
+    forced = np.ones_like(uniforms)
+    for i, (s, d) in enumerate(zip(row_starts, drafts)):
+        for j, t in enumerate(d):
+            forced[i, j] = 0.0 if t == best[s + j] else 1.0
+    accepted, last = host_rejection_rule(probs, row_starts, drafts, forced, None)
+    return accepted, last
+
+
+def test_speculative_sampling_reproduces_the_target_distribution(rule_path):
     assert fit_ok(*run_verify(N, seed0=7))
 
 
-def test_the_fit_test_catches_a_wrong_acceptance_rule(monkeypatch):
+def test_the_fit_test_catches_a_wrong_acceptance_rule(rule_path, monkeypatch):
     def argmax_rule(draft_ids, target_probs, draft_probs):   # accept when the draft is the target's argmax
         best = target_probs[:, :-1].argmax(dim=-1)
         return (draft_ids == best).float()
     monkeypatch.setattr(sampler_module, "acceptance_probs", argmax_rule)
+    monkeypatch.setattr(sampler_module, "host_rejection_rule", argmax_host_rule)
     assert not fit_ok(*run_verify(N, seed0=7))
 
 
@@ -129,9 +149,9 @@ def run_point_mass_verify(n: int, seed0: int, drafts: list[int]) -> tuple[torch.
 
 
 @pytest.mark.parametrize("drafts", [[0, 1], [3, 5]])   # likely drafts, and unlikely ones (mostly recovered)
-def test_point_mass_drafts_reproduce_the_target_distribution(drafts):
-    """The host path for point-mass drafts (``point_mass_rule``): the first token follows p_0, the second (after
-    the first draft was accepted) p_1; and the same test catches a rule that accepts on argmax equality."""
+def test_point_mass_drafts_reproduce_the_target_distribution(drafts, rule_path):
+    """Point-mass drafts (n-gram): the first token follows p_0, the second (after the first draft was accepted)
+    p_1, on both paths."""
     p = P_LOGITS.softmax(-1)
     first, second = run_point_mass_verify(N, 5, drafts)
     assert chi2(torch.bincount(first, minlength=VOCAB).float(), p[0]) < chi2_critical(VOCAB - 1)
@@ -141,35 +161,44 @@ def test_point_mass_drafts_reproduce_the_target_distribution(drafts):
 
 
 def test_the_point_mass_fit_test_catches_a_wrong_rule(monkeypatch):
-    def argmax_rule(probs, row_starts, drafts, uniforms):    # accept a draft only when it is the argmax
-        best = probs.argmax(axis=1)
-        return point_mass_rule(probs, row_starts, drafts, np.where(
-            np.array([[d[j] == best[s + j] for j in range(len(d))] for s, d in zip(row_starts, drafts)]), 0.0, 1.0))
-    monkeypatch.setattr(sampler_module, "point_mass_rule", argmax_rule)
+    monkeypatch.setattr(sampler_module, "host_rejection_rule", argmax_host_rule)
     first, _ = run_point_mass_verify(N, 5, [0, 1])
     assert chi2(torch.bincount(first, minlength=VOCAB).float(), P_LOGITS.softmax(-1)[0]) > chi2_critical(VOCAB - 1)
 
 
-def test_point_mass_rule_equals_the_tensor_rule_bit_for_bit():
+@pytest.mark.parametrize("with_q", [False, True])
+def test_the_host_rule_equals_the_tensor_rule_bit_for_bit(with_q):
     """The host path gives the accepted counts and last-token distributions of ``num_accepted`` and
-    ``recovery_probs`` with ``q = None`` (which CUDA and draft-model steps use), for the same uniforms."""
+    ``recovery_probs`` for the same uniforms, with point-mass drafts and with draft distributions ``q`` (some
+    sequences without one, some draws with ``q(d) = 0`` or ``p = q``)."""
     gen = torch.Generator().manual_seed(1)
+    V = 50
     for trial in range(40):
         counts = torch.randint(0, 5, (4,), generator=gen).tolist()
         if not any(counts):
             counts[0] = 2
-        probs = (torch.rand(sum(counts) + 4, 50, generator=gen) ** 4).softmax(-1) if trial % 3 else \
-            torch.zeros(sum(counts) + 4, 50).scatter_(1, torch.randint(0, 50, (sum(counts) + 4, 1), generator=gen), 1.0)
+        rows = sum(counts) + 4
+        probs = (torch.rand(rows, V, generator=gen) ** 4).softmax(-1) if trial % 3 else \
+            torch.zeros(rows, V).scatter_(1, torch.randint(0, V, (rows, 1), generator=gen), 1.0)
         starts = [sum(c + 1 for c in counts[:i]) for i in range(4)]
         argmax = probs.argmax(-1)
-        drafts = [[int(argmax[s + j]) if torch.rand(1, generator=gen) < 0.6 else int(torch.randint(0, 50, (1,),
+        drafts = [[int(argmax[s + j]) if torch.rand(1, generator=gen) < 0.6 else int(torch.randint(0, V, (1,),
                    generator=gen)) for j in range(c)] for s, c in zip(starts, counts)]
         k = max(counts)
+        qs = None
+        if with_q:
+            qs = [None if i == 1 else (torch.rand(c, V, generator=gen) ** 2).softmax(-1) for i, c in enumerate(counts)]
+            if counts[0]:
+                qs[0][0, drafts[0][0]] = 0.0                      # a draft q gave no mass
+            if counts[2]:
+                qs[2][0] = probs[starts[2]]                       # p == q: an all-zero residual
         u = torch.rand(4, k, generator=gen)
-        acc, last = point_mass_rule(probs.numpy(), starts, drafts, u.numpy())
+        acc, last = host_rejection_rule(probs.numpy(), starts, drafts, u.numpy(),
+                                        None if qs is None else [q if q is None else q.numpy() for q in qs])
         idx = torch.tensor([[s + min(j, c) for j in range(k + 1)] for s, c in zip(starts, counts)])
         target, ids = probs[idx], torch.tensor([d + [0] * (k - len(d)) for d in drafts])
+        q = sampler_module._padded_draft_probs(qs, ids, counts, V)
         n = torch.tensor(counts)
-        expected = num_accepted(acceptance_probs(ids, target, None), u, n)
+        expected = num_accepted(acceptance_probs(ids, target, q), u, n)
         assert acc == expected.tolist()
-        assert torch.equal(torch.from_numpy(last), recovery_probs(expected, n, ids, target, None))
+        assert torch.equal(torch.from_numpy(last), recovery_probs(expected, n, ids, target, q))
