@@ -102,7 +102,9 @@ def measure(engine: LLMEngine, items: list[Item], concurrency: int) -> dict:
            "mean_accepted_length": 1 + accepted / verifies if verifies else 1.0, "errors": s["errors"],
            "verifies": verifies}
     if engine.speculator is not None:
-        plain, extra = engine.speculator.policy.costs.snapshot()
+        policy = engine.speculator.policy     # the costs of the cell's kind of steps: sampled or greedy
+        costs = policy.sampled_costs if any(it.params.temperature > 0 for it in items) else policy.costs
+        plain, extra = costs.snapshot()
         row["plain_step_ms"] = {b: 1e3 * v for b, v in plain.items()}
         row["extra_ms_per_seq"] = {b: {k: 1e3 * v for k, v in by_k.items()} for b, by_k in extra.items()}
     return row

@@ -13,7 +13,11 @@ tokens in the forward, the rejection sampling), divided by the sequences that ve
 and ``k > 0`` only when that beats plain decoding by ``MARGIN`` (none: the probes, the governor and the
 measured costs are the safety; a 5% margin had cost 1-10% in 7 of 8 cells of ``repeat`` and ``mixed`` at
 batch 1 and 8, greedy and sampled, once sampled verification was cheap). ``t`` and ``x`` are measured per
-batch-size bucket and draft length (``StepCosts``, backend/spec_decode/step_costs.py).
+batch-size bucket and draft length (``StepCosts``, backend/spec_decode/step_costs.py), apart for steps with a
+sampled request (``sampled_costs``) and steps of greedy ones only (``costs``): a sampled verification draws
+from the target's filtered distributions, a greedy one takes an argmax, and costs measured in a sampled
+workload had kept a greedy one that followed it at batch 32 from speculating at all (0.97x of no
+speculation where a fixed ``k`` ran 1.15x).
 
 Acceptance is learnt per position and evidence class, engine-wide and per sequence, and a sequence's
 estimate is its own mean pulled towards the engine-wide one, which counts as ``SEQ_PRIOR_WEIGHT``
@@ -161,7 +165,8 @@ class AdaptiveDraftLength:
 
     max_k: int
     enabled: bool = True
-    costs: StepCosts = field(default_factory=StepCosts)
+    costs: StepCosts = field(default_factory=StepCosts)            # steps of greedy requests only
+    sampled_costs: StepCosts = field(default_factory=StepCosts)    # steps with a sampled request (module docstring)
     global_acceptance: dict[int, list[float]] = field(default_factory=dict)   # evidence -> engine-wide, per position
     global_observations: dict[int, list[int]] = field(default_factory=dict)   # behind each of them
     _seqs: dict[tuple[int, int], _SeqState] = field(default_factory=dict)    # (seq_id, evidence) -> state
@@ -176,6 +181,7 @@ class AdaptiveDraftLength:
     _drafted: bool = False            # this round, some ``choose`` picked k > 0 (merit, probe or re-measurement)
     _verify_next: bool = False        # the last awake round drafted: the next round observes the verification
     _dozed: int = 0                   # rounds skipped since the last awake one, while dozing
+    _sampled: bool = False            # this round's decoding sequences include a sampled one
 
     def _global(self, evidence: int) -> tuple[list[float], list[int]]:
         """The engine-wide per-position acceptance of one evidence class and the observations behind it."""
@@ -271,8 +277,9 @@ class AdaptiveDraftLength:
         the budget, ``x(n, k_max)`` (not optimistic)), computed once per round."""
         key = (n, k_max)
         if key not in self._round_estimates:
-            plain = self.costs.plain_seconds(n)
-            extras, pessimistic = self.costs.extra_seconds_upto(n, k_max)
+            costs = self.round_costs
+            plain = costs.plain_seconds(n)
+            extras, pessimistic = costs.extra_seconds_upto(n, k_max)
             if extras is None:
                 extras = [None] * k_max
             probe_every, probe_seconds = 0, 0.0
@@ -300,30 +307,39 @@ class AdaptiveDraftLength:
             self._step_speculating += 1
             self._step_max_drafts = max(self._step_max_drafts, num_drafts)
 
-    def observe_step(self, num_seqs: int, num_drafts: int, seconds: float) -> None:
-        """A decode-only step (no prefill chunk) over ``num_seqs`` sequences verifying ``num_drafts`` took ``seconds``."""
+    @property
+    def round_costs(self) -> StepCosts:
+        """The step costs this round's choices read: those of steps with a sampled request, or of greedy ones."""
+        return self.sampled_costs if self._sampled else self.costs
+
+    def observe_step(self, num_seqs: int, num_drafts: int, seconds: float, sampled: bool = False) -> None:
+        """A decode-only step (no prefill chunk) over ``num_seqs`` sequences verifying ``num_drafts`` took ``seconds``;
+        ``sampled``: some of its sequences sample (their verification costs more than a greedy argmax)."""
+        costs = self.sampled_costs if sampled else self.costs
         if num_drafts == 0:
-            self.costs.observe_plain(num_seqs, seconds)
+            costs.observe_plain(num_seqs, seconds)
         else:
-            self.costs.observe_speculative(num_seqs, self._step_speculating, self._step_max_drafts,
-                                           seconds + self._pending_draft_seconds)
+            costs.observe_speculative(num_seqs, self._step_speculating, self._step_max_drafts,
+                                      seconds + self._pending_draft_seconds)
         self._end_step()
 
-    def plain_step_due(self, num_decoding: int) -> bool:
-        """Whether the next step should run without drafts, to measure a plain step at this batch size.
+    def plain_step_due(self, num_decoding: int, sampled: bool = False) -> bool:
+        """Whether the next step should run without drafts, to measure a plain step at this batch size
+        (``sampled``: among the decoding sequences is a sampled one; the round's choices read those costs).
 
         Called once per proposal round: what was gathered about the last step is complete by now."""
         self._end_step()
+        self._sampled = sampled
         self._round += 1
         if self._round % FORGET_AFTER == 0:               # sequences chosen for but never freed (k stayed 0)
             self._seqs = {s: st for s, st in self._seqs.items() if self._round - st.last_seen < FORGET_AFTER}
         if not self.enabled:
             return False
-        n = max(1, num_decoding)
+        n, costs = max(1, num_decoding), self.round_costs
         # stale draft costs are re-measured, no more often than the probe budget allows at this batch size
-        self._remeasure = self.costs.remeasure_due(n) and \
-            self.costs.since_speculative[bucket(n)] >= self._estimates(n, self.max_k)[2]   # probes costing x
-        return self.costs.plain_step_due(n)
+        self._remeasure = costs.remeasure_due(n) and \
+            costs.since_speculative[bucket(n)] >= self._estimates(n, self.max_k)[2]   # probes costing x
+        return costs.plain_step_due(n)
 
     def asleep(self) -> bool:
         """Called once per proposal round before anything else: whether the speculator should skip this round

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from backend.config import EngineConfig
+from backend.core.sequence import Sequence
 from backend.engine.llm_engine import LLMEngine
 from backend.spec_decode.governor import (
     EPOCH_STEPS,
@@ -19,6 +20,7 @@ from backend.spec_decode.governor import (
     epoch_steps,
     log_goodput_ratio,
 )
+from backend.spec_decode.speculator import evidence_class
 from contracts.sampling_params import SamplingParams
 from tests.helpers.oracle import repeating_prompts
 
@@ -175,4 +177,26 @@ def test_greedy_output_is_exact_across_epochs_of_both_arms(tiny_checkpoint):
     assert got == want
     assert arms.count(True) >= 2 and arms.count(False) >= 2                # both arms, and changes between them
     assert engine.scheduler.spec_counters.num_draft_tokens > 0
+    assert engine.scheduler.block_manager.num_used_blocks == 0
+
+
+def test_greedy_and_sampled_requests_learn_acceptance_apart(tiny_checkpoint):
+    """The policy's evidence classes keep greedy and sampled requests apart (``evidence_class``): the same n-gram
+    match is accepted far less often by a sampled request, and pooled, a sampled workload set the estimates every
+    later greedy request started from."""
+    seq = lambda t: Sequence(seq_id=1, request_id="r", seq_index=0, prompt_token_ids=[3],
+                             params=SamplingParams(temperature=t))
+    assert evidence_class(seq(0.0), 4) == 8 and evidence_class(seq(0.8), 4) == 9 and evidence_class(seq(1.0), 0) == 1
+    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", kv_cache_bytes=16 << 20,
+                                    speculative_method="ngram"))
+    engine.speculator.governor.enabled = False          # every step speculates: both phases reach the policy
+    prompts = repeating_prompts(4, 3, stem_len=8, span_range=(4, 8), gap_range=(0, 4))
+    engine.generate(prompts[:2], SamplingParams(max_tokens=64, temperature=0.0))
+    greedy = set(engine.speculator.policy.global_acceptance)
+    # (a low temperature: the random model's sampled output still repeats, so n-gram drafts are found)
+    engine.generate(prompts[2:], SamplingParams(max_tokens=64, temperature=0.3, seed=5))
+    sampled = set(engine.speculator.policy.global_acceptance) - greedy
+    assert greedy and sampled and all(c % 2 == 0 for c in greedy) and all(c % 2 == 1 for c in sampled)
+    pol = engine.speculator.policy               # and the step costs: greedy steps' apart from sampled ones'
+    assert pol.costs.snapshot()[1] and pol.sampled_costs.snapshot()[1]
     assert engine.scheduler.block_manager.num_used_blocks == 0
