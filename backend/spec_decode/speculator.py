@@ -116,7 +116,7 @@ class Speculator:
         # a decode step (no prefill chunk) counts towards the governor's epochs
         if self.governor.enabled and all(s.num_new_tokens == 1 + s.num_draft_tokens for s in plan.scheduled):
             self.governor.observe(len(plan.scheduled), sum(map(len, output.sampled_token_ids)),
-                                  step_seconds + clock() - start)
+                                  step_seconds + clock() - start, any(sampled(s.seq) for s in plan.scheduled))
 
     def _observe_verifications(self, plan: SchedulerOutput, output: ModelRunnerOutput) -> tuple[bool, int]:
         """The policy observes the step's verifications; (no prefill chunk in the step, draft tokens verified)."""

@@ -26,7 +26,7 @@ from tests.helpers.oracle import repeating_prompts
 
 
 def drive(gov: SpeculationGovernor, steps: int, on_speed: float, off_speed: float = 1.0, num_seqs: int = 1,
-          drift=lambda i: 1.0) -> list[bool]:
+          drift=lambda i: 1.0, sampled: bool = False) -> list[bool]:
     """``steps`` engine steps of ``num_seqs`` sequences: one token per sequence a step, taking 1 / speed seconds
     per token in the arm of the step (times ``drift(i)``, the machine's speed); the arm of every step."""
     arms = []
@@ -34,7 +34,7 @@ def drive(gov: SpeculationGovernor, steps: int, on_speed: float, off_speed: floa
         on = gov.speculating()
         arms.append(on)
         speed = on_speed if on else off_speed
-        gov.observe(num_seqs, num_seqs, drift(i) * num_seqs / speed)
+        gov.observe(num_seqs, num_seqs, drift(i) * num_seqs / speed, sampled)
     return arms
 
 
@@ -55,7 +55,7 @@ def test_speculation_that_pays_stays_on_but_for_rare_re_tries():
     assert gov.snapshot()[1]["on"] and gov.snapshot()[1]["log_ratio"] == pytest.approx(math.log(1.8))
     late = arms[len(arms) // 2:]
     assert late.count(False) / len(late) < 1.1 / (EXPLORE_MAX + 1)  # one re-try epoch per longest interval
-    assert gov._buckets[1].explore_every == EXPLORE_MAX
+    assert gov._buckets[(1, False)].explore_every == EXPLORE_MAX
 
 
 def test_speculation_that_costs_is_turned_off():
@@ -70,8 +70,8 @@ def epoch_arms(gov: SpeculationGovernor) -> list[bool]:
     """The arm of every epoch the governor starts from now on."""
     arms, start = [], gov._start
 
-    def recording(b):
-        ep = start(b)
+    def recording(*args):
+        ep = start(*args)
         arms.append(ep.on)
         return ep
 
@@ -92,7 +92,7 @@ def test_arms_alternate_until_settled_then_follow_the_samples():
 def test_a_change_of_workload_is_followed_within_a_few_re_tries():
     gov = SpeculationGovernor()
     drive(gov, 2000 * EPOCH_STEPS // 10, on_speed=2.0)              # greedy code: speculating doubles throughput
-    assert gov.speculating() and gov._buckets[1].explore_every == EXPLORE_MAX
+    assert gov.speculating() and gov._buckets[(1, False)].explore_every == EXPLORE_MAX
     arms = drive(gov, 2000 * EPOCH_STEPS // 10, on_speed=0.85)     # sampled prose: it costs 15%
     switched = arms.index(False, arms.index(False) + 1) if arms.count(False) > 1 else None
     # the first re-try comes within the longest interval; from its disagreeing sample on, re-tries come every
@@ -126,6 +126,18 @@ def test_buckets_are_judged_apart_and_short_epochs_say_nothing():
     assert gov.snapshot()[32]["samples"] == samples and 4 not in {b for b, s in gov.snapshot().items() if s["samples"]}
 
 
+def test_sampled_and_greedy_steps_are_judged_apart():
+    """A bucket where speculating costs sampled requests 40% and doubles greedy ones' throughput: each kind of step
+    settles on its own arm, and a long sampled stretch does not carry its choice into the greedy one after it."""
+    gov = SpeculationGovernor()
+    drive(gov, 200 * EPOCH_STEPS, on_speed=0.6, sampled=True)
+    assert not gov.snapshot(sampled=True)[1]["on"] and 1 not in gov.snapshot()
+    arms = drive(gov, 200 * EPOCH_STEPS, on_speed=2.0)
+    assert gov.snapshot()[1]["on"] and not gov.snapshot(sampled=True)[1]["on"]
+    # greedy steps start afresh, on first (from the step after the first: that one's arm was the sampled epoch's)
+    assert arms[1:EPOCH_STEPS] == [True] * (EPOCH_STEPS - 1)
+
+
 def test_disabled_always_speculates_and_learns_nothing():
     gov = SpeculationGovernor(enabled=False)
     assert all(drive(gov, 20 * EPOCH_STEPS, on_speed=0.5)) and gov.snapshot() == {}
@@ -134,7 +146,7 @@ def test_disabled_always_speculates_and_learns_nothing():
 def test_the_explore_interval_starts_short():
     gov = SpeculationGovernor()
     drive(gov, (SETTLE + 1) * (EPOCH_STEPS + 1), on_speed=3.0)
-    assert gov._buckets[1].explore_every == EXPLORE_EVERY
+    assert gov._buckets[(1, False)].explore_every == EXPLORE_EVERY
 
 
 def test_engine_runs_epochs_of_both_arms_and_every_block_comes_back(tiny_checkpoint):
@@ -157,7 +169,7 @@ def test_engine_runs_epochs_of_both_arms_and_every_block_comes_back(tiny_checkpo
                            SamplingParams(max_tokens=160, temperature=1.0, seed=3))
     assert all(sum(len(o.new_token_ids) for o in req) == 160 for req in outs)
     assert True in arms and False in arms                            # both arms ran in the engine
-    assert any(s["samples"] for s in gov.snapshot().values())        # and were compared
+    assert any(s["samples"] for s in gov.snapshot(sampled=True).values())   # and were compared (sampled steps)
     assert 0 < engine.stats().spec.num_standby_steps < engine.stats().steps   # counted for the metrics
     assert engine.scheduler.block_manager.num_used_blocks == 0
 
