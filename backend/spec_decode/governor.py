@@ -23,7 +23,11 @@ epoch after ``EXPLORE_EVERY`` epochs of the chosen one, which yields two samples
 bracket it); the interval doubles up to ``EXPLORE_MAX`` while the re-tries confirm the choice, and returns to
 ``EXPLORE_EVERY`` when a re-try's own sample disagrees with it, before the mean has moved: after a change of
 workload (greedy code, where speculating doubled throughput, then sampled prose, where it costs 10%) the mean needs
-several samples to cross over, and at the longest interval they would take thousands of steps. The first step of an
+several samples to cross over, and at the longest interval they would take thousands of steps. The interval is
+never shorter than what keeps re-tries of a settled or confirmed choice within ``EXPLORE_BUDGET`` of the throughput
+(``retry_floor``): where speculating doubles throughput, each re-try epoch loses half an epoch, and on greedy
+``repeat`` at batch 1 the settling and the re-tries at 4, 8 and 16 epochs had run 160-190 of ~2,200 steps without
+speculation. A disagreeing re-try still resets the interval, so a change of workload is followed as fast. The first step of an
 epoch is not measured: it still verifies the drafts the other arm proposed (or has none proposed yet); after an
 epoch without speculation, the first ``WARMUP_STEPS`` are not: the proposer catches up with the tokens it did not
 see, the policy (woken from any doze) decides afresh, and only the step after a proposal verifies anything. With
@@ -57,11 +61,19 @@ EXPLORE_EVERY = 4     # epochs of the chosen arm before the other is tried again
 EXPLORE_MAX = 32      # the interval doubles up to this while the re-tries confirm the choice
 HYSTERESIS = 0.02     # |log ratio| past which the choice changes sides
 WARMUP_STEPS = 4      # unmeasured steps of an epoch with speculation after one without
+EXPLORE_BUDGET = 0.01  # re-tries of a confirmed choice cost at most this fraction of the throughput (retry_floor)
+EXPLORE_FLOOR_MAX = 128   # ... so the interval is at least that many epochs, up to this
 
 
 def epoch_steps(batch_bucket: int) -> int:
     """Decode steps per epoch for a batch-size bucket: ``EPOCH_STEPS / B``, at least ``MIN_EPOCH_STEPS``."""
     return max(MIN_EPOCH_STEPS, EPOCH_STEPS // batch_bucket)
+
+
+def retry_floor(log_ratio: float) -> int:
+    """Epochs between re-tries of the arm not chosen below which they would cost more than ``EXPLORE_BUDGET`` of the
+    throughput: a re-try epoch loses ``1 - exp(-|log_ratio|)`` of an epoch's tokens (at most ``EXPLORE_FLOOR_MAX``)."""
+    return min(EXPLORE_FLOOR_MAX, math.ceil((1.0 - math.exp(-abs(log_ratio))) / EXPLORE_BUDGET))
 
 
 def log_goodput_ratio(on_tokens_per_second: float, off_tokens_per_second: float) -> float:
@@ -117,8 +129,11 @@ class _Bucket:
         self.log_ratio += weight * (x - self.log_ratio)
         if self.to_confirm is not None:             # a re-try's sample: its own sign says whether it confirms
             confirmed = (x >= 0.0) == self.to_confirm
-            self.explore_every = min(EXPLORE_MAX, 2 * self.explore_every) if confirmed else EXPLORE_EVERY
+            self.explore_every = max(min(EXPLORE_MAX, 2 * self.explore_every), retry_floor(self.log_ratio)) \
+                if confirmed else EXPLORE_EVERY
             self.to_confirm = None
+        elif self.samples == SETTLE:                # settled: re-tries no more often than their budget allows
+            self.explore_every = max(EXPLORE_EVERY, retry_floor(self.log_ratio))
         if abs(self.log_ratio) > HYSTERESIS or self.samples <= SETTLE:
             self.choice = self.log_ratio >= 0.0
 

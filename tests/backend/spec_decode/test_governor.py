@@ -12,6 +12,7 @@ from backend.core.sequence import Sequence
 from backend.engine.llm_engine import LLMEngine
 from backend.spec_decode.governor import (
     EPOCH_STEPS,
+    EXPLORE_BUDGET,
     EXPLORE_EVERY,
     EXPLORE_MAX,
     SETTLE,
@@ -19,6 +20,7 @@ from backend.spec_decode.governor import (
     SpeculationGovernor,
     epoch_steps,
     log_goodput_ratio,
+    retry_floor,
 )
 from backend.spec_decode.speculator import evidence_class
 from contracts.sampling_params import SamplingParams
@@ -54,8 +56,10 @@ def test_speculation_that_pays_stays_on_but_for_rare_re_tries():
     assert arms[0]                                                   # on first
     assert gov.snapshot()[1]["on"] and gov.snapshot()[1]["log_ratio"] == pytest.approx(math.log(1.8))
     late = arms[len(arms) // 2:]
-    assert late.count(False) / len(late) < 1.1 / (EXPLORE_MAX + 1)  # one re-try epoch per longest interval
-    assert gov._buckets[(1, False)].explore_every == EXPLORE_MAX
+    floor = retry_floor(math.log(1.8))                              # each re-try loses 44% of an epoch
+    assert floor > EXPLORE_MAX and (1 - 1 / 1.8) / floor <= EXPLORE_BUDGET
+    assert late.count(False) / len(late) < 1.1 / (floor + 1)        # one re-try epoch per budgeted interval
+    assert gov._buckets[(1, False)].explore_every == floor
 
 
 def test_speculation_that_costs_is_turned_off():
@@ -82,22 +86,26 @@ def epoch_arms(gov: SpeculationGovernor) -> list[bool]:
 def test_arms_alternate_until_settled_then_follow_the_samples():
     gov = SpeculationGovernor()
     arms = epoch_arms(gov)
-    drive(gov, 30 * (EPOCH_STEPS + WARMUP_STEPS), on_speed=0.5)
+    drive(gov, 80 * (EPOCH_STEPS + WARMUP_STEPS), on_speed=0.5)
     # on, off, on, off: a sample from each run that follows a run of the other arm, taken when that run ends
     assert arms[:SETTLE + 2] == [True, False, True, False][:SETTLE + 2]
-    assert arms[SETTLE + 2:SETTLE + 2 + EXPLORE_EVERY] == [False] * EXPLORE_EVERY   # decided: off
-    assert arms[SETTLE + 2 + EXPLORE_EVERY] is True                                  # then one re-try
+    # decided: off, for as long as re-tries of a choice worth 2x stay within their budget; then one re-try
+    wait = max(EXPLORE_EVERY, retry_floor(math.log(0.5)))
+    assert wait > EXPLORE_EVERY
+    assert arms[SETTLE + 2:SETTLE + 2 + wait] == [False] * wait
+    assert arms[SETTLE + 2 + wait] is True
 
 
 def test_a_change_of_workload_is_followed_within_a_few_re_tries():
     gov = SpeculationGovernor()
     drive(gov, 2000 * EPOCH_STEPS // 10, on_speed=2.0)              # greedy code: speculating doubles throughput
-    assert gov.speculating() and gov._buckets[(1, False)].explore_every == EXPLORE_MAX
+    assert gov.speculating() and gov._buckets[(1, False)].explore_every == retry_floor(math.log(2.0))
     arms = drive(gov, 2000 * EPOCH_STEPS // 10, on_speed=0.85)     # sampled prose: it costs 15%
     switched = arms.index(False, arms.index(False) + 1) if arms.count(False) > 1 else None
-    # the first re-try comes within the longest interval; from its disagreeing sample on, re-tries come every
-    # EXPLORE_EVERY epochs until the mean crosses over
-    assert switched is not None and switched < (EXPLORE_MAX + 6 * (EXPLORE_EVERY + 1)) * (EPOCH_STEPS + 1)
+    # the first re-try comes within the longest interval (the budgeted one of a 2x gain); from its disagreeing
+    # sample on, re-tries come every EXPLORE_EVERY epochs until the mean crosses over
+    longest = max(EXPLORE_MAX, retry_floor(math.log(2.0)))
+    assert switched is not None and switched < (longest + 6 * (EXPLORE_EVERY + 1)) * (EPOCH_STEPS + 1)
     assert not gov.speculating()
     last = arms[-50 * EPOCH_STEPS:]
     assert last.count(True) / len(last) < 0.05
