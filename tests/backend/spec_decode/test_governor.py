@@ -220,3 +220,32 @@ def test_greedy_and_sampled_requests_learn_acceptance_apart(tiny_checkpoint):
     pol = engine.speculator.policy               # and the step costs: greedy steps' apart from sampled ones'
     assert pol.costs.snapshot()[1] and pol.sampled_costs.snapshot()[1]
     assert engine.scheduler.block_manager.num_used_blocks == 0
+
+
+def test_sampled_sequences_idle_at_k_0_are_not_looked_up(tiny_checkpoint):
+    """A sampled sequence the policy holds at k = 0 for its last lookup's class skips its lookups until its probe
+    is due; greedy sequences are looked up every round. Output and blocks as ever."""
+    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", kv_cache_bytes=16 << 20,
+                                    speculative_method="ngram"))
+    sp = engine.speculator
+    sp.governor.enabled = False
+    looked, decoding, propose = [], [], sp.proposer.propose
+    choose = sp._proposal
+
+    def recording_proposal(scheduler, seqs, clock):
+        decoding.append(len(seqs))
+        return choose(scheduler, seqs, clock)
+
+    def recording_propose(seqs, ks, grammar=None):
+        looked.append(len(seqs))
+        return propose(seqs, ks, grammar)
+
+    sp._proposal, sp.proposer.propose = recording_proposal, recording_propose
+    prompts = repeating_prompts(4, 3, stem_len=8, span_range=(4, 8), gap_range=(0, 4))
+    outs = engine.generate(prompts, SamplingParams(max_tokens=96, temperature=1.0, seed=7))
+    assert all(sum(len(o.new_token_ids) for o in req) == 96 for req in outs)
+    assert sum(looked) < sum(decoding)                  # some rounds skipped some sequences' lookups
+    assert engine.scheduler.block_manager.num_used_blocks == 0 and not sp._last_class
+    looked.clear(), decoding.clear()
+    engine.generate(prompts, SamplingParams(max_tokens=48, temperature=0.0))
+    assert looked == decoding                           # greedy: every decoding sequence, every round
