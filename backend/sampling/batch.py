@@ -59,6 +59,12 @@ class SamplingBatch:
         return max(asked) if asked else None
 
 
+def is_sampled(seq: Sequence) -> bool:
+    """The sequence samples its tokens (a temperature above ``GREEDY_EPS``): its verification draws from filtered
+    distributions where a greedy one takes an argmax."""
+    return seq.params.temperature >= GREEDY_EPS
+
+
 def is_plain_greedy(seq: Sequence) -> bool:
     """The sequence's next token is exactly the argmax of its raw logits: greedy, no penalties, no bans
     (bad words, or EOS/stop ids held back by ``min_tokens``), no logprobs. Such rows need no batch."""

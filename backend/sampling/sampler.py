@@ -18,7 +18,7 @@ import torch
 
 from backend.core.outputs import TokenLogprob
 from backend.core.sequence import Sequence
-from backend.sampling.batch import GREEDY_EPS, SamplingBatch, build_sampling_batch, reads_output_ids
+from backend.sampling.batch import SamplingBatch, build_sampling_batch, is_sampled, reads_output_ids
 from backend.sampling.bitmask_kernels import TORCH_KERNELS, BitmaskKernels
 from backend.sampling.ops import (
     apply_bans,
@@ -240,7 +240,7 @@ class Sampler:
         probs = compute_probs(logits, batch, self.bitmask_kernels)             # [R, vocab]
         b, k_max, dev = len(seqs), max(counts), logits.device
         gens = [self.generator_for(s) for s in seqs]
-        greedy = [s.params.temperature < GREEDY_EPS for s in seqs]
+        greedy = [not is_sampled(s) for s in seqs]
         u = None
         if k_max:
             u = torch.rand(b, k_max, generator=self.generator, device=dev)      # unseeded rows
@@ -273,7 +273,6 @@ class Sampler:
                     logprobs[i] = lps[pos:pos + len(t)]
                 pos += len(t)
         return VerifyOutput(token_ids, logprobs, acc)
-
 
     @staticmethod
     def host_rule(t: torch.Tensor) -> bool:

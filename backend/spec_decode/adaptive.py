@@ -114,7 +114,8 @@ def shrunk_acceptance(own: list[float], observations: list[int], engine: list[fl
     estimate as it is (``cap_unobserved`` keeps that no better than the position before where the engine has
     not observed it either)."""
     n_max, w = 1.0 / MIN_WEIGHT, SEQ_PRIOR_WEIGHT
-    return [g if not n else (w * g + min(n, n_max) * m) / (w + min(n, n_max)) for m, n, g in zip(own, observations, engine)]
+    return [g if not n else (w * g + min(n, n_max) * m) / (w + min(n, n_max))
+            for m, n, g in zip(own, observations, engine)]
 
 
 def best_num_drafts(acceptance: list[float], step_share: float, extra_seconds: list[float]) -> int:
@@ -199,7 +200,9 @@ class AdaptiveDraftLength:
 
     def acceptance(self, seq_id: int, evidence: int = 0) -> list[float]:
         """The sequence's per-position acceptance estimate for drafts backed by ``evidence`` (shrunk_acceptance)."""
-        st = self._state(seq_id, evidence)
+        return self._shrunk(self._state(seq_id, evidence), evidence)
+
+    def _shrunk(self, st: _SeqState, evidence: int) -> list[float]:
         return shrunk_acceptance(st.acceptance, st.observations, self._global(evidence)[0])
 
     def idle(self, seq_id: int, evidence: int = 0) -> bool:
@@ -239,7 +242,7 @@ class AdaptiveDraftLength:
         if plain is None or extras[0] is None:           # costs unknown: speculate fully to measure them
             self._merit = True                           # (nothing is known yet: no dozing until it is)
             return k_max
-        acceptance = shrunk_acceptance(st.acceptance, st.observations, self._global(evidence)[0])
+        acceptance = self._shrunk(st, evidence)
         k = best_num_drafts(acceptance, plain / n, extras)
         if k > 0:
             st.steps_at_zero, st.probe_at, st.probe_interval = 0, 0, PROBE_EVERY

@@ -30,7 +30,7 @@ import torch
 from backend.core.plan import ModelRunnerOutput, SchedulerOutput
 from backend.core.scheduler import Scheduler
 from backend.core.sequence import Sequence
-from backend.sampling.batch import GREEDY_EPS
+from backend.sampling.batch import is_sampled
 from backend.spec_decode.adaptive import AdaptiveDraftLength
 from backend.spec_decode.governor import SpeculationGovernor
 from backend.spec_decode.proposer import DraftGrammar, Proposal, Proposer
@@ -44,18 +44,13 @@ class DraftChecker(DraftGrammar, Protocol):
         """How many leading ``drafts`` the sequence's grammar admits (all of them for unguided ones)."""
 
 
-def sampled(seq: Sequence) -> bool:
-    """Whether the sequence samples (not greedy): its verification draws, and costs more than an argmax."""
-    return seq.params.temperature >= GREEDY_EPS
-
-
 def evidence_class(seq: Sequence, evidence: int) -> int:
     """The class the policy learns acceptance for: the proposer's evidence, apart for greedy and sampled requests. A
     sampled request accepts a point-mass draft with probability ``p(d)``, a greedy one only when ``d`` is the argmax:
     pooled, the sampled requests of one workload (n-gram drafts at T=0.8 on ``mixed``) set the engine-wide estimates
     every new greedy request started from, and at batch 32 the greedy requests that followed did not speculate at
     all (0.92x of no speculation, where alone they ran 1.17x)."""
-    return 2 * evidence + sampled(seq)
+    return 2 * evidence + is_sampled(seq)
 
 
 def cut_drafts(drafts: list[int], num_valid: int, sampled_from_q: bool) -> int:
@@ -105,6 +100,7 @@ class Speculator:
         """Learn from the step's verifications and time (``step_seconds``, measured on ``clock``); propose the
         next step's drafts, timed on the same clock; report a decode step, this call included, to the governor."""
         start = clock()
+        step_sampled = any(is_sampled(s.seq) for s in plan.scheduled)   # steps with a sampled request: apart
         if not self.governor.speculating():       # an epoch without speculation (governor.py)
             self._stand_by(scheduler, plan, output)
         else:
@@ -113,13 +109,13 @@ class Speculator:
             if self.policy.asleep():              # dozing: nothing drafted for a while (adaptive.py)
                 self.release_gone(scheduler)
             else:
-                self._learn(plan, output, step_seconds)
+                self._learn(plan, output, step_seconds, step_sampled)
                 self.release_gone(scheduler)
                 self._propose(scheduler, clock)
         # a decode step (no prefill chunk) counts towards the governor's epochs
         if self.governor.enabled and all(s.num_new_tokens == 1 + s.num_draft_tokens for s in plan.scheduled):
             self.governor.observe(len(plan.scheduled), sum(map(len, output.sampled_token_ids)),
-                                  step_seconds + clock() - start, any(sampled(s.seq) for s in plan.scheduled))
+                                  step_seconds + clock() - start, step_sampled)
 
     def _observe_verifications(self, plan: SchedulerOutput, output: ModelRunnerOutput) -> tuple[bool, int]:
         """The policy observes the step's verifications; (no prefill chunk in the step, draft tokens verified)."""
@@ -133,16 +129,17 @@ class Speculator:
                 decode_only = False
         return decode_only, drafts
 
-    def _learn(self, plan: SchedulerOutput, output: ModelRunnerOutput, step_seconds: float) -> None:
-        """The policy observes the step's verifications and, for a warm decode-only step, its time."""
+    def _learn(self, plan: SchedulerOutput, output: ModelRunnerOutput, step_seconds: float,
+               step_sampled: bool) -> None:
+        """The policy observes the step's verifications and, for a warm decode-only step, its time (``step_sampled``:
+        a sequence in it samples)."""
         decode_only, drafts = self._observe_verifications(plan, output)
         if not decode_only:
             self._cold_steps = COLD_STEPS
         elif self._cold_steps:                    # caches still cold from a prefill: not a cost of speculating
             self._cold_steps -= 1
         elif plan.scheduled:
-            self.policy.observe_step(len(plan.scheduled), drafts, step_seconds,
-                                     any(sampled(s.seq) for s in plan.scheduled))
+            self.policy.observe_step(len(plan.scheduled), drafts, step_seconds, step_sampled)
 
     def _stand_by(self, scheduler: Scheduler, plan: SchedulerOutput, output: ModelRunnerOutput) -> None:
         """A round of an epoch without speculation: propose nothing. The first such step may still verify drafts
@@ -156,7 +153,7 @@ class Speculator:
     def _propose(self, scheduler: Scheduler, clock: Callable[[], float]) -> None:
         self.draft_probs, self._evidence = {}, {}
         decoding = [s for s in scheduler.running if s.num_tokens - s.num_computed_tokens == 1]
-        if not decoding or self.policy.plain_step_due(len(decoding), any(map(sampled, decoding))):
+        if not decoding or self.policy.plain_step_due(len(decoding), any(map(is_sampled, decoding))):
             return
         proposal = self._proposal(scheduler, decoding, clock)
         self.policy.end_round()
@@ -179,7 +176,7 @@ class Speculator:
             for seq in looked:
                 if seq.seq_id in proposal.draft_token_ids:
                     cls = proposal.evidence[seq.seq_id] = evidence_class(seq, proposal.evidence.get(seq.seq_id, 0))
-                    if sampled(seq):
+                    if is_sampled(seq):
                         self._last_class[seq.seq_id] = cls
             self._cut_by_policy(proposal, len(decoding))
         else:                                    # drafting costs: the policy chooses first
