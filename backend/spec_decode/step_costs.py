@@ -60,10 +60,15 @@ def bucket(num_seqs: int) -> int:
 def interpolate_extra(measured: dict[int, float], k: int) -> float:
     """``x(k)`` from the measured lengths: exact, else linear between neighbours (``x(0) = 0``), else
     in proportion to ``k`` above the longest measured one. ``measured`` must not be empty."""
-    if k in measured:
-        return measured[k]
-    lo = max((j for j in measured if j < k), default=0)
-    hi = min((j for j in measured if j > k), default=None)
+    x = measured.get(k)
+    if x is not None:
+        return x
+    lo, hi = 0, None                 # the nearest measured lengths below and above k (a loop: called every round)
+    for j in measured:
+        if j < k:
+            lo = max(lo, j)
+        elif hi is None or j < hi:
+            hi = j
     x_lo = measured.get(lo, 0.0)
     if hi is None:
         return x_lo * k / lo
@@ -170,33 +175,38 @@ class StepCosts:
         if b is None:
             return None, None
         by_k = self.extra[b]
-        measured = {j: t.estimate() for j, t in by_k.items()}
-        longer = sorted(measured.items())          # ascending; swept from the end for the monotone cap
-        cap, i = float("inf"), len(longer) - 1
+        seen = self.speculative_steps[b]
+        measured, weak = {}, []
+        for j, t in by_k.items():
+            measured[j] = t.estimate()
+            if j <= k_max and (not t.settled or seen - t.last_seen >= STALE_LENGTH):
+                weak.append(j)
+        # x(k): no dearer than a longer measured length; swept from k_max down, ``cap`` the cheapest longer one
+        cap = min((v for j, v in measured.items() if j > k_max), default=float("inf"))
         extras = [0.0] * k_max
-        for k in range(k_max, 0, -1):              # x(k): no dearer than a longer measured length
-            while i >= 0 and longer[i][0] > k:
-                cap = min(cap, longer[i][1])
-                i -= 1
-            extras[k - 1] = min(interpolate_extra(measured, k), cap)
+        for k in range(k_max, 0, -1):
+            x = measured.get(k)
+            if x is None:
+                extras[k - 1] = min(interpolate_extra(measured, k), cap)
+            else:
+                extras[k - 1] = min(x, cap)
+                cap = min(cap, x)
         pessimistic = extras[k_max - 1]
-        if len(measured) > 1:                      # weakly measured lengths: no more than the others imply
-            seen = self.speculative_steps[b]
-            for j, t in by_k.items():
-                if j <= k_max and (not t.settled or seen - t.last_seen >= STALE_LENGTH):
-                    others = {i: v for i, v in measured.items() if i != j}
-                    extras[j - 1] = min(extras[j - 1], interpolate_extra(others, j))
+        if weak and len(measured) > 1:             # weakly measured lengths: no more than the others imply
+            for j in weak:
+                others = {i: v for i, v in measured.items() if i != j}
+                extras[j - 1] = min(extras[j - 1], interpolate_extra(others, j))
         return extras, pessimistic
 
     def _extra_bucket(self, num_seqs: int) -> int | None:
         """The bucket whose draft costs stand for ``num_seqs``: its own, else the nearest measured one."""
         b = bucket(num_seqs)
-        if not self.extra.get(b):
-            known = [c for c, by_k in self.extra.items() if by_k]
-            if not known:
-                return None
-            b = min(known, key=lambda c: (abs(c.bit_length() - b.bit_length()), c))
-        return b
+        if self.extra.get(b):
+            return b
+        known = [c for c, by_k in self.extra.items() if by_k]
+        if not known:
+            return None
+        return min(known, key=lambda c: (abs(c.bit_length() - b.bit_length()), c))
 
     def _extra(self, b: int, measured: dict[int, float], k: int, optimistic: bool) -> float:
         by_k = self.extra[b]
