@@ -53,6 +53,18 @@ def evidence_class(seq: Sequence, evidence: int) -> int:
     return 2 * evidence + is_sampled(seq)
 
 
+def step_kind(plan: SchedulerOutput) -> tuple[bool, bool]:
+    """(decode-only: every scheduled sequence computes its last token and its drafts, no prefill chunk; some
+    scheduled sequence samples), in one pass over the step."""
+    decode_only, sampled = True, False
+    for s in plan.scheduled:
+        if s.num_new_tokens != 1 + s.num_draft_tokens:
+            decode_only = False
+        if not sampled and is_sampled(s.seq):
+            sampled = True
+    return decode_only, sampled
+
+
 def cut_drafts(drafts: list[int], num_valid: int, sampled_from_q: bool) -> int:
     """How many drafts to verify when only the first ``num_valid`` are grammar-valid: all valid ones,
     plus the first invalid one when the draft was drawn from a distribution (module docstring)."""
@@ -100,7 +112,7 @@ class Speculator:
         """Learn from the step's verifications and time (``step_seconds``, measured on ``clock``); propose the
         next step's drafts, timed on the same clock; report a decode step, this call included, to the governor."""
         start = clock()
-        step_sampled = any(is_sampled(s.seq) for s in plan.scheduled)   # steps with a sampled request: apart
+        decode_only, step_sampled = step_kind(plan)
         if not self.governor.speculating():       # an epoch without speculation (governor.py)
             self._stand_by(scheduler, plan, output)
         else:
@@ -109,31 +121,28 @@ class Speculator:
             if self.policy.asleep():              # dozing: nothing drafted for a while (adaptive.py)
                 self.release_gone(scheduler)
             else:
-                self._learn(plan, output, step_seconds, step_sampled)
+                self._learn(plan, output, step_seconds, decode_only, step_sampled)
                 self.release_gone(scheduler)
                 self._propose(scheduler, clock)
-        # a decode step (no prefill chunk) counts towards the governor's epochs
-        if self.governor.enabled and all(s.num_new_tokens == 1 + s.num_draft_tokens for s in plan.scheduled):
+        if self.governor.enabled and decode_only:  # a decode step (no prefill chunk) counts towards its epochs
             self.governor.observe(len(plan.scheduled), sum(map(len, output.sampled_token_ids)),
                                   step_seconds + clock() - start, step_sampled)
 
-    def _observe_verifications(self, plan: SchedulerOutput, output: ModelRunnerOutput) -> tuple[bool, int]:
-        """The policy observes the step's verifications; (no prefill chunk in the step, draft tokens verified)."""
-        decode_only, drafts = True, 0
+    def _observe_verifications(self, plan: SchedulerOutput, output: ModelRunnerOutput) -> int:
+        """The policy observes the step's verifications; the draft tokens verified."""
+        drafts = 0
         for sched, tokens in zip(plan.scheduled, output.sampled_token_ids):
             if sched.num_draft_tokens:
                 drafts += sched.num_draft_tokens
                 sid = sched.seq.seq_id
                 self.policy.observe_verify(sid, sched.num_draft_tokens, len(tokens) - 1, self._evidence.get(sid, 0))
-            elif sched.num_new_tokens != 1:
-                decode_only = False
-        return decode_only, drafts
+        return drafts
 
-    def _learn(self, plan: SchedulerOutput, output: ModelRunnerOutput, step_seconds: float,
+    def _learn(self, plan: SchedulerOutput, output: ModelRunnerOutput, step_seconds: float, decode_only: bool,
                step_sampled: bool) -> None:
         """The policy observes the step's verifications and, for a warm decode-only step, its time (``step_sampled``:
         a sequence in it samples)."""
-        decode_only, drafts = self._observe_verifications(plan, output)
+        drafts = self._observe_verifications(plan, output)
         if not decode_only:
             self._cold_steps = COLD_STEPS
         elif self._cold_steps:                    # caches still cold from a prefill: not a cost of speculating
