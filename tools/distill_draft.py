@@ -33,7 +33,7 @@ from backend.model.llama import LlamaForCausalLM
 from backend.model.loader import load_model, save_model
 from tools.corpus import corpus_files
 from tools.model_report import heldout_ids, window_logits
-from tools.train_model import batch_at, encode_files, heldout_loss, lr_at
+from tools.train_model import batch_with_copies, encode_files, heldout_copy_accuracy, heldout_loss, lr_at
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -87,6 +87,10 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--hard-weight", type=float, default=0.0,
                     help="add this weight of cross-entropy to the target's argmax (what greedy agreement counts)")
+    ap.add_argument("--copy-fraction", type=float, default=0.0,
+                    help="share of the rows that carry a repeated span (tools.train_model.with_repeated_span): the "
+                         "target copies such spans, and the draft learns to copy them with it; 0 = plain windows")
+    ap.add_argument("--copy-span", default="8,128", help="min,max length of the repeated span")
     ap.add_argument("--seed", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--eval-every", type=int, default=100)
@@ -98,6 +102,9 @@ def main() -> None:
         raise ValueError("--temperature and --lr must be positive")
     if args.hard_weight < 0:
         raise ValueError("--hard-weight must be >= 0")
+    span = tuple(int(v) for v in args.copy_span.split(","))
+    if not 0.0 <= args.copy_fraction <= 1.0 or len(span) != 2 or not 2 <= span[0] <= span[1]:
+        raise ValueError("--copy-fraction must be in [0, 1] and --copy-span 'min,max' with 2 <= min <= max")
     for f in TOKENIZER_FILES:
         if (args.target / f).read_bytes() != (args.init / f).read_bytes():
             raise ValueError(f"--init {args.init} and --target {args.target} differ in {f}: not the same tokenizer")
@@ -130,7 +137,7 @@ def main() -> None:
     while not last:
         step += 1
         starts = rng.integers(0, len(train) - args.seq_len - 1, size=args.batch)
-        x, _ = batch_at(train, starts, args.seq_len)
+        x, _ = batch_with_copies(train, starts, args.seq_len, rng, args.copy_fraction, span)
         if args.steps:
             last = step == args.steps
             lr = lr_at(step - 1, args.steps, args.lr, args.warmup)
@@ -162,13 +169,16 @@ def main() -> None:
     elapsed = time.time() - t0
     agree = heldout_agreement(draft, report_ids, target_argmax)
     ho = heldout_loss(draft, heldout, args.seq_len)
+    copy_acc = heldout_copy_accuracy(draft, heldout, args.seq_len, span)
     save_model(draft, args.out, cfg_dict)
     for f in TOKENIZER_FILES + ("generation_config.json",):
         shutil.copy(args.init / f, args.out / f)
     runs = list(prior.get("runs", [{k: prior[k] for k in ("steps", "tokens_seen", "training_minutes", "peak_lr",
                                                              "seed") if k in prior}]))
     runs.append({"kind": "distill", "teacher": str(args.target), "temperature": args.temperature,
-                 **({"hard_weight": args.hard_weight} if args.hard_weight else {}), "steps": step,
+                 **({"hard_weight": args.hard_weight} if args.hard_weight else {}),
+                 **({"copy_fraction": args.copy_fraction, "copy_span": list(span)} if args.copy_fraction else {}),
+                 "seq_len": args.seq_len, "steps": step,
                  "tokens_seen": step * tokens_per_step, "training_minutes": elapsed / 60, "peak_lr": args.lr,
                  "seed": args.seed, "threads": args.threads, "heldout_agreement_before": start_agree,
                  "heldout_agreement_after": agree})
@@ -176,7 +186,8 @@ def main() -> None:
              "tokens_seen": sum(r["tokens_seen"] for r in runs),
              "epochs": sum(r["tokens_seen"] for r in runs) / len(train),
              "training_minutes": sum(r["training_minutes"] for r in runs),
-             "heldout_loss": ho, "heldout_perplexity": math.exp(ho), "heldout_agreement": agree}
+             "heldout_loss": ho, "heldout_perplexity": math.exp(ho), "heldout_agreement": agree,
+             "heldout_copy_accuracy": copy_acc}
     (args.out / "training_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     print(json.dumps(stats, indent=2), flush=True)
 

@@ -40,3 +40,15 @@ def test_distillation_note_names_every_run_and_its_agreement():
     assert "Distillation run 2 continued from that draft" in text
     assert "50.0% before, 55.0% after" in text and "55.0% before, 61.0% after" in text
     assert distillation_note({"runs": [{"steps": 5}]}) == []
+
+
+@pytest.mark.parametrize("args", [["--copy-fraction", "1.5"], ["--copy-fraction", "0.5", "--copy-span", "1,8"],
+                                  ["--copy-span", "64,8"]])
+def test_copy_options_are_checked_before_anything_loads(monkeypatch, tmp_path, args):
+    import sys
+
+    from tools import distill_draft
+
+    monkeypatch.setattr(sys, "argv", ["distill_draft", "--out", str(tmp_path), "--steps", "1", *args])
+    with pytest.raises(ValueError, match="--copy"):
+        distill_draft.main()
