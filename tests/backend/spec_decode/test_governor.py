@@ -10,7 +10,9 @@ import pytest
 from backend.config import EngineConfig
 from backend.core.sequence import Sequence
 from backend.engine.llm_engine import LLMEngine
+from backend.spec_decode import governor as governor_module
 from backend.spec_decode.governor import (
+    DECISIVE,
     EPOCH_STEPS,
     EXPLORE_BUDGET,
     EXPLORE_EVERY,
@@ -86,14 +88,28 @@ def epoch_arms(gov: SpeculationGovernor) -> list[bool]:
 def test_arms_alternate_until_settled_then_follow_the_samples():
     gov = SpeculationGovernor()
     arms = epoch_arms(gov)
-    drive(gov, 80 * (EPOCH_STEPS + WARMUP_STEPS), on_speed=0.5)
+    assert abs(math.log(0.8)) < DECISIVE
+    drive(gov, 80 * (EPOCH_STEPS + WARMUP_STEPS), on_speed=0.8)
     # on, off, on, off: a sample from each run that follows a run of the other arm, taken when that run ends
     assert arms[:SETTLE + 2] == [True, False, True, False][:SETTLE + 2]
-    # decided: off, for as long as re-tries of a choice worth 2x stay within their budget; then one re-try
-    wait = max(EXPLORE_EVERY, retry_floor(math.log(0.5)))
+    # decided: off, for as long as re-tries of a choice worth 1.25x stay within their budget; then one re-try
+    wait = max(EXPLORE_EVERY, retry_floor(math.log(0.8)))
     assert wait > EXPLORE_EVERY
     assert arms[SETTLE + 2:SETTLE + 2 + wait] == [False] * wait
     assert arms[SETTLE + 2 + wait] is True
+
+
+@pytest.mark.parametrize("on_speed", [2.0, 0.5])
+def test_one_decisive_sample_settles(on_speed):
+    """A first sample that says one arm is at least 1.5x faster settles the bucket at once: on, off, on, then
+    the faster arm, without the second epoch of the slower one."""
+    gov = SpeculationGovernor()
+    arms = epoch_arms(gov)
+    faster = on_speed > 1.0
+    wait = max(EXPLORE_EVERY, retry_floor(math.log(on_speed)))
+    drive(gov, (wait + 8) * (EPOCH_STEPS + WARMUP_STEPS), on_speed=on_speed)
+    assert arms[:3] == [True, False, True]
+    assert arms[3:3 + wait] == [faster] * wait and arms[3 + wait] is not faster   # then the budgeted re-try
 
 
 def test_a_change_of_workload_is_followed_within_a_few_re_tries():
@@ -182,10 +198,12 @@ def test_engine_runs_epochs_of_both_arms_and_every_block_comes_back(tiny_checkpo
     assert engine.scheduler.block_manager.num_used_blocks == 0
 
 
-def test_greedy_output_is_exact_across_epochs_of_both_arms(tiny_checkpoint):
+def test_greedy_output_is_exact_across_epochs_of_both_arms(tiny_checkpoint, monkeypatch):
     """Greedy requests long enough for several epochs of each arm (the transitions included: an epoch without
     speculation whose first step verifies drafts, speculation resuming with a woken policy) give the output of an
-    engine without speculation, token for token, and free every block."""
+    engine without speculation, token for token, and free every block. (No sample settles the arms alone here:
+    they alternate for two samples, so both transitions happen twice.)"""
+    monkeypatch.setattr(governor_module, "DECISIVE", math.inf)
     prompts = repeating_prompts(3, 5, stem_len=8, span_range=(4, 8), gap_range=(0, 4))
     params = SamplingParams(max_tokens=200, temperature=0.0)
     plain = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", kv_cache_bytes=16 << 20))
