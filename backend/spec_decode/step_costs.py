@@ -40,6 +40,7 @@ shipped setting), wall time otherwise: the work a step does, not the time other 
 """
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -63,16 +64,19 @@ def interpolate_extra(measured: dict[int, float], k: int) -> float:
     x = measured.get(k)
     if x is not None:
         return x
-    lo, hi = 0, None                 # the nearest measured lengths below and above k (a loop: called every round)
-    for j in measured:
-        if j < k:
-            lo = max(lo, j)
-        elif hi is None or j < hi:
-            hi = j
-    x_lo = measured.get(lo, 0.0)
-    if hi is None:
-        return x_lo * k / lo
-    return x_lo + (measured[hi] - x_lo) * (k - lo) / (hi - lo)
+    keys = sorted(measured)
+    hi = bisect.bisect_right(keys, k)                 # the shortest measured length above k (len: none)
+    return between(keys, [measured[j] for j in keys], hi - 1, hi, k)
+
+
+def between(keys: list[int], values: list[float], lo: int, hi: int, k: int) -> float:
+    """``interpolate_extra`` for an unmeasured ``k`` from measured lengths ``keys`` (ascending, with ``values``):
+    ``keys[lo]`` the nearest below ``k`` (``lo = -1``: none, ``x(0) = 0``), ``keys[hi]`` the nearest above
+    (``hi = len(keys)``: none, ``x`` then grows in proportion to ``k``)."""
+    k_lo, x_lo = (keys[lo], values[lo]) if lo >= 0 else (0, 0.0)
+    if hi >= len(keys):
+        return x_lo * k / k_lo
+    return x_lo + (values[hi] - x_lo) * (k - k_lo) / (keys[hi] - k_lo)
 
 
 @dataclass
@@ -176,26 +180,28 @@ class StepCosts:
             return None, None
         by_k = self.extra[b]
         seen = self.speculative_steps[b]
-        measured, weak = {}, []
-        for j, t in by_k.items():
-            measured[j] = t.estimate()
-            if j <= k_max and (not t.settled or seen - t.last_seen >= STALE_LENGTH):
-                weak.append(j)
-        # x(k): no dearer than a longer measured length; swept from k_max down, ``cap`` the cheapest longer one
-        cap = min((v for j, v in measured.items() if j > k_max), default=float("inf"))
+        keys = sorted(by_k)                        # the measured lengths, ascending, and their estimates
+        vals = [by_k[j].estimate() for j in keys]
         extras = [0.0] * k_max
-        for k in range(k_max, 0, -1):
-            x = measured.get(k)
-            if x is None:
-                extras[k - 1] = min(interpolate_extra(measured, k), cap)
+        i, cap = len(keys) - 1, float("inf")       # cap: the cheapest measured length longer than k
+        while i >= 0 and keys[i] > k_max:
+            cap = min(cap, vals[i])
+            i -= 1
+        for k in range(k_max, 0, -1):              # keys[i] <= k < keys[i + 1] (every longer key is in cap)
+            if i >= 0 and keys[i] == k:            # measured: no dearer than a longer measured length
+                extras[k - 1] = min(vals[i], cap)
+                cap = min(cap, vals[i])
+                i -= 1
             else:
-                extras[k - 1] = min(x, cap)
-                cap = min(cap, x)
+                extras[k - 1] = min(between(keys, vals, i, i + 1, k), cap)
         pessimistic = extras[k_max - 1]
-        if weak and len(measured) > 1:             # weakly measured lengths: no more than the others imply
-            for j in weak:
-                others = {i: v for i, v in measured.items() if i != j}
-                extras[j - 1] = min(extras[j - 1], interpolate_extra(others, j))
+        if len(keys) > 1:                          # weakly measured lengths: no more than the others imply
+            for idx, j in enumerate(keys):
+                if j > k_max:
+                    break
+                t = by_k[j]
+                if not t.settled or seen - t.last_seen >= STALE_LENGTH:   # the others' neighbours of j
+                    extras[j - 1] = min(extras[j - 1], between(keys, vals, idx - 1, idx + 1, j))
         return extras, pessimistic
 
     def _extra_bucket(self, num_seqs: int) -> int | None:
