@@ -18,10 +18,13 @@ run that follows a run of the other arm gives one sample of ``log(goodput_on / g
 mean per bucket (an average over the first ``SETTLE`` samples, then weight ``SAMPLE_WEIGHT``) chooses the arm,
 changing it only when the mean is past ``HYSTERESIS`` on the other side of 0 (where the arms are that close, either
 will do, and noisy samples would otherwise flip the choice back and forth, each flip costing a transition step).
-Until a bucket has ``SETTLE`` samples the arms alternate (on first), unless its first sample is *decisive*: one arm
-``DECISIVE`` (1.5x) faster or more, which noise between neighbouring epochs does not produce (on greedy ``repeat`` at
-batch 1 the samples read 1.8-5x; where speculation costs, 0.8-0.95x). Then the second epoch of the slower arm is
-skipped: at batch 1 on ``repeat`` the settling had run 66 steps without speculation in a 16-request round. After that the other arm is tried again for one
+Until a bucket has ``SETTLE`` samples the arms alternate (on first), unless its first sample is *decisive*:
+speculating ``DECISIVE`` (1.5x) faster or more, which noise between neighbouring epochs does not produce (on greedy
+``repeat`` at batch 1 the samples read 1.6-5x; where speculation costs, 0.6-0.95x). Then the second epoch without
+speculation is skipped: at batch 1 on ``repeat`` the settling had run 66 steps without speculation in a 16-request
+round. Only that way round: the first epoch with speculation carries the engine's one-off costs (its first verify
+steps, the policy measuring its costs), so a first sample against speculation is biased, and settling on it at once
+had once kept a whole round (~1,000 steps) of greedy ``repeat`` from speculating. After that the other arm is tried again for one
 epoch after ``EXPLORE_EVERY`` epochs of the chosen one, which yields two samples (the runs before and after it
 bracket it); the interval doubles up to ``EXPLORE_MAX`` while the re-tries confirm the choice, and returns to
 ``EXPLORE_EVERY`` when a re-try's own sample disagrees with it, before the mean has moved: after a change of
@@ -59,7 +62,7 @@ from backend.spec_decode.step_costs import bucket
 EPOCH_STEPS = 32      # decode steps per epoch at batch 1 (epoch_steps)
 MIN_EPOCH_STEPS = 8   # ... and at least, at any batch size
 SETTLE = 2            # samples per bucket before the arm is chosen by them (the arms alternate until then)
-DECISIVE = math.log(1.5)   # ... or one, when it says one arm is this much faster (|log ratio|)
+DECISIVE = math.log(1.5)   # ... or one, when it says speculating is this much faster (log ratio)
 SAMPLE_WEIGHT = 0.25  # weight of a new sample once a bucket has a few
 EXPLORE_EVERY = 4     # epochs of the chosen arm before the other is tried again
 EXPLORE_MAX = 32      # the interval doubles up to this while the re-tries confirm the choice
@@ -133,7 +136,7 @@ class _Bucket:
             self.explore_every = max(min(EXPLORE_MAX, 2 * self.explore_every), retry_floor(self.log_ratio)) \
                 if confirmed else EXPLORE_EVERY
             self.to_confirm = None
-        elif not self.settled and (self.samples >= SETTLE or abs(self.log_ratio) >= DECISIVE):
+        elif not self.settled and (self.samples >= SETTLE or self.log_ratio >= DECISIVE):
             self.settled = True                     # re-tries no more often than their budget allows
             self.explore_every = max(EXPLORE_EVERY, retry_floor(self.log_ratio))
         if abs(self.log_ratio) > HYSTERESIS or self.samples <= SETTLE:

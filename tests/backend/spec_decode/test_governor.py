@@ -20,6 +20,7 @@ from backend.spec_decode.governor import (
     SETTLE,
     WARMUP_STEPS,
     SpeculationGovernor,
+    _Bucket,
     epoch_steps,
     log_goodput_ratio,
     retry_floor,
@@ -99,17 +100,30 @@ def test_arms_alternate_until_settled_then_follow_the_samples():
     assert arms[SETTLE + 2 + wait] is True
 
 
-@pytest.mark.parametrize("on_speed", [2.0, 0.5])
-def test_one_decisive_sample_settles(on_speed):
-    """A first sample that says one arm is at least 1.5x faster settles the bucket at once: on, off, on, then
-    the faster arm, without the second epoch of the slower one."""
+def test_one_decisive_sample_for_speculation_settles():
+    """A first sample that says speculating is at least 1.5x faster settles the bucket at once: on, off, on, then
+    speculation, without a second epoch without it; the budgeted re-try follows."""
     gov = SpeculationGovernor()
     arms = epoch_arms(gov)
-    faster = on_speed > 1.0
-    wait = max(EXPLORE_EVERY, retry_floor(math.log(on_speed)))
-    drive(gov, (wait + 8) * (EPOCH_STEPS + WARMUP_STEPS), on_speed=on_speed)
+    wait = max(EXPLORE_EVERY, retry_floor(math.log(2.0)))
+    drive(gov, (wait + 8) * (EPOCH_STEPS + WARMUP_STEPS), on_speed=2.0)
     assert arms[:3] == [True, False, True]
-    assert arms[3:3 + wait] == [faster] * wait and arms[3 + wait] is not faster   # then the budgeted re-try
+    assert arms[3:3 + wait] == [True] * wait and arms[3 + wait] is False
+
+
+def test_a_first_sample_against_speculation_is_not_decisive():
+    """The first epoch with speculation carries one-off costs, so a first sample against it, however large, waits
+    for the second: on, off, on, off, as for a small difference."""
+    against, for_ = _Bucket(), _Bucket()
+    against.add_sample(math.log(0.5))
+    for_.add_sample(math.log(2.0))
+    assert not against.settled and for_.settled and for_.choice
+    against.add_sample(math.log(0.5))                    # the second sample settles it
+    assert against.settled and not against.choice
+    gov = SpeculationGovernor()
+    arms = epoch_arms(gov)
+    drive(gov, 12 * (EPOCH_STEPS + WARMUP_STEPS), on_speed=0.5)
+    assert arms[:4] == [True, False, True, False] and not any(arms[4:])
 
 
 def test_a_change_of_workload_is_followed_within_a_few_re_tries():
