@@ -446,6 +446,19 @@ def test_positions_never_observed_are_no_better_than_the_one_before():
     assert expected_accepted(a, 4) < expected_accepted([a[0]] + [PRIOR_ACCEPTANCE] * 3, 4) / 1.5
 
 
+def test_an_unobserved_position_follows_the_one_before_back_up():
+    """One early rejection at draft 3 lowers drafts 3 and 4 engine-wide; while only 3 drafts are verified (draft 4
+    never observed), draft 4's estimate rises with draft 3's again, up to the prior."""
+    pol = AdaptiveDraftLength(4)
+    pol.observe_verify(1, 4, 2, evidence=8)              # the first verification: draft 3 rejected
+    g = pol.global_acceptance[8]
+    assert g[3] == g[2] < 0.5
+    for _ in range(20):
+        pol.observe_verify(1, 3, 3, evidence=8)          # three drafts, all accepted
+    assert pol.global_observations[8][3] == 0
+    assert g[2] > 0.8 and g[3] == pytest.approx(min(g[2], PRIOR_ACCEPTANCE))
+
+
 def test_a_sequence_below_its_cap_is_probed_deeper():
     """One rejection at draft 4 must not hold k at 3 for good: positions past k are observed only when drafted,
     so now and then the full k is drafted, and once draft 4 is seen accepted k returns to 4."""
