@@ -20,8 +20,9 @@ speculation going. Its next measurement replaces its old ones.
 
 To keep ``t`` current while everyone speculates, the engine runs one step without drafts when a
 bucket's plain time is unknown or stale (``plain_step_due``: every ``PLAIN_EVERY`` speculative steps,
-``PLAIN_EVERY_UNSETTLED`` at first); the first step with drafts in a bucket then measures ``x`` at the full
-``k``, so a bucket's costs are known after two steps. The other way round, after ``STALE_AFTER`` plain steps
+``PLAIN_EVERY_UNSETTLED`` at first); the first ``SETTLED`` steps with drafts in a bucket then measure ``x`` at the
+full ``k`` (their median: one of them alone can be a one-off, ``_extra_bucket``), so a bucket's costs are known
+after four steps. The other way round, after ``STALE_AFTER`` plain steps
 in a bucket without a step with drafts, every sequence drafts its full ``k`` for one step
 (``remeasure_due``) and that measurement replaces the bucket's draft costs: costs measured while other
 processes slowed the machine down (a long step is descheduled more often than a short one) would otherwise
@@ -205,11 +206,18 @@ class StepCosts:
         return extras, pessimistic
 
     def _extra_bucket(self, num_seqs: int) -> int | None:
-        """The bucket whose draft costs stand for ``num_seqs``: its own, else the nearest measured one."""
+        """The bucket whose draft costs stand for ``num_seqs``: its own once it has had ``SETTLED`` steps with
+        drafts measured, else the nearest bucket that has; None while none has (the policy then drafts fully, to
+        measure). A bucket's first step with drafts alone does not count: a one-off 10 ms first step (a first
+        verify, a burst from another process) made drafts look 25 times dearer than they were and, with no other
+        length to bound it, kept the policy at k = 0 for ~1,100 steps, until a re-measurement (greedy ``repeat``:
+        once in ~15 runs the engine did not speculate for a whole round). A re-measurement later replaces the
+        costs with one step, as before: it is budgeted like a probe, and three steps at the full k each time
+        would cost ~4% at batch 32 where drafts do not pay."""
         b = bucket(num_seqs)
-        if self.extra.get(b):
+        if self.speculative_steps.get(b, 0) >= SETTLED and self.extra.get(b):
             return b
-        known = [c for c, by_k in self.extra.items() if by_k]
+        known = [c for c, by_k in self.extra.items() if by_k and self.speculative_steps.get(c, 0) >= SETTLED]
         if not known:
             return None
         return min(known, key=lambda c: (abs(c.bit_length() - b.bit_length()), c))
