@@ -23,11 +23,11 @@ speculating ``DECISIVE`` (1.5x) faster or more, which noise between neighbouring
 ``repeat`` at batch 1 the samples read 1.6-5x; where speculation costs, 0.6-0.95x). Then the second epoch without
 speculation is skipped: at batch 1 on ``repeat`` the settling had run 66 steps without speculation in a 16-request
 round. Only that way round: the first epoch with speculation carries the engine's one-off costs (its first verify
-steps, the policy measuring its costs), so a first sample against speculation is biased, and settling on it at once
-had once kept a whole round (~1,000 steps) of greedy ``repeat`` from speculating. After that the other arm is tried again for one
-epoch after ``EXPLORE_EVERY`` epochs of the chosen one, which yields two samples (the runs before and after it
-bracket it); the interval doubles up to ``EXPLORE_MAX`` while the re-tries confirm the choice, and returns to
-``EXPLORE_EVERY`` when a re-try's own sample disagrees with it, before the mean has moved: after a change of
+steps, the policy measuring its costs), so a first sample against speculation is biased against it, and settling
+on it alone would keep speculation off for the ~40 epochs a re-try's budget allows. After that the other arm is
+tried again for one epoch after ``EXPLORE_EVERY`` epochs of the chosen one, which yields two samples (the runs
+before and after it bracket it); the interval doubles up to ``EXPLORE_MAX`` while the re-tries confirm the choice,
+and returns to ``EXPLORE_EVERY`` when a re-try's own sample disagrees with it, before the mean has moved: after a change of
 workload (greedy code, where speculating doubled throughput, then sampled prose, where it costs 10%) the mean needs
 several samples to cross over, and at the longest interval they would take thousands of steps. The interval is
 never shorter than what keeps re-tries of a settled or confirmed choice within ``EXPLORE_BUDGET`` of the throughput
