@@ -106,7 +106,7 @@ def measure(engine: LLMEngine, items: list[Item], concurrency: int) -> dict:
            "verifies": verifies}
     if engine.speculator is not None:
         policy = engine.speculator.policy     # the costs of the cell's kind of steps: sampled or greedy
-        costs = policy.sampled_costs if any(it.params.temperature > 0 for it in items) else policy.costs
+        costs = policy.costs_for(any(it.params.temperature > 0 for it in items))
         plain, extra = costs.snapshot()
         row["plain_step_ms"] = {b: 1e3 * v for b, v in plain.items()}
         row["extra_ms_per_seq"] = {b: {k: 1e3 * v for k, v in by_k.items()} for b, by_k in extra.items()}

@@ -33,9 +33,8 @@ engine-wide estimates are learnt the same way from an optimistic prior worth ``P
 observations (an average at first, then weight ``GLOBAL_DECAY``, a memory of some 20 verifications): the
 prior is gone after a handful of verifications, a change of workload (greedy code, then sampled prose) is
 followed within a request, and the last few verifications alone do not set every sequence's estimate (at
-weight 0.2 a 4-token match's first-draft estimate swung between 0.73 and 0.98 on one workload). A sequence at ``k = 0`` is
-re-probed
-with its full ``k`` (one probe then measures every position: a repetitive request among unrepetitive
+weight 0.2 a 4-token match's first-draft estimate swung between 0.73 and 0.98 on one workload). A sequence at
+``k = 0`` is re-probed with its full ``k`` (one probe then measures every position: a repetitive request among unrepetitive
 ones is recognised from one probe) after ``PROBE_EVERY`` steps, the interval doubling (up to
 ``PROBE_MAX``) while probes keep failing and never shorter than what keeps all sequences' probes within
 ``PROBE_BUDGET`` of the plain step time (at large batches a probing sequence costs nearly a whole share
@@ -312,15 +311,19 @@ class AdaptiveDraftLength:
             self._step_speculating += 1
             self._step_max_drafts = max(self._step_max_drafts, num_drafts)
 
+    def costs_for(self, sampled: bool) -> StepCosts:
+        """The step costs of steps with a sampled request (``sampled``), or of steps of greedy requests only."""
+        return self.sampled_costs if sampled else self.costs
+
     @property
     def round_costs(self) -> StepCosts:
-        """The step costs this round's choices read: those of steps with a sampled request, or of greedy ones."""
-        return self.sampled_costs if self._sampled else self.costs
+        """The step costs this round's choices read (its decoding sequences include a sampled one, or not)."""
+        return self.costs_for(self._sampled)
 
     def observe_step(self, num_seqs: int, num_drafts: int, seconds: float, sampled: bool = False) -> None:
         """A decode-only step (no prefill chunk) over ``num_seqs`` sequences verifying ``num_drafts`` took ``seconds``;
         ``sampled``: some of its sequences sample (their verification costs more than a greedy argmax)."""
-        costs = self.sampled_costs if sampled else self.costs
+        costs = self.costs_for(sampled)
         if num_drafts == 0:
             costs.observe_plain(num_seqs, seconds)
         else:
