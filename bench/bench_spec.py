@@ -8,7 +8,9 @@ held-out code:
 - ``mixed``: ``bench_engine.py``'s mixed workload (prompts cut anywhere, no planted repetition).
 
 Prints, per cell, tokens/s and the ratio to ``none`` (with ``--rounds N``, every method runs N times, and the ratio
-is the median of the per-round ratios, their range in brackets; within a round the methods take turns every
+is the median of the per-round ratios, their range in brackets, then ``ci``: a distribution-free 90% confidence
+interval of that median (``bench.stats.median_interval``, from 5 rounds on; the goals are called met or not met only
+where it lies on one side of the target, else "within the noise"); within a round the methods take turns every
 ``--chunk`` requests, 2c by default, in alternating order, so that a slow spell of the shared machine hits them
 alike; ``--methods none,none-again,...`` adds a second engine without speculation, whose ratio is the
 measurement's own noise), the
@@ -42,7 +44,7 @@ from backend.engine.llm_engine import LLMEngine, output_token_ids
 from backend.spec_decode.step_costs import bucket
 from bench.closed_loop import run_engine_level
 from bench.report import git_commit, machine, write_json
-from bench.stats import summarize
+from bench.stats import goal_verdict, median_interval, summarize
 from bench.workload import corpus_ids, mixed_workload
 from contracts.sampling_params import SamplingParams
 
@@ -136,6 +138,56 @@ def combine(rounds: list[dict]) -> dict:
     row["acceptance_rate"] = row["accepted_tokens"] / row["draft_tokens"] if row["draft_tokens"] else None
     row["mean_accepted_length"] = 1 + row["accepted_tokens"] / verifies if verifies else 1.0
     return row
+
+
+def cell_name(cell: dict) -> str:
+    return f"{cell['method']} {cell['workload']} T={cell['temperature']:g} c={cell['concurrency']}"
+
+
+def interval_text(ci: tuple[float, float] | None) -> str:
+    return "" if ci is None else f" [90% CI of the median {ci[0]:.2f}-{ci[1]:.2f}]"
+
+
+def goal_verdicts(cells: list[dict]) -> list[dict]:
+    """The goals (``GOALS``, ``ADAPTIVE_FLOOR``) against the cells' median ratios and their 90% confidence intervals
+    (``bench.stats.goal_verdict``: ``met`` / ``not met`` only where the interval lies on one side of the target). The
+    floor's row reads the lowest adaptive cell and lists the cells whose whole interval lies below the floor."""
+    verdicts = []
+
+    def row(goal: str, cell: dict, target: float) -> dict:
+        cpu = cell.get("cpu_ratio")
+        return {"goal": goal, "cell": cell_name(cell), "ratio": cell["ratio"], "ratio_ci": cell.get("ratio_ci"),
+                "target": target, "met": cell["ratio"] >= target,
+                "verdict": goal_verdict(cell["ratio"], cell.get("ratio_ci"), target),
+                "cpu_ratio": cpu, "cpu_ratio_ci": cell.get("cpu_ratio_ci"),
+                "cpu_verdict": None if cpu is None else goal_verdict(cpu, cell.get("cpu_ratio_ci"), target)}
+
+    for (m, wl, c, mode), goal in GOALS.items():
+        for cell in cells:
+            if (cell["method"], cell["workload"], cell["concurrency"], cell["temperature"] == 0.0) == \
+                    (m, wl, c, mode == "greedy"):
+                verdicts.append(row(f"{m} {wl} c={c} {mode} >= {goal}x", cell, goal))
+    adaptive = [c for c in cells if c["method"] in ("ngram", "draft") and c["ratio"] is not None]
+    if adaptive:
+        lowest = min(adaptive, key=lambda c: c["ratio"])
+        floor = row(f"adaptive >= {ADAPTIVE_FLOOR}x of none everywhere", lowest, ADAPTIVE_FLOOR)
+        on_cpu = [c["cpu_ratio"] for c in adaptive if c.get("cpu_ratio") is not None]
+        if on_cpu:   # the lowest cell on CPU time may be another one
+            low_cpu = min((c for c in adaptive if c.get("cpu_ratio") is not None), key=lambda c: c["cpu_ratio"])
+            floor.update(cpu_ratio=low_cpu["cpu_ratio"], cpu_ratio_ci=low_cpu.get("cpu_ratio_ci"),
+                         cpu_verdict=goal_verdict(low_cpu["cpu_ratio"], low_cpu.get("cpu_ratio_ci"), ADAPTIVE_FLOOR))
+        floor["clearly_below"] = [cell_name(c) for c in adaptive
+                                  if c.get("ratio_ci") is not None and c["ratio_ci"][1] < ADAPTIVE_FLOOR]
+        if not all(c.get("ratio_ci") for c in adaptive):   # a cell without an interval cannot be called clear
+            floor["verdict"] = goal_verdict(lowest["ratio"], None, ADAPTIVE_FLOOR)
+        elif floor["clearly_below"]:
+            floor["verdict"] = "not met"
+        else:   # met only if every cell's interval lies at or above the floor
+            lows = [c["ratio_ci"][0] for c in adaptive]
+            floor["verdict"] = "met" if min(lows) >= ADAPTIVE_FLOOR else \
+                goal_verdict(lowest["ratio"], None, ADAPTIVE_FLOOR)
+        verdicts.append(floor)
+    return verdicts
 
 
 def cost_summary(row: dict, bucket: int) -> str:
@@ -330,38 +382,31 @@ def main(argv=None) -> int:
                                  ratio=statistics.median(paired) if paired else None, round_ratios=paired,
                                  cpu_ratio=statistics.median(cpu_paired) if cpu_paired else None,
                                  cpu_round_ratios=cpu_paired,
+                                 ratio_ci=median_interval(paired) if paired else None,
+                                 cpu_ratio_ci=median_interval(cpu_paired) if cpu_paired else None,
                                  decode_ratio=statistics.median(decode) if decode else None,
                                  pooled_ratio=r["tok_per_s"] / base if base else None)
                         cells.append(r)
                         acc = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
                         spread = f"[{min(r['round_ratios']):.2f}-{max(r['round_ratios']):.2f}]" if r["round_ratios"] else ""
+                        ci = r["ratio_ci"]
+                        spread += f" ci {ci[0]:.2f}-{ci[1]:.2f}" if ci and m != "none" else ""
                         on_cpu = f"cpu x{r['cpu_ratio']:4.2f} [{min(cpu_paired):.2f}-{max(cpu_paired):.2f}]" \
                             if cpu_paired else ""
                         print(f"{wl:6s} T={temp:.1f} c={c:<3d} {m:12s} {r['tok_per_s']:8.1f} tok/s  "
-                              f"x{(r['ratio'] or 0):5.2f} {spread:11s} {on_cpu:22s} decode x{(r['decode_ratio'] or 0):4.2f}  accepted len {r['mean_accepted_length']:.2f}  "
+                              f"x{(r['ratio'] or 0):5.2f} {spread:21s} {on_cpu:22s} decode x{(r['decode_ratio'] or 0):4.2f}  accepted len {r['mean_accepted_length']:.2f}  "
                               f"acceptance {acc}  steps {r['steps']}  {cost_summary(r, bucket(c))}",
                               flush=True)
     finally:
         for eng in engines.values():
             eng.shutdown()
-    verdicts = []
-    for (m, wl, c, mode), goal in GOALS.items():
-        for cell in cells:
-            if (cell["method"], cell["workload"], cell["concurrency"], cell["temperature"] == 0.0) == \
-                    (m, wl, c, mode == "greedy"):
-                verdicts.append({"goal": f"{m} {wl} c={c} {mode} >= {goal}x", "ratio": cell["ratio"],
-                                 "met": cell["ratio"] >= goal, "target": goal, "cpu_ratio": cell["cpu_ratio"]})
-    adaptive = [c for c in cells if c["method"] in ("ngram", "draft") and c["ratio"] is not None]
-    if adaptive:
-        lowest = min(c["ratio"] for c in adaptive)
-        on_cpu = [c["cpu_ratio"] for c in adaptive if c["cpu_ratio"] is not None]
-        verdicts.append({"goal": f"adaptive >= {ADAPTIVE_FLOOR}x of none everywhere", "ratio": lowest,
-                         "met": lowest >= ADAPTIVE_FLOOR, "target": ADAPTIVE_FLOOR,
-                         "cpu_ratio": min(on_cpu) if on_cpu else None})
+    verdicts = goal_verdicts(cells)
     for v in verdicts:
-        cpu = "" if v["cpu_ratio"] is None else \
-            f" (on the loop thread's CPU time: {v['cpu_ratio']:.2f}, {'met' if v['cpu_ratio'] >= v['target'] else 'not met'})"
-        print(f"goal {v['goal']}: {v['ratio']:.2f} {'met' if v['met'] else 'NOT met'}{cpu}")
+        print(f"goal {v['goal']}: {v['ratio']:.3f} {v['verdict']}{interval_text(v['ratio_ci'])}"
+              + ("" if v["cpu_ratio"] is None else f" (on the loop thread's CPU time: {v['cpu_ratio']:.3f}, "
+                 f"{v['cpu_verdict']}{interval_text(v['cpu_ratio_ci'])})")
+              + (f"; cells below {v['target']} however the noise falls: {', '.join(v['clearly_below']) or 'none'}"
+                 if "clearly_below" in v else ""))
     for key, label in (("ratio", "tok/s"), ("cpu_ratio", "on CPU time")):
         control = [c[key] for c in cells if c["method"] == "none-again" and c[key] is not None]
         if control:   # what the same engine reads against itself: differences inside this range are noise

@@ -64,6 +64,31 @@ def dist_ms(xs: Sequence[float]) -> dict[str, float | None]:
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
 
 
+def median_interval(xs: Sequence[float], confidence: float = 0.9) -> tuple[float, float] | None:
+    """A distribution-free ``confidence`` interval for the median of what ``xs`` are independent draws of: the order
+    statistics ``x_(j), x_(n+1-j)`` (1-based, ascending) for the largest ``j`` whose interval covers the median with
+    probability ``1 - 2 P(B < j) >= confidence``, ``B ~ Binomial(n, 1/2)`` (the count of draws below the median).
+    No assumption on the noise's shape; None when even ``[min, max]`` covers less (fewer than 5 values at 0.9)."""
+    n, s = len(xs), sorted(xs)
+    j, below = 0, 0                     # below: P(B < j + 1) * 2^n, grown one term at a time
+    while j < n // 2:
+        below += math.comb(n, j)
+        if 1 - 2 * below / 2 ** n < confidence:
+            break
+        j += 1
+    return (s[j - 1], s[n - j]) if j else None
+
+
+def goal_verdict(point: float, interval: tuple[float, float] | None, target: float) -> str:
+    """``met`` / ``not met`` when the median's confidence interval lies wholly on one side of ``target``; otherwise
+    the point estimate's side and ``within the noise`` (the measurement cannot tell)."""
+    if interval is not None and interval[0] >= target:
+        return "met"
+    if interval is not None and interval[1] < target:
+        return "not met"
+    return ("met" if point >= target else "not met") + " at the median, within the noise"
+
+
 def request_metrics(r: RequestRecord) -> dict[str, Any]:
     """TTFT, inter-token latencies, TPOT and end-to-end latency (seconds) of one finished request.
 

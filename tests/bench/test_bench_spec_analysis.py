@@ -7,6 +7,7 @@ from bench.bench_spec import (
     decode_speedup_for,
     geometric_accepted,
     goal_analysis,
+    goal_verdicts,
     overall_speedup,
     prefill_share,
     solve_increasing,
@@ -49,3 +50,27 @@ def test_the_prefill_share_raises_the_decode_speedup_a_goal_needs():
     assert with_prefill["predicted_speedup"][4] == pytest.approx(overall_speedup(without["predicted_speedup"][4], 0.2))
     assert with_prefill["acceptance_for_goal"][4] > without["acceptance_for_goal"][4]
     assert goal_analysis(adaptive, fixed, 4, 2.0, 0.6)["acceptance_for_goal"][4] is None
+
+
+def _cell(method, workload, temperature, c, ratio, ci, cpu=None, cpu_ci=None):
+    return {"method": method, "workload": workload, "temperature": temperature, "concurrency": c, "ratio": ratio,
+            "ratio_ci": ci, "cpu_ratio": cpu, "cpu_ratio_ci": cpu_ci}
+
+
+def test_goal_verdicts_tell_met_from_within_the_noise():
+    cells = [_cell("none", "repeat", 0.0, 1, 1.0, None),
+             _cell("ngram", "repeat", 0.0, 1, 2.05, (1.96, 2.12), 2.1, (2.03, 2.2)),
+             _cell("ngram", "mixed", 0.8, 8, 0.97, (0.93, 1.0)),
+             _cell("ngram", "mixed", 0.0, 8, 1.2, (1.1, 1.3))]
+    goal, floor = goal_verdicts(cells)
+    assert goal["goal"].startswith("ngram repeat c=1 greedy") and goal["cell"] == "ngram repeat T=0 c=1"
+    assert goal["verdict"] == "met at the median, within the noise" and goal["cpu_verdict"] == "met"
+    assert floor["cell"] == "ngram mixed T=0.8 c=8" and floor["ratio"] == 0.97
+    assert floor["verdict"] == "met at the median, within the noise" and floor["clearly_below"] == []
+    cells[2] = _cell("ngram", "mixed", 0.8, 8, 0.9, (0.85, 0.94))       # its whole interval under the floor
+    floor = goal_verdicts(cells)[-1]
+    assert floor["verdict"] == "not met" and floor["clearly_below"] == ["ngram mixed T=0.8 c=8"]
+    cells[2] = _cell("ngram", "mixed", 0.8, 8, 0.99, (0.96, 1.02))      # every interval at or above it
+    assert goal_verdicts(cells)[-1]["verdict"] == "met"
+    cells[2] = _cell("ngram", "mixed", 0.8, 8, 0.99, None)              # too few rounds for an interval
+    assert goal_verdicts(cells)[-1]["verdict"] == "met at the median, within the noise"

@@ -87,3 +87,35 @@ def test_engine_result_refuses_failed_requests():
     recs = _records([10.0], [1.0]) + [stats.RequestRecord(start=0.0, end=1.0, error="no final output within 600s")]
     with pytest.raises(RuntimeError, match="1 of 2 requests failed"):
         bench_engine.engine_result(recs, 1.0)
+
+
+def test_median_interval_takes_the_order_statistics_binomial_coverage_allows():
+    # n = 7: [min, max] covers the median with 1 - 2/128 = 98.4%, [x_(2), x_(6)] only 87.5%
+    xs = [7.0, 1.0, 6.0, 2.0, 5.0, 3.0, 4.0]
+    assert stats.median_interval(xs, 0.9) == (1.0, 7.0)
+    assert stats.median_interval(xs, 0.85) == (2.0, 6.0)
+    # n = 21 at 0.9: j = 7 (coverage 0.922; j = 8 would give 0.811)
+    assert stats.median_interval([float(i) for i in range(1, 22)], 0.9) == (7.0, 15.0)
+    # too few values for the confidence asked: no interval rather than an overconfident one
+    assert stats.median_interval([1.0, 2.0, 3.0, 4.0], 0.9) is None
+    assert stats.median_interval([], 0.9) is None
+
+
+def test_median_interval_covers_the_median_as_often_as_it_claims():
+    import random
+    rng = random.Random(5)
+    for n in (7, 15, 21):
+        hits = 0
+        for _ in range(4000):
+            lo, hi = stats.median_interval([rng.gauss(0.0, 1.0) for _ in range(n)], 0.9)
+            hits += lo <= 0.0 <= hi
+        # exact coverage: 0.984 (n = 7), 0.965 (15), 0.922 (21); never below what was asked
+        assert 0.9 <= hits / 4000 <= 0.995
+
+
+def test_goal_verdict_says_when_the_noise_cannot_tell():
+    assert stats.goal_verdict(2.1, (2.02, 2.2), 2.0) == "met"
+    assert stats.goal_verdict(1.9, (1.8, 1.98), 2.0) == "not met"
+    assert stats.goal_verdict(1.99, (1.9, 2.08), 2.0) == "not met at the median, within the noise"
+    assert stats.goal_verdict(2.01, (1.9, 2.08), 2.0) == "met at the median, within the noise"
+    assert stats.goal_verdict(2.01, None, 2.0) == "met at the median, within the noise"
