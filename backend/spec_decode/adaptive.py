@@ -48,6 +48,17 @@ not after the whole request. Between probes a sequence at ``k = 0`` costs the po
 step: nothing it could learn from has happened since it chose ``k = 0`` (no verification), and with the fast
 decode step (~0.5 ms at batch 1) re-deciding every step would itself cost a few percent.
 
+A choice of the sequence's full ``k`` made on merit stands for up to ``REUSE_ROUNDS`` rounds while every draft
+verified since was accepted and the batch size and the kind of step (sampled or greedy) are unchanged: higher
+acceptance only ever favours longer drafts (``E(k) - E(k')`` grows with every ``a_j`` for ``k > k'``), so the
+decision could change only through the step costs (one new observation per step in a window of ``WINDOW``) or,
+at larger batches, through other sequences' verifications moving the engine-wide estimates, and those are looked
+at again every ``REUSE_ROUNDS`` rounds. On greedy ``repeat`` at batch 1 the full decision cost ~14 us a round in
+the engine (cold caches after the forward), ~2.5% of a verify step: the policy's bookkeeping, not its
+decisions, was what kept the adaptive engine behind a fixed ``k`` there (with every choice forced to the full
+``k``, its step count matched the fixed engine's and it still ran ~5% slower). A rejection, a deeper probe or
+a choice below the cap is never reused.
+
 Acceptance depends on what backs a proposal as much as on the request: an n-gram lookup that matched the
 last 4 tokens of the context is accepted far more often than one that matched only the last token
 (demo target, greedy: 63-82% against 22%; sampled at 0.8: 14-31% against 7%). So every estimate above,
@@ -86,6 +97,7 @@ PROBE_BUDGET = 0.02        # and is at least long enough for all probes to cost 
 DOZE_AFTER = 16            # rounds in a row in which no sequence drafted before the policy dozes
 DOZE_EVERY = 4             # while dozing, one round in this many is awake
 FORGET_AFTER = 512         # proposal rounds without a choice for a sequence before its state is dropped
+REUSE_ROUNDS = 8           # rounds a choice of the full k stands while every draft since has been accepted
 
 
 def expected_accepted(acceptance: list[float], k: int) -> float:
@@ -154,6 +166,8 @@ class _SeqState:
     probe_at: int = 0                # ... at which the next probe goes (0: not at k = 0)
     probe_interval: int = PROBE_EVERY
     steps_short: int = 0             # rounds drafting fewer than the cap since the positions past k were observed
+    reuse: tuple | None = None       # (k_max, batch size, sampled) of a standing choice of the full k (REUSE_ROUNDS)
+    reuse_until: int = 0             # ... and the round up to which it stands
 
 
 @dataclass
@@ -239,6 +253,9 @@ class AdaptiveDraftLength:
             st.steps_at_zero = st.probe_at = 0
             return k_max
         n = max(1, num_decoding)
+        if st.reuse is not None and self._round <= st.reuse_until and st.reuse == (k_max, n, self._sampled):
+            self._merit = True                           # the full k stands (module docstring)
+            return k_max
         plain, extras, _, probe_seconds = self._estimates(n, k_max)
         if plain is None or extras[0] is None:           # costs unknown: speculate fully to measure them
             self._merit = True                           # (nothing is known yet: no dozing until it is)
@@ -248,6 +265,8 @@ class AdaptiveDraftLength:
         if k > 0:
             st.steps_at_zero, st.probe_at, st.probe_interval = 0, 0, PROBE_EVERY
             self._merit = True
+            if k >= k_max:                               # stands while every draft is accepted
+                st.reuse, st.reuse_until = (k_max, n, self._sampled), self._round + REUSE_ROUNDS - 1
             return self._deepen(st, acceptance, k, k_max, n, plain, extras)
         st.steps_at_zero += 1
         # a probe's expected loss: its cost less the tokens it is expected to yield (a sequence just below
@@ -297,6 +316,8 @@ class AdaptiveDraftLength:
         """Draft ``j <= num_accepted`` was accepted; draft ``num_accepted + 1`` (if any) was rejected; the
         drafts were backed by ``evidence``."""
         st = self._state(seq_id, evidence)
+        if num_accepted < num_drafts:                    # a rejection: the next choice is made afresh
+            st.reuse = None
         acceptance, observations = self._global(evidence)
         for j in range(min(num_drafts, num_accepted + 1, self.max_k)):
             hit = 1.0 if j < num_accepted else 0.0

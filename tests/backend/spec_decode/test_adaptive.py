@@ -16,6 +16,7 @@ from backend.spec_decode.adaptive import (
     PRIOR_ACCEPTANCE,
     PROBE_EVERY,
     PROBE_MAX,
+    REUSE_ROUNDS,
     SEQ_PRIOR_WEIGHT,
     AdaptiveDraftLength,
     best_num_drafts,
@@ -331,6 +332,38 @@ def test_a_sequence_at_zero_is_not_re_decided_between_probes(monkeypatch):
         ks.append(sim.step([1], lambda s, k: 0)[0])
     assert ks[-1] == 4 and len(ks) >= PROBE_EVERY // 2      # the probe comes on schedule, with the full k
     assert len(decisions) == 1                              # decided once: on the round the probe was due
+
+
+def test_a_choice_of_the_full_k_stands_while_every_draft_is_accepted(monkeypatch):
+    """The full decision runs once per REUSE_ROUNDS rounds while a sequence's drafts are all accepted, and afresh
+    after a rejection or a change of batch size; a choice below the cap is decided every round."""
+    from backend.spec_decode import adaptive
+    pol = AdaptiveDraftLength(4)
+    sim = Sim(pol, plain=lambda n: 0.002, fixed=0.0002, per_token=0.0001)
+    for _ in range(20):
+        sim.step([1], lambda s, k: k)
+    decisions = []
+    real = adaptive.best_num_drafts
+    monkeypatch.setattr(adaptive, "best_num_drafts", lambda *a: decisions.append(1) or real(*a))
+    ks = [sim.step([1], lambda s, k: k)[0] for _ in range(4 * REUSE_ROUNDS)]
+    assert set(ks) <= {0, 4} and ks.count(4) >= 4 * REUSE_ROUNDS - 2     # (a plain step may measure t)
+    assert 3 <= len(decisions) <= 5                                      # not one per round
+    decisions.clear()
+    sim.step([1], lambda s, k: k - 1)                                    # the last draft rejected
+    sim.step([1], lambda s, k: k)
+    assert decisions                                                     # decided afresh
+    decisions.clear()
+    sim.step([1], lambda s, k: k)
+    for _ in range(3):                                                   # a second sequence joins: after
+        sim.step([1, 2], lambda s, k: k)                                 # a plain step at batch 2, both
+    assert len(decisions) >= 2                                           # are decided, the first afresh
+    pol2 = AdaptiveDraftLength(4)
+    sim2 = Sim(pol2, plain=lambda n: 0.002, fixed=0.0002, per_token=0.0001)
+    for _ in range(20):
+        sim2.step([1], lambda s, k: min(k, 2))                           # drafts 3 and 4 always rejected
+    decisions.clear()
+    ks = [sim2.step([1], lambda s, k: min(k, 2))[0] for _ in range(REUSE_ROUNDS)]
+    assert ks.count(2) >= REUSE_ROUNDS - 2 and len(decisions) >= REUSE_ROUNDS - 1
 
 
 def test_engine_wide_acceptance_is_an_average_at_first():
