@@ -54,10 +54,10 @@ acceptance only ever favours longer drafts (``E(k) - E(k')`` grows with every ``
 decision could change only through the step costs (one new observation per step in a window of ``WINDOW``) or,
 at larger batches, through other sequences' verifications moving the engine-wide estimates, and those are looked
 at again every ``REUSE_ROUNDS`` rounds. On greedy ``repeat`` at batch 1 the full decision cost ~14 us a round in
-the engine (cold caches after the forward), ~2.5% of a verify step: the policy's bookkeeping, not its
-decisions, was what kept the adaptive engine behind a fixed ``k`` there (with every choice forced to the full
-``k``, its step count matched the fixed engine's and it still ran ~5% slower). A rejection, a deeper probe or
-a choice below the cap is never reused.
+the engine (cold caches after the forward), ~2.5% of a verify step and the whole difference between this
+policy's and a fixed ``k``'s per-step work; with the reuse ``choose`` averages ~7 us there (a full decision still
+follows every rejection). End to end the gain is inside the noise of a one-thread A/B (docs/benchmarks.md,
+session 12). A rejection, a deeper probe or a choice below the cap is never reused.
 
 Acceptance depends on what backs a proposal as much as on the request: an n-gram lookup that matched the
 last 4 tokens of the context is accepted far more often than one that matched only the last token
