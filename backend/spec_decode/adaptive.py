@@ -83,7 +83,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from backend.spec_decode.step_costs import StepCosts, bucket
+from backend.spec_decode.step_costs import StepCosts, bucket, plain_interval
 
 PRIOR_ACCEPTANCE = 0.9     # optimistic engine-wide start: the first requests speculate with the full k
 PRIOR_WEIGHT = 1.0         # pseudo-observations behind the engine-wide estimates' optimistic start
@@ -148,6 +148,13 @@ def best_num_drafts(acceptance: list[float], step_share: float, extra_seconds: l
     return best_k if best_rate * step_share > 1.0 + MARGIN else 0
 
 
+def step_speedup(num_seqs: int, plain_seconds: float, accepted_drafts: float, extra_seconds: float) -> float:
+    """Expected tokens per second of a step over ``num_seqs`` sequences whose speculating ones expect
+    ``accepted_drafts`` accepted drafts in all (the sum of their ``E(k)``) at ``extra_seconds`` in all (the sum of
+    their ``x(B, k)``), over a plain step's: ``(B + sum E) / B * t / (t + sum x)``."""
+    return (num_seqs + accepted_drafts) / num_seqs * plain_seconds / max(plain_seconds + extra_seconds, 1e-12)
+
+
 def probe_interval_for_budget(num_seqs: int, plain_seconds: float, probe_seconds: float) -> int:
     """Steps between one sequence's probes so that the probes of ``num_seqs`` sequences cost at most
     ``PROBE_BUDGET`` of the plain step time: ``num_seqs * loss / (PROBE_BUDGET * t(B))``, where ``loss`` is
@@ -168,6 +175,7 @@ class _SeqState:
     steps_short: int = 0             # rounds drafting fewer than the cap since the positions past k were observed
     reuse: tuple | None = None       # (k_max, batch size, sampled) of a standing choice of the full k (REUSE_ROUNDS)
     reuse_until: int = 0             # ... and the round up to which it stands
+    reuse_gain: tuple = (0.0, 0.0)   # ... and what it expects: (E(k), x(B, k))
 
 
 @dataclass
@@ -198,6 +206,9 @@ class AdaptiveDraftLength:
     _verify_next: bool = False        # the last awake round drafted: the next round observes the verification
     _dozed: int = 0                   # rounds skipped since the last awake one, while dozing
     _sampled: bool = False            # this round's decoding sequences include a sampled one
+    _gain: list = field(default_factory=lambda: [0.0, 0.0])   # this round's merit choices: sum of E(k), of x(B, k)
+    _gain_basis: tuple | None = None  # (sampled, batch size, plain seconds) of those choices; None: none this round
+    _speedup: dict = field(default_factory=dict)   # (sampled, bucket) -> step_speedup of its last round with merit
 
     def _global(self, evidence: int) -> tuple[list[float], list[int]]:
         """The engine-wide per-position acceptance of one evidence class and the observations behind it."""
@@ -255,6 +266,7 @@ class AdaptiveDraftLength:
         n = max(1, num_decoding)
         if st.reuse is not None and self._round <= st.reuse_until and st.reuse == (k_max, n, self._sampled):
             self._merit = True                           # the full k stands (module docstring)
+            self._add_gain(*st.reuse_gain)
             return k_max
         plain, extras, _, probe_seconds = self._estimates(n, k_max)
         if plain is None or extras[0] is None:           # costs unknown: speculate fully to measure them
@@ -265,8 +277,12 @@ class AdaptiveDraftLength:
         if k > 0:
             st.steps_at_zero, st.probe_at, st.probe_interval = 0, 0, PROBE_EVERY
             self._merit = True
+            gain = (expected_accepted(acceptance, k), extras[k - 1])
+            self._gain_basis = (self._sampled, n, plain)
+            self._add_gain(*gain)
             if k >= k_max:                               # stands while every draft is accepted
                 st.reuse, st.reuse_until = (k_max, n, self._sampled), self._round + REUSE_ROUNDS - 1
+                st.reuse_gain = gain
             return self._deepen(st, acceptance, k, k_max, n, plain, extras)
         st.steps_at_zero += 1
         # a probe's expected loss: its cost less the tokens it is expected to yield (a sequence just below
@@ -278,6 +294,10 @@ class AdaptiveDraftLength:
             st.probe_interval = min(PROBE_MAX, 2 * st.probe_interval)
             return k_max
         return 0
+
+    def _add_gain(self, accepted_drafts: float, extra_seconds: float) -> None:
+        self._gain[0] += accepted_drafts
+        self._gain[1] += extra_seconds
 
     def _deepen(self, st: _SeqState, acceptance: list[float], k: int, k_max: int, n: int, plain: float,
                 extras: list[float]) -> int:
@@ -358,6 +378,10 @@ class AdaptiveDraftLength:
 
         Called once per proposal round: what was gathered about the last step is complete by now."""
         self._end_step()
+        if self._gain_basis is not None:                 # what the last round's merit choices expected to gain
+            was_sampled, n_seen, plain_seen = self._gain_basis
+            self._speedup[(was_sampled, bucket(n_seen))] = step_speedup(n_seen, plain_seen, *self._gain)
+        self._gain, self._gain_basis = [0.0, 0.0], None
         self._sampled = sampled
         self._round += 1
         if self._round % FORGET_AFTER == 0:               # sequences chosen for but never freed (k stayed 0)
@@ -368,7 +392,8 @@ class AdaptiveDraftLength:
         # stale draft costs are re-measured, no more often than the probe budget allows at this batch size
         self._remeasure = costs.remeasure_due(n) and \
             costs.since_speculative[bucket(n)] >= self._estimates(n, self.max_k)[2]   # probes costing x
-        return costs.plain_step_due(n)
+        # plain steps measured sooner where speculating gains little (step_costs.plain_interval)
+        return costs.plain_step_due(n, plain_interval(self._speedup.get((sampled, bucket(n)))))
 
     def asleep(self) -> bool:
         """Called once per proposal round before anything else: whether the speculator should skip this round

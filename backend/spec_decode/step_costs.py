@@ -20,7 +20,15 @@ speculation going. Its next measurement replaces its old ones.
 
 To keep ``t`` current while everyone speculates, the engine runs one step without drafts when a
 bucket's plain time is unknown or stale (``plain_step_due``: every ``PLAIN_EVERY`` speculative steps,
-``PLAIN_EVERY_UNSETTLED`` at first); the first ``SETTLED`` steps with drafts in a bucket then measure ``x`` at the
+``PLAIN_EVERY_UNSETTLED`` at first, sooner where speculating gains little: ``plain_interval`` spaces them so that
+they cost at most ``PLAIN_BUDGET`` of the throughput the policy expects from its drafts, every 8 steps with drafts
+where they buy 5%, every 64 where they double it). ``x`` is a step's time less the plain estimate, so a plain
+estimate left over from a slower spell of the machine makes drafts look cheaper *and* each saved step dearer: on
+this VM a batch-8 plain step moved between ~1.0 and ~2.6 ms from one minute to the next, and at the end of greedy
+``mixed`` at batch 8 in a full ``bench_spec.py`` matrix the policy held ``t(8)`` at 1.94 ms where ``none``'s steps
+averaged 1.24 ms, and speculated at a loss (0.92x). Where drafts double throughput, an estimate that far off
+changes nothing, and a plain step costs half a step; where they buy a few percent, it turns the choice, and a plain
+step costs a few percent of one; the first ``SETTLED`` steps with drafts in a bucket then measure ``x`` at the
 full ``k`` (their median: one of them alone can be a one-off, ``_extra_bucket``), so a bucket's costs are known
 after four steps. The other way round, after ``STALE_AFTER`` plain steps
 in a bucket without a step with drafts, every sequence drafts its full ``k`` for one step
@@ -42,6 +50,7 @@ shipped setting), wall time otherwise: the work a step does, not the time other 
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -49,6 +58,8 @@ WINDOW = 7                 # step-time observations kept per cost (bucket, draft
 SETTLED = 3                # observations before a cost's estimate is their median rather than their minimum
 PLAIN_EVERY = 64           # speculative steps in a bucket before its plain step time is measured again
 PLAIN_EVERY_UNSETTLED = 8  # the same while the plain estimate rests on fewer than SETTLED steps
+PLAIN_EVERY_MIN = 8        # ... and at least this many, however little speculating gains (plain_interval)
+PLAIN_BUDGET = 0.008       # plain steps among steps with drafts cost at most this fraction of the expected throughput
 STALE_AFTER = 128          # plain steps in a bucket without a step with drafts before its draft costs are re-measured
 STALE_LENGTH = 16          # steps with drafts in a bucket since a length's last measurement before it is stale
 COLD_STEPS = 2             # decode steps after a step with a prefill chunk whose times are not observed
@@ -57,6 +68,15 @@ COLD_STEPS = 2             # decode steps after a step with a prefill chunk whos
 def bucket(num_seqs: int) -> int:
     """Batch-size bucket: the power of two at or above ``num_seqs``."""
     return 1 << max(0, num_seqs - 1).bit_length()
+
+
+def plain_interval(speedup: float | None) -> int:
+    """Speculative steps between plain ones at a bucket where the policy expects its drafts to run a step ``speedup``
+    times faster than a plain one (None: not known): a plain step in place of one with drafts loses ``1 - 1 / speedup``
+    of a step, so every ``(1 - 1 / speedup) / PLAIN_BUDGET`` steps, within ``[PLAIN_EVERY_MIN, PLAIN_EVERY]``."""
+    if speedup is None or speedup <= 1.0:
+        return PLAIN_EVERY
+    return max(PLAIN_EVERY_MIN, min(PLAIN_EVERY, math.ceil((1.0 - 1.0 / speedup) / PLAIN_BUDGET)))
 
 
 def interpolate_extra(measured: dict[int, float], k: int) -> float:
@@ -140,13 +160,14 @@ class StepCosts:
             times.add(per_seq)
             times.last_seen = self.speculative_steps[b] = seen + 1
 
-    def plain_step_due(self, num_seqs: int) -> bool:
-        """No plain step measured at this bucket, or ``PLAIN_EVERY`` speculative steps since the last one
-        (``PLAIN_EVERY_UNSETTLED`` while the plain estimate rests on few steps)."""
+    def plain_step_due(self, num_seqs: int, every: int = PLAIN_EVERY) -> bool:
+        """No plain step measured at this bucket, or ``every`` speculative steps since the last one (the policy's
+        ``plain_interval``; at most ``PLAIN_EVERY_UNSETTLED`` while the plain estimate rests on few steps)."""
         b = bucket(num_seqs)
         if b not in self.plain:
             return True
-        every = PLAIN_EVERY if self.plain[b].settled else PLAIN_EVERY_UNSETTLED
+        if not self.plain[b].settled:
+            every = min(every, PLAIN_EVERY_UNSETTLED)
         return self.since_plain.get(b, 0) >= every
 
     def remeasure_due(self, num_seqs: int) -> bool:

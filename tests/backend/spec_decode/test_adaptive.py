@@ -24,9 +24,12 @@ from backend.spec_decode.adaptive import (
     expected_accepted,
     probe_interval_for_budget,
     shrunk_acceptance,
+    step_speedup,
 )
 from backend.spec_decode.step_costs import (
+    PLAIN_BUDGET,
     PLAIN_EVERY,
+    PLAIN_EVERY_MIN,
     PLAIN_EVERY_UNSETTLED,
     SETTLED,
     STALE_AFTER,
@@ -35,6 +38,7 @@ from backend.spec_decode.step_costs import (
     StepCosts,
     bucket,
     interpolate_extra,
+    plain_interval,
 )
 
 
@@ -364,6 +368,32 @@ def test_a_choice_of_the_full_k_stands_while_every_draft_is_accepted(monkeypatch
     decisions.clear()
     ks = [sim2.step([1], lambda s, k: min(k, 2))[0] for _ in range(REUSE_ROUNDS)]
     assert ks.count(2) >= REUSE_ROUNDS - 2 and len(decisions) >= REUSE_ROUNDS - 1
+
+
+def test_plain_steps_are_spaced_by_what_speculating_gains():
+    assert plain_interval(None) == PLAIN_EVERY and plain_interval(1.0) == PLAIN_EVERY
+    assert plain_interval(1.02) == PLAIN_EVERY_MIN                  # nearly nothing to lose: as often as allowed
+    assert plain_interval(1.1) == 12                                 # (1 - 1/1.1) / 0.008 = 11.4
+    assert plain_interval(2.0) == 63 and plain_interval(4.0) == PLAIN_EVERY
+    for g in (1.05, 1.1, 1.3, 1.6, 2.0):                             # the plain steps' loss within the budget
+        assert (1 - 1 / g) / plain_interval(g) <= PLAIN_BUDGET + 1e-12
+    # a step of 2 sequences, one expecting 3 accepted drafts at 1 ms extra, plain 2 ms: 5 tokens in 3 ms against 2 in 2
+    assert step_speedup(2, 0.002, 3.0, 0.001) == pytest.approx((5 / 0.003) / (2 / 0.002))
+
+
+def test_the_plain_step_is_measured_sooner_where_drafts_gain_little():
+    """Where drafts double throughput a plain step costs half a step and comes every ~64 steps with drafts; where they
+    buy ~8% it costs ~8% of one and comes every ~10: a plain estimate from a slower spell then matters most."""
+    def plain_steps(fixed: float, per_token: float, accept) -> tuple[int, int]:
+        pol = AdaptiveDraftLength(4)
+        sim = Sim(pol, plain=lambda n: 0.002, fixed=fixed, per_token=per_token)
+        ks = [sim.step([1], accept)[0] for _ in range(400)][100:]
+        return ks.count(0), len(ks) - ks.count(0)
+
+    plain, drafted = plain_steps(0.0002, 0.0001, lambda s, k: k)                 # every draft accepted: ~3.8x
+    assert drafted > 250 and plain <= drafted / (PLAIN_EVERY - 8)
+    plain, drafted = plain_steps(0.0015, 0.0002, lambda s, k: min(k, 1))         # k = 1 at ~1.08x
+    assert drafted > 200 and drafted / 13 <= plain <= drafted / 8
 
 
 def test_engine_wide_acceptance_is_an_average_at_first():
