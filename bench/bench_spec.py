@@ -43,8 +43,8 @@ from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine, output_token_ids
 from backend.spec_decode.step_costs import bucket
 from bench.closed_loop import run_engine_level
-from bench.report import git_commit, machine, write_json
-from bench.stats import goal_verdict, median_interval, summarize
+from bench.report import git_commit, goal_verdict, machine, write_json
+from bench.stats import median_interval, summarize
 from bench.workload import corpus_ids, mixed_workload
 from contracts.sampling_params import SamplingParams
 
@@ -150,7 +150,7 @@ def interval_text(ci: tuple[float, float] | None) -> str:
 
 def goal_verdicts(cells: list[dict]) -> list[dict]:
     """The goals (``GOALS``, ``ADAPTIVE_FLOOR``) against the cells' median ratios and their 90% confidence intervals
-    (``bench.stats.goal_verdict``: ``met`` / ``not met`` only where the interval lies on one side of the target). The
+    (``bench.report.goal_verdict``: ``met`` / ``not met`` only where the interval lies on one side of the target). The
     floor's row reads the lowest adaptive cell and lists the cells whose whole interval lies below the floor."""
     verdicts = []
 

@@ -155,6 +155,17 @@ def verdict(g: dict[str, Any]) -> str:
     return ""
 
 
+def goal_verdict(point: float, interval: tuple[float, float] | None, target: float) -> str:
+    """For a goal ``>= target`` measured as a median with a confidence interval (``stats.median_interval``):
+    ``met`` / ``not met`` when the median's confidence interval lies wholly on one side of ``target``; otherwise
+    the point estimate's side and ``within the noise`` (the measurement cannot tell)."""
+    if interval is not None and interval[0] >= target:
+        return "met"
+    if interval is not None and interval[1] < target:
+        return "not met"
+    return ("met" if point >= target else "not met") + " at the median, within the noise"
+
+
 # ---- the run's context and its JSON ---------------------------------------------------------------
 
 def machine(load_before: tuple[float, float, float], note: str = "") -> dict[str, Any]:

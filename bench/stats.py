@@ -79,16 +79,6 @@ def median_interval(xs: Sequence[float], confidence: float = 0.9) -> tuple[float
     return (s[j - 1], s[n - j]) if j else None
 
 
-def goal_verdict(point: float, interval: tuple[float, float] | None, target: float) -> str:
-    """``met`` / ``not met`` when the median's confidence interval lies wholly on one side of ``target``; otherwise
-    the point estimate's side and ``within the noise`` (the measurement cannot tell)."""
-    if interval is not None and interval[0] >= target:
-        return "met"
-    if interval is not None and interval[1] < target:
-        return "not met"
-    return ("met" if point >= target else "not met") + " at the median, within the noise"
-
-
 def request_metrics(r: RequestRecord) -> dict[str, Any]:
     """TTFT, inter-token latencies, TPOT and end-to-end latency (seconds) of one finished request.
 

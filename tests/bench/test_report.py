@@ -62,3 +62,11 @@ def test_machine_and_json(tmp_path):
     assert m["loadavg_before"] == (0.5, 0.4, 0.3) and len(m["loadavg_after"]) == 3 and m["note"] == "quiet"
     report.write_json(tmp_path / "sub" / "x.json", {"machine": m, "commit": report.git_commit()})
     assert json.loads((tmp_path / "sub" / "x.json").read_text())["machine"]["note"] == "quiet"
+
+
+def test_goal_verdict_says_when_the_noise_cannot_tell():
+    assert report.goal_verdict(2.1, (2.02, 2.2), 2.0) == "met"
+    assert report.goal_verdict(1.9, (1.8, 1.98), 2.0) == "not met"
+    assert report.goal_verdict(1.99, (1.9, 2.08), 2.0) == "not met at the median, within the noise"
+    assert report.goal_verdict(2.01, (1.9, 2.08), 2.0) == "met at the median, within the noise"
+    assert report.goal_verdict(2.01, None, 2.0) == "met at the median, within the noise"

@@ -111,11 +111,3 @@ def test_median_interval_covers_the_median_as_often_as_it_claims():
             hits += lo <= 0.0 <= hi
         # exact coverage: 0.984 (n = 7), 0.965 (15), 0.922 (21); never below what was asked
         assert 0.9 <= hits / 4000 <= 0.995
-
-
-def test_goal_verdict_says_when_the_noise_cannot_tell():
-    assert stats.goal_verdict(2.1, (2.02, 2.2), 2.0) == "met"
-    assert stats.goal_verdict(1.9, (1.8, 1.98), 2.0) == "not met"
-    assert stats.goal_verdict(1.99, (1.9, 2.08), 2.0) == "not met at the median, within the noise"
-    assert stats.goal_verdict(2.01, (1.9, 2.08), 2.0) == "met at the median, within the noise"
-    assert stats.goal_verdict(2.01, None, 2.0) == "met at the median, within the noise"
