@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from backend.engine.huge_pages import move_to_huge_pages
+from backend.engine.huge_pages import huge_page_arena, thp_mode
 from backend.native import native_ops
 from bench.report import git_commit, machine, write_json
 
@@ -38,11 +38,24 @@ def projection_shapes(hidden: int, intermediate: int, layers: int, heads: int, k
     return layer * layers + [(vocab, hidden)]
 
 
-def time_pass(project, weights: list[torch.Tensor], xs: dict[int, torch.Tensor]) -> float:
+def time_pass(project, operands: list[tuple[torch.Tensor, torch.Tensor]], xs: dict[int, torch.Tensor]) -> float:
+    """One pass: ``project(x, w, operand)`` for every weight ``w`` (the operand: ``w`` itself or its panels)."""
     t0 = time.perf_counter()
-    for w in weights:
-        project(xs[w.shape[1]], w)
+    for w, operand in operands:
+        project(xs[w.shape[1]], w, operand)
     return time.perf_counter() - t0
+
+
+def on_huge_pages(tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:
+    """Copies of ``tensors`` in one huge-page arena (None: the advice failed)."""
+    arena = huge_page_arena(sum(t.numel() for t in tensors))
+    if arena is None:
+        return None
+    out, at = [], 0
+    for t in tensors:
+        out.append(arena[at:at + t.numel()].view(t.shape).copy_(t))
+        at += t.numel()
+    return out
 
 
 def main() -> None:
@@ -67,13 +80,18 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(n, k, generator=gen) * 0.02 for n, k in shapes]
     nbytes = sum(w.numel() * 4 for w in weights)
-    impls = {"native": ops.decode_gemv} if args.native_only else {"native": ops.decode_gemv, "linear": F.linear}
-    huge = torch.nn.ParameterList([torch.nn.Parameter(w.clone(), requires_grad=False) for w in weights])
-    moved = move_to_huge_pages(huge)
-    if moved.moved_bytes and not args.native_only:
-        impls["native_huge"] = ops.decode_gemv
+    native = lambda x, w, panels: ops.decode_gemv(x, panels, w.shape[0])
+    panels = [ops.pack_panels(w) for w in weights]
+    operands = {"native": list(zip(weights, panels))}
+    impls = {"native": native}
+    if not args.native_only:
+        impls["linear"], operands["linear"] = lambda x, w, _: F.linear(x, w), list(zip(weights, weights))
+        huge = on_huge_pages(panels) if thp_mode() in ("always", "madvise") else None
+        if huge is not None:
+            impls["native_huge"], operands["native_huge"] = native, list(zip(weights, huge))
     print(f"{len(weights)} projections, {nbytes / 1e6:.0f} MB of fp32 weights per pass; kernel: "
-          f"{ops.decode_gemv_isa()}; huge pages: {moved.reason or 'yes'}; load {load_before[0]:.2f}")
+          f"{ops.decode_gemv_isa()} panels; huge pages: {'yes' if 'native_huge' in impls else 'no'}; "
+          f"load {load_before[0]:.2f}")
     print(f"{'tokens':>6} {'thr':>3} " + " ".join(f"{n + ' ms':>15}" for n in impls) + " "
           + " ".join(f"{n + ' GB/s':>17}" for n in impls) + (f" {'linear/native time':>18}" if "linear" in impls else "")
           + (f" {'4K/huge time':>12}" if "native_huge" in impls else ""))
@@ -83,13 +101,13 @@ def main() -> None:
             torch.set_num_threads(threads)
             for tokens in (int(t) for t in args.tokens.split(",")):
                 xs = {k: torch.randn(tokens, k, generator=gen) for k in {w.shape[1] for w in weights}}
-                for w in weights[:4]:   # the two agree before anything is timed
-                    torch.testing.assert_close(ops.decode_gemv(xs[w.shape[1]], w), F.linear(xs[w.shape[1]], w),
+                for w, p in operands["native"][:4]:   # the two agree before anything is timed
+                    torch.testing.assert_close(native(xs[w.shape[1]], w, p), F.linear(xs[w.shape[1]], w),
                                                atol=1e-4, rtol=1e-4)
                 seconds = {name: [] for name in impls}
                 for _ in range(args.passes + 1):          # the first pass of each is a warm-up
                     for name, fn in impls.items():
-                        seconds[name].append(time_pass(fn, list(huge) if name == "native_huge" else weights, xs))
+                        seconds[name].append(time_pass(fn, operands[name], xs))
                 med = {name: statistics.median(s[1:]) for name, s in seconds.items()}
                 row = {"tokens": tokens, "threads": threads, **{f"{n}_ms": 1e3 * m for n, m in med.items()},
                        **{f"{n}_gb_per_s": nbytes / m / 1e9 for n, m in med.items()},

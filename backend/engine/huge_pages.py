@@ -22,6 +22,7 @@ HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14
 ALIGN_FLOATS = 16            # each tensor starts on a 64-byte cache line
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+MIN_HUGE_PAGE_BYTES = 16 * HUGE_PAGE   # below this, weights are moved to no arena: too few pages to matter
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def huge_page_arena(numel: int) -> torch.Tensor | None:
     return raw[offset:offset + numel]
 
 
-def move_to_huge_pages(model: nn.Module, min_bytes: int = 16 * HUGE_PAGE) -> HugePageResult:
+def move_to_huge_pages(model: nn.Module, min_bytes: int = MIN_HUGE_PAGE_BYTES) -> HugePageResult:
     """Copy ``model``'s float32 CPU parameters into one huge-page arena (see the module docstring)."""
     mode = thp_mode()
     if mode not in ("always", "madvise"):

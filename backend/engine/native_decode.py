@@ -24,7 +24,8 @@ from torch import nn
 from backend.core.kv_cache import KVCache
 from backend.core.plan import ForwardOutput, SchedulerOutput
 from backend.engine.decode_batch import PersistentDecodeBatch, decode_step_shape, eager_only_reason
-from backend.engine.huge_pages import HugePageResult, move_to_huge_pages
+from backend.engine.huge_pages import MIN_HUGE_PAGE_BYTES, HugePageResult, huge_page_arena, move_to_huge_pages, \
+    thp_mode
 from backend.model.llama import LlamaForCausalLM
 
 
@@ -45,30 +46,52 @@ def unsupported_reason(model: LlamaForCausalLM, kv_cache: KVCache, windows, scal
 
 @dataclass(frozen=True)
 class NativeWeights:
-    """The op's weight arguments, listed once (tensors share the model's storage)."""
+    """The op's weight arguments, listed once (row-major tensors share the model's storage; the panels are the
+    projections' weights packed for the op's GEMV, a copy: ``pack_panels``)."""
 
     embed: torch.Tensor                 # [vocab, hidden]
     layer_weights: list[torch.Tensor]   # per layer: input_norm, qkv, o, post_norm, gate_up, down
     layer_biases: list[torch.Tensor]    # per layer: qkv, gate_up, down (an empty tensor: no bias)
+    layer_panels: list[torch.Tensor]    # per layer: qkv, o, gate_up, down, each [ceil(out / 64), in, 64]
     cos: torch.Tensor                   # [max_positions, head_dim]
     sin: torch.Tensor                   # [max_positions, head_dim]
     final_norm: torch.Tensor            # [hidden]
     lm_head: torch.Tensor               # [vocab, hidden]
+    lm_head_panels: torch.Tensor        # [ceil(vocab / 64), hidden, 64]
 
     @classmethod
-    def of(cls, model: LlamaForCausalLM) -> NativeWeights:
+    def of(cls, ops, model: LlamaForCausalLM) -> NativeWeights:
         none = torch.empty(0)
         bias = lambda lin: none if lin.bias is None else lin.bias.detach().contiguous()
-        weights, biases = [], []
+        weights, biases, projections = [], [], []
         for layer in model.layers:
             a, m = layer.self_attn, layer.mlp
             weights += [t.detach().contiguous() for t in (layer.input_layernorm.weight, a.qkv_proj.weight,
                         a.o_proj.weight, layer.post_attention_layernorm.weight, m.gate_up_proj.weight,
                         m.down_proj.weight)]
             biases += [bias(a.qkv_proj), bias(m.gate_up_proj), bias(m.down_proj)]
+            projections += weights[-5:-3] + weights[-2:]
+        lm_head = model.lm_head.weight.detach()
+        panels = pack_panels(ops, projections + [lm_head])
         cos, sin = model.rope_tables()
-        return cls(model.embed_tokens.weight.detach(), weights, biases, cos.contiguous(), sin.contiguous(),
-                   model.norm.weight.detach(), model.lm_head.weight.detach())
+        return cls(model.embed_tokens.weight.detach(), weights, biases, panels[:-1], cos.contiguous(),
+                   sin.contiguous(), model.norm.weight.detach(), lm_head, panels[-1])
+
+
+def pack_panels(ops, weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each weight ``[out, in]`` packed into its panels (``ops.pack_panels``, backend/native/csrc/f32_gemv.h), all of
+    them in one huge-page arena where that is worth it (``huge_pages.py``: a batch-1 step streams them all)."""
+    packed = [ops.pack_panels(w) for w in weights]
+    total = sum(p.numel() for p in packed)
+    arena = huge_page_arena(total) if total * 4 >= MIN_HUGE_PAGE_BYTES and thp_mode() in ("always", "madvise") \
+        else None
+    if arena is None:
+        return packed
+    out, at = [], 0
+    for p in packed:
+        out.append(arena[at:at + p.numel()].view(p.shape).copy_(p))
+        at += p.numel()
+    return out
 
 
 TILED_HEAD_DIMS = range(16, 129, 16)   # the op's tiled attention (paged_attention.cpp, kMaxD16); else a per-token loop
@@ -82,7 +105,7 @@ class NativeDecodeStep:
         cfg = model.config
         self.huge_pages = huge_pages   # where the weights went (None: not moved by build)
         self._op = ops.decode_forward
-        self.weights = NativeWeights.of(model)
+        self.weights = NativeWeights.of(ops, model)
         self.k_cache, self.v_cache = list(kv_cache.k), list(kv_cache.v)
         self.block_size = kv_cache.block_size
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, \
@@ -108,7 +131,9 @@ class NativeDecodeStep:
         if not hasattr(build.ops, "decode_forward"):
             return "the native library has no decode_forward op"
         pages = move_to_huge_pages(model)
-        return cls(build.ops, model, kv_cache, scale, build_seconds=time.perf_counter() - t0, huge_pages=pages)
+        step = cls(build.ops, model, kv_cache, scale, huge_pages=pages)   # packs the panels
+        step.build_seconds = time.perf_counter() - t0
+        return step
 
     def accepts(self, plan: SchedulerOutput) -> bool:
         """Decode and verify steps; prefill chunks and their mixes too where the attention is tiled (``prefills``)."""
@@ -131,5 +156,6 @@ class NativeDecodeStep:
         ``backend/spec_decode/draft_forward.py``)."""
         w = self.weights
         return self._op(token_ids, positions, token_rows, block_tables, self.block_size, w.embed, w.layer_weights,
-                        w.layer_biases, self.k_cache, self.v_cache, w.cos, w.sin, w.final_norm, w.lm_head,
-                        self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.scale, logit_rows)
+                        w.layer_biases, w.layer_panels, self.k_cache, self.v_cache, w.cos, w.sin, w.final_norm,
+                        w.lm_head, w.lm_head_panels, self.num_heads, self.num_kv_heads, self.head_dim, self.eps,
+                        self.scale, logit_rows)

@@ -17,8 +17,9 @@
 // That covers prefill chunks too (positions from the sequence's computed length on): the engine runs every step
 // of a supported model through this op on the CPU, mixed or not.
 //
-// Modules: layer_ops (norm, RoPE, SiLU), paged_attention (K/V write, attention), f32_gemv (the projections of
-// steps of up to 16 tokens; larger steps call at::linear, MKL's GEMM). Sliding windows and quantized weights
+// Modules: layer_ops (norm, RoPE, SiLU), paged_attention (K/V write, attention), f32_gemv (every projection, through
+// the weights' panels, passed packed beside the row-major weights: at every token count measured, 1 to 512, faster
+// than at::linear, MKL's GEMM, on the row-major ones; docs/benchmarks.md). Sliding windows and quantized weights
 // are not handled: the Python side (backend/engine/native_decode.py) keeps those models on the eager path.
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -34,17 +35,15 @@ namespace {
 
 constexpr int kLayerWeights = 6;  // input_norm, qkv, o, post_norm, gate_up, down
 constexpr int kLayerBiases = 3;   // qkv, gate_up, down (empty tensor: none)
+constexpr int kLayerPanels = 4;   // qkv, o, gate_up, down: the projections' weights packed (pack_panels)
+constexpr int kPanelOf[kLayerPanels] = {1, 2, 4, 5};   // the layer weight each panel packs
 
-// x [T, K] @ w[N, K]^T (+ bias): the projection of every layer; the f32 GEMV up to kGemvChunkedMaxTokens tokens
-// (kGemvShortRowsMaxTokens for short rows).
-at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
+// x [T, K] @ w[N, K]^T (+ bias): the projection of every layer, through w's panels (`w` gives N and K).
+at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& panels, const at::Tensor& bias) {
   const int64_t T = x.size(0), N = w.size(0), K = w.size(1);
   const bool has_bias = bias.defined() && bias.numel() > 0;
-  if (T > (K <= kGemvShortRowK ? kGemvShortRowsMaxTokens : kGemvChunkedMaxTokens)) {
-    return has_bias ? at::linear(x, w, bias).contiguous() : at::linear(x, w).contiguous();
-  }
   at::Tensor y = at::empty({T, N}, x.options());
-  gemv_f32(x.data_ptr<float>(), w.data_ptr<float>(), has_bias ? bias.data_ptr<float>() : nullptr,
+  gemv_f32(x.data_ptr<float>(), panels.data_ptr<float>(), has_bias ? bias.data_ptr<float>() : nullptr,
            y.data_ptr<float>(), T, N, K);
   return y;
 }
@@ -61,10 +60,12 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
                           int64_t block_size, const at::Tensor& embed,  // [V, D]
                           at::TensorList layer_weights,    // 6 per layer
                           at::TensorList layer_biases,     // 3 per layer (empty: none)
+                          at::TensorList layer_panels,     // 4 per layer, [ceil(N / 64), K, 64] each
                           at::TensorList k_cache,          // per layer [blocks, block_size, KVH, hd]
                           at::TensorList v_cache, const at::Tensor& cos_table,  // [max_pos, hd]
                           const at::Tensor& sin_table, const at::Tensor& final_norm,  // [D]
                           const at::Tensor& lm_head,       // [V, D]
+                          const at::Tensor& lm_head_panels,  // [ceil(V / 64), D, 64]
                           int64_t num_heads, int64_t kv_heads, int64_t head_dim, double eps, double scale,
                           const c10::optional<at::Tensor>& logit_rows) {  // [R] int64 increasing token indices; none: all
   int64_t T = token_ids.size(0);
@@ -73,6 +74,7 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
   TORCH_CHECK(T > 0, "decode_forward: no tokens");
   TORCH_CHECK(static_cast<int64_t>(layer_weights.size()) == kLayerWeights * L &&
                   static_cast<int64_t>(layer_biases.size()) == kLayerBiases * L &&
+                  static_cast<int64_t>(layer_panels.size()) == kLayerPanels * L &&
                   static_cast<int64_t>(v_cache.size()) == L,
               "decode_forward: per-layer lists disagree with the number of layers");
   TORCH_CHECK(num_heads % kv_heads == 0 && head_dim % 2 == 0, "decode_forward: bad head shapes");
@@ -107,12 +109,17 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
   for (int64_t l = 0; l < L; ++l) {
     const at::Tensor* w = layer_weights.data() + kLayerWeights * l;
     const at::Tensor* b = layer_biases.data() + kLayerBiases * l;
+    const at::Tensor* pn = layer_panels.data() + kLayerPanels * l;
     check_f32(k_cache[l], "k_cache");
     check_f32(v_cache[l], "v_cache");
     TORCH_CHECK(w[1].size(0) == qkv_width, "decode_forward: qkv weight shape");
+    for (int i = 0; i < kLayerPanels; ++i) {
+      const at::Tensor& rw = w[kPanelOf[i]];
+      check_panels(pn[i], rw.size(0), rw.size(1), "decode_forward");
+    }
     add_rms_norm(x.data_ptr<float>(), delta.defined() ? delta.data_ptr<float>() : nullptr,
                  w[0].data_ptr<float>(), h.data_ptr<float>(), T, D, eps);
-    at::Tensor qkv = project(h, w[1], b[0]);  // [T, (H + 2 KVH) hd]
+    at::Tensor qkv = project(h, w[1], pn[0], b[0]);  // [T, (H + 2 KVH) hd]
     float* qkvp = qkv.data_ptr<float>();
     apply_rope(qkvp, qkv_width, num_heads + kv_heads, head_dim, pos, cos_table.data_ptr<float>(),
                sin_table.data_ptr<float>(), T);
@@ -131,19 +138,20 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
     paged_attention(qkvp, qkv_width, num_heads, kv_heads, head_dim, pos, rows, paged,
                     k_cache[l].data_ptr<float>(), v_cache[l].data_ptr<float>(), static_cast<float>(scale),
                     attn.data_ptr<float>(), T, max_ctx);
-    at::Tensor o = project(attn, w[2], at::Tensor());  // [T, D] (no o_proj bias)
+    at::Tensor o = project(attn, w[2], pn[1], at::Tensor());  // [T, D] (no o_proj bias)
     add_rms_norm(x.data_ptr<float>(), o.data_ptr<float>(), w[3].data_ptr<float>(), h.data_ptr<float>(), T, D,
                  eps);
-    at::Tensor gate_up = project(h, w[4], b[1]);  // [T, 2I]
+    at::Tensor gate_up = project(h, w[4], pn[2], b[1]);  // [T, 2I]
     const int64_t I = gate_up.size(1) / 2;
     at::Tensor act = at::empty({T, I}, x.options());
     silu_mul(gate_up.data_ptr<float>(), act.data_ptr<float>(), T, I);
-    delta = project(act, w[5], b[2]);        // [T, D]
+    delta = project(act, w[5], pn[3], b[2]);        // [T, D]
   }
   add_rms_norm(x.data_ptr<float>(), delta.defined() ? delta.data_ptr<float>() : nullptr,
                final_norm.data_ptr<float>(), h.data_ptr<float>(), T, D, eps);
   if (select && h.size(0) != keep.numel()) h = h.index_select(0, keep);  // no layers: the embeddings' rows
-  return project(h, lm_head, at::Tensor());  // [T, V] ([R, V] with logit_rows)
+  check_panels(lm_head_panels, lm_head.size(0), lm_head.size(1), "decode_forward");
+  return project(h, lm_head, lm_head_panels, at::Tensor());  // [T, V] ([R, V] with logit_rows)
 }
 
 }  // namespace
@@ -152,8 +160,8 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
 TORCH_LIBRARY_FRAGMENT(triton_llm, m) {
   m.def(
       "decode_forward(Tensor token_ids, Tensor positions, Tensor token_rows, Tensor block_tables, int block_size, "
-      "Tensor embed, Tensor[] layer_weights, Tensor[] layer_biases, Tensor(a!)[] k_cache, Tensor(b!)[] v_cache, "
-      "Tensor cos, Tensor sin, Tensor final_norm, Tensor lm_head, int num_heads, int num_kv_heads, int head_dim, "
-      "float eps, float scale, Tensor? logit_rows=None) -> Tensor");
+      "Tensor embed, Tensor[] layer_weights, Tensor[] layer_biases, Tensor[] layer_panels, Tensor(a!)[] k_cache, "
+      "Tensor(b!)[] v_cache, Tensor cos, Tensor sin, Tensor final_norm, Tensor lm_head, Tensor lm_head_panels, "
+      "int num_heads, int num_kv_heads, int head_dim, float eps, float scale, Tensor? logit_rows=None) -> Tensor");
   m.impl("decode_forward", c10::DispatchKey::CPU, TORCH_FN(triton_llm_native::decode_forward));
 }

@@ -1,42 +1,57 @@
-// f32 GEMV / skinny GEMM for decode and verify steps: y[t, n] = x[t] . w[n] (+ bias[n]) for a few tokens.
+// f32 projections of decode, verify and small prefill steps: y[t, n] = x[t] . w[n] (+ bias[n]) for a few tokens,
+// from weights packed into *panels*.
 //
-// A step of a few tokens is bound by reading the weight, so each weight row is streamed from memory once and
-// dotted with every token while it sits in registers: R rows at a time (independent accumulators, enough to
-// hide the FMA latency). Short rows (K <= 512) prefetch the rows 2 KiB ahead (GEMV_ROWS_AHEAD_BYTES: weights that
-// fit in L3 get evicted between engine steps); within a long row, software prefetch is a build-time knob, off by
-// default (measured no faster; the decode step keeps its weights on huge pages, backend/engine/huge_pages.py).
-// The instruction set is picked at build time
-// from the compiler's flags (-march=native): AVX-512F, else AVX2 + FMA, else plain C++ (8-float lanes the
-// compiler vectorises as it can). f32_gemv_kernel.cpp has no torch dependency (tests/backend/native compiles
-// it alone for each instruction set); f32_gemv.cpp splits the rows over torch's threads.
+// A panel holds kPanelWidth consecutive output rows of w [N, K] transposed: panel p is [K][kPanelWidth], element
+// (k, j) = w[p * kPanelWidth + j][k], the last panel zero-padded past N (pack_panels_f32). A step of T tokens walks
+// each panel once from front to back, loads one column-row of weights per k (a few vectors), broadcasts x[t][k] of
+// each of its tokens and accumulates T x kPanelWidth outputs in registers (a register tile of up to
+// kGemvMaxTokens tokens; more tokens take several tiles, the panel then in L1/L2). No horizontal sums, and one
+// sequential stream per panel for the prefetchers, where the row-major GEMV it replaced dotted R rows at a time
+// (R streams, a transpose-and-add per R x T sums). Measured (EPYC, 1 thread, the demo target's 17 projections,
+// 9 MB, docs/benchmarks.md): 1.2-1.4x faster at 1 token, 1.7-2x at 5-6, where the row kernel had reached 23-56 of
+// the core's ~95-109 GFLOP/s.
+//
+// Every output is one fused multiply-add chain over k = 0..K-1 in order, then + bias: a token's result does not
+// depend on the other tokens of its step, the tile it fell in, nor the split over threads (batch-invariant greedy
+// decoding: a verify step's logits equal the plain steps' bit for bit).
+//
+// The instruction set is picked at build time from the compiler's flags (-march=native): AVX-512F (16-float
+// vectors, a whole panel row per tile), else AVX2 + FMA (8-float vectors, the panel in 16-column stripes: 16
+// registers), else plain C++. f32_gemv_kernel.cpp has no torch dependency (tests/backend/native compiles it alone
+// for each instruction set); f32_gemv.cpp splits the panels over torch's threads and defines the ops.
 #pragma once
 
 #include <cstdint>
 
 namespace triton_llm_native {
 
-// Tokens the kernel dots with one pass over the weight; a call with more takes them this many at a time.
-constexpr int64_t kGemvMaxTokens = 8;
-// Steps of up to this many tokens project through the GEMV, kGemvMaxTokens at a time over row blocks that stay
-// in L2 (f32_gemv_kernel.cpp); larger ones through at::linear. Measured (1 thread, one row per token, ms per
-// decode_forward call, at::linear -> chunked GEMV): demo target 9 tokens 2.19 -> 0.88, 16 tokens 3.11 -> 1.71,
-// 24-32 tokens even; 82M model 9 tokens 49.7 -> 42.6, 16 tokens 59.8 -> 60.3, 24 tokens 73.6 -> 80.5.
-constexpr int64_t kGemvChunkedMaxTokens = 16;
-// The same for short rows (K <= kGemvShortRowK, the demo target's), whose prefetched passes (f32_gemv_kernel.cpp)
-// beat at::linear further: batch decode steps of 32 sequences and verify steps of 8 sequences with drafts. Short
-// rows are also the kernel's pinned-load, row-prefetched ones (kPinMaxK is this constant).
-constexpr int64_t kGemvShortRowK = 512;
-constexpr int64_t kGemvShortRowsMaxTokens = 64;
+// Output rows per panel: a multiple of every build's column tile (16 floats) and of a cache line.
+constexpr int64_t kPanelWidth = 64;
+// Tokens per register tile; a step with more takes several tiles over each panel (the panel then in L1/L2: any
+// token count, a prefill chunk's included; at 512 tokens still 1.15x faster than at::linear on the demo target).
+constexpr int64_t kGemvMaxTokens = 6;
 
-// Rows [n_begin, n_end) of y [T, N] = x [T, K] @ w [N, K]^T (+ bias [N], may be null); all row-major, contiguous.
-void gemv_f32_rows(const float* x, const float* w, const float* bias, float* y, int64_t T, int64_t N, int64_t K,
-                   int64_t n_begin, int64_t n_end);
+inline int64_t panel_count(int64_t N) { return (N + kPanelWidth - 1) / kPanelWidth; }
+
+// panels [panel_count(N)][K][kPanelWidth] from w [N, K] (row-major, contiguous); rows past N are zero.
+void pack_panels_f32(const float* w, float* panels, int64_t N, int64_t K);
+
+// Panels [p_begin, p_end) of y [T, N] = x [T, K] @ w^T (+ bias [N], may be null), w given as its panels; x and y
+// row-major, contiguous.
+void gemv_f32_panels(const float* x, const float* panels, const float* bias, float* y, int64_t T, int64_t N,
+                     int64_t K, int64_t p_begin, int64_t p_end);
+
+// Refuses (TORCH_CHECK, naming `who`) anything but the panels of a weight [n, k] (f32_gemv.cpp: needs ATen).
+}  // namespace triton_llm_native
+namespace at { class Tensor; }
+namespace triton_llm_native {
+void check_panels(const at::Tensor& panels, int64_t n, int64_t k, const char* who);
 
 // The instruction set the kernel was built for: "avx512", "avx2" or "generic".
 const char* gemv_f32_isa();
 
-// All rows of y, split over torch's intra-op threads (one fork and one barrier per call; a call with less work
-// than a thread's worth stays on the calling thread). Defined in f32_gemv.cpp.
-void gemv_f32(const float* x, const float* w, const float* bias, float* y, int64_t T, int64_t N, int64_t K);
+// All panels, split over torch's intra-op threads (one fork and one barrier per call; a call with less work than a
+// thread's worth stays on the calling thread). Defined in f32_gemv.cpp.
+void gemv_f32(const float* x, const float* panels, const float* bias, float* y, int64_t T, int64_t N, int64_t K);
 
 }  // namespace triton_llm_native

@@ -81,10 +81,7 @@ def native_step(ops, model, cache, tables, ctx_lens, query_lens, token_ids, logi
     block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
     positions = torch.cat([torch.arange(c, c + q) for c, q in zip(ctx_lens, query_lens)])
     rows = torch.cat([torch.full((q,), i, dtype=torch.int32) for i, q in enumerate(query_lens)])
-    w = step.weights
-    return step._op(token_ids, positions, rows, block_tables, BLOCK, w.embed, w.layer_weights, w.layer_biases,
-                    step.k_cache, step.v_cache, w.cos, w.sin, w.final_norm, w.lm_head, step.num_heads,
-                    step.num_kv_heads, step.head_dim, step.eps, step.scale, logit_rows)
+    return step.forward(token_ids, positions, rows, block_tables, logit_rows)
 
 
 # head_dim 8, 12, 6: the attention's per-token path; 16 (G = 3) and 48 (MHA): its tiled path (paged_attention.cpp)

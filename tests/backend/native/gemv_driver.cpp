@@ -1,6 +1,6 @@
-// Runs gemv_f32_rows (backend/native/csrc/f32_gemv_kernel.cpp) alone, without torch, so that tests can build it
-// for each instruction set: gemv_driver T N K SPLIT DIR reads DIR/{x,w,bias}.f32, computes rows [0, SPLIT) and
-// [SPLIT, N) in two calls, writes DIR/y.f32 and prints the kernel's instruction set.
+// Runs the panel GEMV (backend/native/csrc/f32_gemv_kernel.cpp) alone, without torch, so that tests can build it
+// for each instruction set: gemv_driver T N K SPLIT DIR reads DIR/{x,w,bias}.f32, packs w into panels, computes
+// panels [0, SPLIT) and [SPLIT, P) in two calls, writes DIR/y.f32 and prints the kernel's instruction set.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -30,8 +30,11 @@ int main(int argc, char** argv) {
   const std::vector<float> x = read_floats(dir + "/x.f32", T * K), w = read_floats(dir + "/w.f32", N * K),
                            bias = read_floats(dir + "/bias.f32", N);
   std::vector<float> y(T * N, -1.f);
-  triton_llm_native::gemv_f32_rows(x.data(), w.data(), bias.data(), y.data(), T, N, K, 0, split);
-  triton_llm_native::gemv_f32_rows(x.data(), w.data(), bias.data(), y.data(), T, N, K, split, N);
+  const int64_t P = triton_llm_native::panel_count(N);
+  std::vector<float> panels(P * K * triton_llm_native::kPanelWidth);
+  triton_llm_native::pack_panels_f32(w.data(), panels.data(), N, K);
+  triton_llm_native::gemv_f32_panels(x.data(), panels.data(), bias.data(), y.data(), T, N, K, 0, split);
+  triton_llm_native::gemv_f32_panels(x.data(), panels.data(), bias.data(), y.data(), T, N, K, split, P);
   FILE* f = std::fopen((dir + "/y.f32").c_str(), "wb");
   std::fwrite(y.data(), sizeof(float), y.size(), f);
   std::fclose(f);

@@ -1,4 +1,5 @@
-"""The f32 GEMV of the decode step (backend/native/csrc/f32_gemv*.cpp) against a float64 matmul.
+"""The f32 GEMV of the decode step (backend/native/csrc/f32_gemv*.cpp, weights packed into panels) against a float64
+matmul.
 
 Through the op (the build's instruction set, 1 and 2 threads) and, built alone without torch, for each
 instruction set the kernel has (AVX-512, AVX2 + FMA, plain C++) that this CPU can run.
@@ -16,9 +17,8 @@ import torch.nn.functional as F
 
 from backend.native.build import CSRC
 
-# (tokens, out rows, in columns): rows not a multiple of the kernel's row block, columns not a multiple of a
-# vector (and fewer than one), more tokens than one pass takes (8), and with them more rows than one L2 block
-# of weights holds (256 KiB: 85 rows of 768, 327 of 200).
+# (tokens, out rows, in columns): rows not a multiple of a panel (64) nor of a column tile (16) and fewer than one,
+# columns not a multiple of a vector (and fewer than one), more tokens than one register tile takes (6).
 SHAPES = [(1, 1280, 768), (2, 37, 16), (3, 9, 33), (4, 100, 7), (5, 1027, 64), (6, 13, 200), (7, 8, 48),
           (8, 515, 130), (9, 21, 96), (12, 70, 40), (5, 70, 700), (8, 19, 520), (16, 1300, 768), (11, 700, 200)]
 
@@ -48,36 +48,56 @@ def test_op_matches_matmul(ops, threads):
     try:
         for i, (tokens, n, k) in enumerate(SHAPES):
             x, w, b = case(tokens, n, k, seed=i)
-            assert_fp32_close(ops.decode_gemv(x, w), x, w, None)
-            assert_fp32_close(ops.decode_gemv(x, w, b), x, w, b)
+            panels = ops.pack_panels(w)
+            assert_fp32_close(ops.decode_gemv(x, panels, n), x, w, None)
+            assert_fp32_close(ops.decode_gemv(x, panels, n, b), x, w, b)
     finally:
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("k", [256, 600])  # short rows (pinned, 256-bit lanes) and long rows (kPinMaxK)
+@pytest.mark.parametrize("k", [256, 600])
 def test_each_token_and_row_is_independent_of_the_rest(ops, k):
-    """Bit for bit: a token's output does not depend on the other tokens of the step, nor on how rows are split
-    over threads (each output is one accumulation in a fixed order): batch-invariant greedy decoding."""
+    """Bit for bit: a token's output does not depend on the other tokens of the step (8: two register tiles), nor
+    on how the panels are split over threads, nor on where its row falls in a panel (each output is one accumulation
+    in a fixed order): batch-invariant greedy decoding."""
     x, w, b = case(8, 1283, k, seed=7)
+    panels = ops.pack_panels(w)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        together = ops.decode_gemv(x, w, b)
+        together = ops.decode_gemv(x, panels, 1283, b)
         torch.set_num_threads(1)
-        alone = torch.cat([ops.decode_gemv(x[t:t + 1], w, b) for t in range(8)])
-        rows = torch.cat([ops.decode_gemv(x, w[r:r + 5], b[r:r + 5]) for r in range(0, 1283, 5)], dim=1)
+        alone = torch.cat([ops.decode_gemv(x[t:t + 1], panels, 1283, b) for t in range(8)])
+        rows = torch.cat([ops.decode_gemv(x, ops.pack_panels(w[r:r + 5]), len(w[r:r + 5]), b[r:r + 5])
+                          for r in range(0, 1283, 5)], dim=1)
     finally:
         torch.set_num_threads(before)
     assert torch.equal(together, alone) and torch.equal(together, rows)
 
 
+def test_panels_hold_the_weight_transposed_and_zero_padded(ops):
+    w = torch.randn(70, 9)
+    panels = ops.pack_panels(w)
+    width = ops.gemv_panel_width()
+    assert panels.shape == (2, 9, width)
+    assert torch.equal(panels[0], w[:width].t()) and torch.equal(panels[1, :, :70 - width], w[width:].t())
+    assert not panels[1, :, 70 - width:].any()
+
+
 def test_op_refuses_bad_inputs(ops):
-    with pytest.raises(RuntimeError, match="decode_gemv"):
-        ops.decode_gemv(torch.randn(2, 8), torch.randn(4, 9))
-    with pytest.raises(RuntimeError, match="decode_gemv"):
-        ops.decode_gemv(torch.randn(2, 8).double(), torch.randn(4, 8).double())
+    panels = ops.pack_panels(torch.randn(4, 8))
+    with pytest.raises(RuntimeError, match="decode_gemv: panels"):
+        ops.decode_gemv(torch.randn(2, 9), panels, 4)                     # another K
+    with pytest.raises(RuntimeError, match="decode_gemv: panels"):
+        ops.decode_gemv(torch.randn(2, 8), panels, 70)                    # another N: more panels
+    with pytest.raises(RuntimeError, match="decode_gemv: panels"):
+        ops.decode_gemv(torch.randn(2, 8), torch.randn(4, 8), 4)          # not packed
+    with pytest.raises(RuntimeError, match="decode_gemv: x"):
+        ops.decode_gemv(torch.randn(2, 8).double(), panels, 4)
     with pytest.raises(RuntimeError, match="bias"):
-        ops.decode_gemv(torch.randn(2, 8), torch.randn(4, 8), torch.randn(5))
+        ops.decode_gemv(torch.randn(2, 8), panels, 4, torch.randn(5))
+    with pytest.raises(RuntimeError, match="pack_panels"):
+        ops.pack_panels(torch.randn(4, 8).double())
 
 
 def cpu_flags() -> set[str]:
