@@ -10,7 +10,8 @@ through the last layer past its K/V write: a 300-token prefill runs ~1.7x faster
 dim (``TILED_HEAD_DIMS``): its per-token loop is no faster than the eager forward at 300 tokens (head dim
 24: 62 against 64 us per token) and grows with the square of the prompt. Models the op does not cover stay
 eager: ``unsupported_reason`` says which and why (the load line shows it). At build the model's weights move
-onto transparent huge pages (``huge_pages.py``; a batch-1 step streams all of them), where the kernel allows.
+onto transparent huge pages (``huge_pages.py``; a batch-1 step streams all of them), where the kernel allows,
+and the projections' weights are packed into the op's panels (``pack_panels``: a second copy, in the op's layout).
 """
 from __future__ import annotations
 
@@ -24,8 +25,7 @@ from torch import nn
 from backend.core.kv_cache import KVCache
 from backend.core.plan import ForwardOutput, SchedulerOutput
 from backend.engine.decode_batch import PersistentDecodeBatch, decode_step_shape, eager_only_reason
-from backend.engine.huge_pages import MIN_HUGE_PAGE_BYTES, HugePageResult, huge_page_arena, move_to_huge_pages, \
-    thp_mode
+from backend.engine.huge_pages import MIN_HUGE_PAGE_BYTES, HugePageResult, huge_page_arena, move_to_huge_pages, thp_mode
 from backend.model.llama import LlamaForCausalLM
 
 
