@@ -193,8 +193,9 @@ class Scheduler:
             seq = by_id.get(seq_id)
             if seq is None:
                 continue
-            for t in tokens:
-                if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < self.vocab_size:
+            for t in tokens:   # a plain int skips the ABC check (~5 us a step in the engine, cold after the forward)
+                if (type(t) is not int and (isinstance(t, bool) or not isinstance(t, numbers.Integral))) \
+                        or not 0 <= t < self.vocab_size:
                     raise ValueError(f"draft_token_ids: token id {t!r} is outside the vocabulary "
                                      f"[0, {self.vocab_size})")
             seq.draft_token_ids = [int(t) for t in tokens]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -498,7 +499,8 @@ def test_drafts_enter_only_for_running_sequences_and_inside_the_vocabulary():
     assert waiting.draft_token_ids == []
     plan = sch.schedule()
     sch.update_from_output(plan, ModelRunnerOutput([[7]]))
-    with pytest.raises(ValueError, match="draft_token_ids"):
-        sch.update_draft_token_ids({waiting.seq_id: [VOCAB]})
-    sch.update_draft_token_ids({waiting.seq_id: [5, 6]})
-    assert waiting.draft_token_ids == [5, 6]
+    for bad in (VOCAB, -1, True, 5.0, "5"):                          # outside, or not an integer id
+        with pytest.raises(ValueError, match="draft_token_ids"):
+            sch.update_draft_token_ids({waiting.seq_id: [5, bad]})
+    sch.update_draft_token_ids({waiting.seq_id: [np.int64(5), 6]})   # any integral type, stored as int
+    assert waiting.draft_token_ids == [5, 6] and all(type(t) is int for t in waiting.draft_token_ids)
