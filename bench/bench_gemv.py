@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from backend.engine.huge_pages import huge_page_arena, thp_mode
+from backend.engine.huge_pages import copy_to_huge_pages
 from backend.native import native_ops
 from bench.report import git_commit, machine, write_json
 
@@ -44,18 +44,6 @@ def time_pass(project, operands: list[tuple[torch.Tensor, torch.Tensor]], xs: di
     for w, operand in operands:
         project(xs[w.shape[1]], w, operand)
     return time.perf_counter() - t0
-
-
-def on_huge_pages(tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:
-    """Copies of ``tensors`` in one huge-page arena (None: the advice failed)."""
-    arena = huge_page_arena(sum(t.numel() for t in tensors))
-    if arena is None:
-        return None
-    out, at = [], 0
-    for t in tensors:
-        out.append(arena[at:at + t.numel()].view(t.shape).copy_(t))
-        at += t.numel()
-    return out
 
 
 def main() -> None:
@@ -86,7 +74,7 @@ def main() -> None:
     impls = {"native": native}
     if not args.native_only:
         impls["linear"], operands["linear"] = lambda x, w, _: F.linear(x, w), list(zip(weights, weights))
-        huge = on_huge_pages(panels) if thp_mode() in ("always", "madvise") else None
+        huge = copy_to_huge_pages(panels)
         if huge is not None:
             impls["native_huge"], operands["native_huge"] = native, list(zip(weights, huge))
     print(f"{len(weights)} projections, {nbytes / 1e6:.0f} MB of fp32 weights per pass; kernel: "

@@ -60,6 +60,21 @@ def huge_page_arena(numel: int) -> torch.Tensor | None:
     return raw[offset:offset + numel]
 
 
+def copy_to_huge_pages(tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:
+    """Copies of float32 ``tensors`` side by side in one huge-page arena (the native step's panels); None when the
+    kernel's mode is ``never`` or the advice fails."""
+    if thp_mode() not in ("always", "madvise"):
+        return None
+    arena = huge_page_arena(sum(t.numel() for t in tensors))
+    if arena is None:
+        return None
+    out, at = [], 0
+    for t in tensors:
+        out.append(arena[at:at + t.numel()].view(t.shape).copy_(t))
+        at += t.numel()
+    return out
+
+
 def move_to_huge_pages(model: nn.Module, min_bytes: int = MIN_HUGE_PAGE_BYTES) -> HugePageResult:
     """Copy ``model``'s float32 CPU parameters into one huge-page arena (see the module docstring)."""
     mode = thp_mode()

@@ -25,7 +25,7 @@ from torch import nn
 from backend.core.kv_cache import KVCache
 from backend.core.plan import ForwardOutput, SchedulerOutput
 from backend.engine.decode_batch import PersistentDecodeBatch, decode_step_shape, eager_only_reason
-from backend.engine.huge_pages import MIN_HUGE_PAGE_BYTES, HugePageResult, huge_page_arena, move_to_huge_pages, thp_mode
+from backend.engine.huge_pages import MIN_HUGE_PAGE_BYTES, HugePageResult, copy_to_huge_pages, move_to_huge_pages
 from backend.model.llama import LlamaForCausalLM
 
 
@@ -82,16 +82,9 @@ def pack_panels(ops, weights: list[torch.Tensor]) -> list[torch.Tensor]:
     """Each weight ``[out, in]`` packed into its panels (``ops.pack_panels``, backend/native/csrc/f32_gemv.h), all of
     them in one huge-page arena where that is worth it (``huge_pages.py``: a batch-1 step streams them all)."""
     packed = [ops.pack_panels(w) for w in weights]
-    total = sum(p.numel() for p in packed)
-    arena = huge_page_arena(total) if total * 4 >= MIN_HUGE_PAGE_BYTES and thp_mode() in ("always", "madvise") \
-        else None
-    if arena is None:
+    if sum(p.numel() for p in packed) * 4 < MIN_HUGE_PAGE_BYTES:
         return packed
-    out, at = [], 0
-    for p in packed:
-        out.append(arena[at:at + p.numel()].view(p.shape).copy_(p))
-        at += p.numel()
-    return out
+    return copy_to_huge_pages(packed) or packed
 
 
 TILED_HEAD_DIMS = range(16, 129, 16)   # the op's tiled attention (paged_attention.cpp, kMaxD16); else a per-token loop

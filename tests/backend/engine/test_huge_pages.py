@@ -93,3 +93,19 @@ def test_the_arena_fits_wherever_the_allocation_lands(monkeypatch, shift):
     assert a is not None and a.numel() == numel
     (start, length), = calls
     assert start % HUGE_PAGE == 0 and start == a.data_ptr() and start + length >= a.data_ptr() + numel * 4
+
+
+def test_copies_go_side_by_side_into_one_arena_or_nowhere(monkeypatch):
+    """``copy_to_huge_pages`` (the native step's panels): equal copies in one 2 MiB-aligned arena, in order;
+    None when the mode is ``never`` or the advice is refused (the caller keeps its own tensors)."""
+    tensors = [torch.randn(3, 5, 64), torch.randn(7), torch.randn(2, 64)]
+    monkeypatch.setattr(huge_pages, "thp_mode", lambda: "madvise")
+    monkeypatch.setattr(huge_pages, "_madvise_huge", lambda start, length: True)
+    copies = huge_pages.copy_to_huge_pages(tensors)
+    assert copies is not None and all(torch.equal(c, t) for c, t in zip(copies, tensors))
+    assert copies[0].data_ptr() % HUGE_PAGE == 0
+    assert [c.data_ptr() - copies[0].data_ptr() for c in copies] == [0, 3 * 5 * 64 * 4, (3 * 5 * 64 + 7) * 4]
+    monkeypatch.setattr(huge_pages, "_madvise_huge", lambda start, length: False)
+    assert huge_pages.copy_to_huge_pages(tensors) is None
+    monkeypatch.setattr(huge_pages, "thp_mode", lambda: "never")
+    assert huge_pages.copy_to_huge_pages(tensors) is None
