@@ -11,8 +11,8 @@ Prints, per cell, tokens/s and the ratio to ``none`` (with ``--rounds N``, every
 is the median of the per-round ratios, their range in brackets, then ``ci``: a distribution-free 90% confidence
 interval of that median (``bench.stats.median_interval``, from 5 rounds on; the goals are called met or not met only
 where it lies on one side of the target, else "within the noise"); within a round the methods take turns every
-``--chunk`` requests, 2c by default, in alternating order, so that a slow spell of the shared machine hits them
-alike; ``--methods none,none-again,...`` adds a second engine without speculation, whose ratio is the
+``--chunk`` requests, 2c by default, in the orders of a balanced Latin square (``turn_orders``: every method in
+every position and after every other equally often), so that a slow spell of the shared machine hits them alike; ``--methods none,none-again,...`` adds a second engine without speculation, whose ratio is the
 measurement's own noise), the
 decode-speed ratio (median TPOT of ``none`` over the method's: the prompts' prefill, which speculation does not
 touch, left out), the mean accepted length (tokens per verified step), the acceptance rate, and the measured costs behind
@@ -113,6 +113,26 @@ def measure(engine: LLMEngine, items: list[Item], concurrency: int) -> dict:
         row["plain_step_ms"] = {b: 1e3 * v for b, v in plain.items()}
         row["extra_ms_per_seq"] = {b: {k: 1e3 * v for k, v in by_k.items()} for b, by_k in extra.items()}
     return row
+
+
+def turn_orders(n: int) -> list[list[int]]:
+    """A balanced (Williams) Latin square of ``n`` engines' turns: over its rows every engine takes every position
+    equally often, and follows every other engine equally often (``n`` rows for an even ``n``, ``2n`` for an odd
+    one). Turn ``t`` of a cell takes row ``t % len(rows)``. Forward and backward in turn, as before, left two
+    engines always at the ends (the first followed itself at every round's turn, warm) and two always in the
+    middle, the n-gram engine always next to the fixed-k one; the matrices put a sampled batch-8 cell, where the
+    adaptive engine did ``none``'s work, at 0.84-0.94 against its A/A's 0.97-0.99 (docs/benchmarks.md, session 13)."""
+    if n < 1:
+        raise ValueError(f"turn_orders: need at least one engine, got {n}")
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:                      # 0, 1, n-1, 2, n-2, ...
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    rows = [[(j + i) % n for j in first] for i in range(n)]
+    return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
 
 
 def request_chunks(items: list[Item], size: int) -> list[list[Item]]:
@@ -358,11 +378,12 @@ def main(argv=None) -> int:
                         run_engine_level(eng, items[:min(2, n)], 2, level_seconds=1e9, request_timeout=300)
                     runs: dict[str, list[dict]] = {m: [] for m in engines}
                     chunks = request_chunks(items, args.chunk or max(2 * c, 2))
+                    names, orders = list(engines), turn_orders(len(engines))
                     for r in range(args.rounds):
                         parts: dict[str, list[dict]] = {m: [] for m in engines}
-                        for i, chunk in enumerate(chunks):            # alternate the order against load drift
-                            for m in (list(engines) if (r + i) % 2 == 0 else list(engines)[::-1]):
-                                parts[m].append(measure(engines[m], chunk, c))
+                        for i, chunk in enumerate(chunks):            # balanced turns against load drift
+                            for j in orders[(r * len(chunks) + i) % len(orders)]:
+                                parts[names[j]].append(measure(engines[names[j]], chunk, c))
                         for m, measured in parts.items():
                             runs[m].append(combine(measured))
                     rows = {m: combine(rs) for m, rs in runs.items()}

@@ -1,6 +1,8 @@
 """bench_spec's arithmetic behind the batch-1 goals: speed-up from acceptance, measured costs and the prefill share."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from bench.bench_spec import (
@@ -11,6 +13,7 @@ from bench.bench_spec import (
     overall_speedup,
     prefill_share,
     solve_increasing,
+    turn_orders,
 )
 
 
@@ -74,3 +77,19 @@ def test_goal_verdicts_tell_met_from_within_the_noise():
     assert goal_verdicts(cells)[-1]["verdict"] == "met"
     cells[2] = _cell("ngram", "mixed", 0.8, 8, 0.99, None)              # too few rounds for an interval
     assert goal_verdicts(cells)[-1]["verdict"] == "met at the median, within the noise"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_turns_put_every_engine_in_every_position_and_after_every_other_equally(n):
+    rows = turn_orders(n)
+    assert all(sorted(row) == list(range(n)) for row in rows)
+    for pos in range(n):                                   # each engine equally often in each position
+        counts = [sum(row[pos] == e for row in rows) for e in range(n)]
+        assert len(set(counts)) == 1
+    follows = {}                                           # each ordered pair adjacent equally often
+    for row in rows:
+        for a, b in itertools.pairwise(row):
+            follows[(a, b)] = follows.get((a, b), 0) + 1
+    assert len(follows) == (n * (n - 1) if n > 1 else 0) and len(set(follows.values())) <= 1
+    with pytest.raises(ValueError, match="turn_orders"):
+        turn_orders(0)
