@@ -11,9 +11,9 @@
 // 9 MB, docs/benchmarks.md): 1.2-1.4x faster at 1 token, 1.7-2x at 5-6, where the row kernel had reached 23-56 of
 // the core's ~95-109 GFLOP/s.
 //
-// Every output is one fused multiply-add chain over k = 0..K-1 in order, then + bias: a token's result does not
-// depend on the other tokens of its step, the tile it fell in, nor the split over threads (batch-invariant greedy
-// decoding: a verify step's logits equal the plain steps' bit for bit).
+// Every output is one fused multiply-add chain over k = 0..K-1 in order, then + bias: a token's projection does not
+// depend on the other tokens of its step, the tile it fell in, nor the split over threads (the projections add no
+// batch dependence to a verify step's logits; tests/backend/native/test_f32_gemv.py checks it bit for bit).
 //
 // The instruction set is picked at build time from the compiler's flags (-march=native): AVX-512F (16-float
 // vectors, a whole panel row per tile), else AVX2 + FMA (8-float vectors, the panel in 16-column stripes: 16
