@@ -12,10 +12,10 @@ is the median of the per-round ratios, their range in brackets, then ``ci``: a d
 interval of that median (``bench.stats.median_interval``, from 5 rounds on; the goals are called met or not met only
 where it lies on one side of the target, else "within the noise"); within a round the methods take turns every
 ``--chunk`` requests, 2c by default, in the orders of a balanced Latin square (``turn_orders``: every method in
-every position and after every other equally often), so that a slow spell of the shared machine hits them alike; ``--methods none,none-again,...`` adds a second engine without speculation, whose ratio is the
-measurement's own noise), the
-decode-speed ratio (median TPOT of ``none`` over the method's: the prompts' prefill, which speculation does not
-touch, left out), the mean accepted length (tokens per verified step), the acceptance rate, and the measured costs behind
+every position and after every other equally often), so that a slow spell of the shared machine hits them alike;
+``--methods none,none-again,...`` adds a second engine without speculation, whose ratio is the measurement's own
+noise), the decode-speed ratio (median TPOT of ``none`` over the method's: the prompts' prefill, which speculation
+does not touch, left out), the mean accepted length (tokens per verified step), the acceptance rate, and the measured costs behind
 them (the adaptive policy's plain decode step time and extra seconds per speculating sequence for each
 draft length at the cell's batch-size bucket; CPU time of the engine loop's thread, since the engines run
 one thread, see backend/spec_decode/step_costs.py). For the draft model at batch 1 it also works out, from

@@ -51,7 +51,8 @@ at::Tensor pack_panels(const at::Tensor& w) {
 }
 
 // x [T, K] @ w^T (+ bias [n]) -> [T, n], w given as its panels; any T (kGemvMaxTokens tokens per register tile).
-at::Tensor decode_gemv(const at::Tensor& x, const at::Tensor& panels, int64_t n, const std::optional<at::Tensor>& bias) {
+at::Tensor decode_gemv(const at::Tensor& x, const at::Tensor& panels, int64_t n,
+                       const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() && x.dim() == 2,
               "decode_gemv: x must be a contiguous float32 tensor [T, K]");
   TORCH_CHECK(n > 0, "decode_gemv: n must be positive");
