@@ -5,14 +5,17 @@ context does (the context is in a loop: ``a b c a b c a b``), the copy runs on a
 stopping at the context's end (``continuation``): a greedy model stuck in a loop of period 2 had every step
 draft 1 token where it now drafts the full ``k``, all of them accepted.
 
-Indexed incrementally, no scan of the context per step: each sequence keeps an ``NgramIndex``, a
-hash table from every ``n``-gram of its tokens to the latest position where it ends. A step indexes
-only the n-grams that its new tokens complete (``ngram_max - ngram_min + 1`` dictionary writes per
-token; a prompt is indexed in bulk by ``dict.update`` over zipped slices) and looks up at most
-``ngram_max - ngram_min + 1`` suffixes: ~5 us per step at any context length, against ~15 us for a
-numpy scan of a 1,000-token context. In the engine, where the caches are cold after each native forward, a
-``propose`` call took 20 us at 900-1,000 tokens of context against a 478 us plain decode step of the demo
-target (4.2%; docs/benchmarks.md). The n-grams ending at the last token are indexed one step late, so a
+Indexed incrementally, no scan of the context per step: each sequence keeps an ``NgramIndex``, per ``n`` a
+hash table from every ``n``-gram of its tokens to the latest position where it ends. A lookup tries at most
+``ngram_max - ngram_min + 1`` suffixes, longest first, and brings each table it reads up to date with the
+n-grams completed since it last did (one dictionary write per new token; many at once, as for a prompt, by
+``dict.update`` over zipped slices): ~5 us per step at any context length, against ~15 us for a numpy scan of a
+1,000-token context. The tables of shorter ``n`` are read only when the longer suffixes do not recur, so while
+the output copies a span (every lookup matched at ``ngram_max``) a step writes one table, not four. In the engine,
+where the caches are cold after each native forward, a ``propose`` call had taken 20 us at 900-1,000 tokens of
+context against a 478 us plain decode step of the demo target (4.2%; docs/benchmarks.md); on greedy ``repeat``
+at batch 1 it took 19-21 us with one table for every ``n`` and takes 12.5 us with the tables read lazily (loop
+thread CPU time). The n-grams ending at the last token are indexed one step late, so a
 lookup never finds the suffix itself.
 """
 from __future__ import annotations
@@ -36,39 +39,42 @@ def continuation(tokens: list[int], start: int, k: int) -> list[int]:
 
 
 class NgramIndex:
-    """A growing token stream and ``n``-gram -> latest end position for every ``n`` in ``[n_min, n_max]``
-    (one table: tuples of different lengths never collide), over the n-grams that end before the
-    stream's last token."""
+    """A growing token stream and, for every ``n`` in ``[n_min, n_max]``, a table from each ``n``-gram to the latest
+    position where it ends, over the n-grams that end before the stream's last token.
+
+    Each ``n`` has its own table, brought up to date only when a lookup reaches that ``n`` (``_table``): a lookup
+    tries ``n_max`` first, and while the output copies a span of its context every lookup ends there, so the
+    shorter tables wait and are caught up in bulk when a lookup next needs one. Keys are tuples of ``n`` tokens,
+    the token itself for ``n = 1``."""
 
     def __init__(self, n_min: int, n_max: int):
         if not 1 <= n_min <= n_max:
             raise ValueError(f"ngram_min, ngram_max: need 1 <= ngram_min <= ngram_max, got {n_min}, {n_max}")
         self.n_min, self.n_max = n_min, n_max
         self.tokens: list[int] = []
-        self._latest: dict[tuple[int, ...], int] = {}
-        self._indexed = 0          # n-grams ending at positions < _indexed are in the table
+        self._latest: list[dict] = [{} for _ in range(n_max - n_min + 1)]   # n - n_min -> n-gram -> end position
+        self._indexed = [0] * (n_max - n_min + 1)   # n - n_min -> n-grams ending before this are in its table
 
     def extend(self, tokens: list[int]) -> None:
         self.tokens.extend(tokens)
 
-    def _catch_up(self) -> None:
-        """Index the n-grams ending at positions ``_indexed .. len - 2`` (later ones overwrite: latest wins)."""
-        toks, end, table = self.tokens, len(self.tokens) - 1, self._latest
-        start = self._indexed
+    def _table(self, n: int) -> dict:
+        """The ``n``-gram table, with the n-grams ending at positions ``_indexed .. len - 2`` added (later ones
+        overwrite: latest wins)."""
+        toks, end, i = self.tokens, len(self.tokens) - 1, n - self.n_min
+        table, start = self._latest[i], max(self._indexed[i], n - 1)    # end positions start .. end - 1
         if start >= end:
-            return
-        if end - start > BULK:                                  # a prompt: zipped slices, one pass per n
-            for n in range(self.n_min, self.n_max + 1):
-                first = max(start, n - 1)                       # end positions first .. end - 1
-                if first < end:
-                    grams = zip(*(toks[first - n + 1 + i:end - n + 1 + i] for i in range(n)))
-                    table.update(zip(grams, range(first, end)))
-        else:                                                   # a step's few new tokens
-            n_min, n_max = self.n_min, self.n_max
+            return table
+        self._indexed[i] = end
+        if n == 1:
+            table.update(zip(toks[start:end], range(start, end)))
+        elif end - start > BULK:                                        # zipped slices: a C loop
+            grams = zip(*(toks[start - n + 1 + j:end - n + 1 + j] for j in range(n)))
+            table.update(zip(grams, range(start, end)))
+        else:                                                           # a step's few new tokens
             for e in range(start, end):
-                for n in range(n_min, min(n_max, e + 1) + 1):
-                    table[tuple(toks[e - n + 1:e + 1])] = e
-        self._indexed = end
+                table[tuple(toks[e - n + 1:e + 1])] = e
+        return table
 
     def lookup(self, k: int) -> list[int]:
         """``k`` tokens after the latest earlier occurrence of the longest recurring suffix (``n_max`` down to
@@ -77,11 +83,10 @@ class NgramIndex:
 
     def match(self, k: int) -> tuple[list[int], int]:
         """``lookup(k)`` and the length of the suffix it matched (0: none recurs)."""
-        self._catch_up()
-        toks, table = self.tokens, self._latest
+        toks = self.tokens
         length = len(toks)
         for n in range(min(self.n_max, length - 1), self.n_min - 1, -1):
-            end = table.get(tuple(toks[length - n:]))
+            end = self._table(n).get(tuple(toks[length - n:]) if n > 1 else toks[-1])
             if end is not None:
                 return continuation(toks, end + 1, k), n
         return [], 0

@@ -48,6 +48,8 @@ def test_lookup_cases(ctx, n_min, n_max, k, want):
 
 
 def test_index_matches_the_naive_reference_on_random_streams_grown_in_random_chunks():
+    """Lookups after some chunks only: each n's table is caught up when a lookup first reads it (shorter n only
+    when the longer suffixes do not recur), from wherever it stopped."""
     rng = np.random.default_rng(0)
     for _ in range(200):
         n_min = int(rng.integers(1, 3))
@@ -60,6 +62,8 @@ def test_index_matches_the_naive_reference_on_random_streams_grown_in_random_chu
             chunk = rng.integers(0, vocab, size=size).tolist()
             index.extend(chunk)
             ctx += chunk
+            if rng.random() < 0.3:          # no lookup: the tables fall behind, and catch up at the next one
+                continue
             k = int(rng.integers(1, 6))
             assert index.lookup(k) == naive_lookup(ctx, n_min, n_max, k), (ctx, n_min, n_max, k)
             assert index.match(k) == naive_match(ctx, n_min, n_max, k), (ctx, n_min, n_max, k)
