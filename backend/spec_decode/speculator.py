@@ -29,7 +29,7 @@ import torch
 
 from backend.core.plan import ModelRunnerOutput, SchedulerOutput
 from backend.core.scheduler import Scheduler
-from backend.core.sequence import Sequence
+from backend.core.sequence import Sequence, SequenceStatus
 from backend.sampling.batch import is_sampled
 from backend.spec_decode.adaptive import AdaptiveDraftLength
 from backend.spec_decode.governor import SpeculationGovernor
@@ -82,22 +82,22 @@ class Speculator:
         self.grammar = grammar                              # cuts guided drafts; None: no guided requests
         self.draft_probs: dict[int, torch.Tensor] = {}      # seq_id -> [k, vocab] q for the next verification
         self._evidence: dict[int, int] = {}                 # seq_id -> evidence behind the drafts handed over
-        self._tracked: set[int] = set()                     # sequences the proposer and policy hold state for
+        self._tracked: dict[int, Sequence] = {}             # sequences the proposer and policy hold state for
         self._last_class: dict[int, int] = {}               # sampled seq_id -> class of its last lookup's drafts
         self.num_cut_draft_tokens = 0                       # drafts dropped by the grammar check, cumulative
         self._cold_steps = 0                                # decode steps left unobserved after a prefill step
 
     def release_gone(self, scheduler: Scheduler) -> None:
-        """Free the state of sequences no longer running (finished, aborted, preempted): draft KV blocks
-        come back at once, not at the next step."""
-        if not self._tracked:
-            return
-        gone = list(self._tracked - {s.seq_id for s in scheduler.running})
+        """Free the state of sequences no longer running (finished, aborted, preempted: the scheduler takes a
+        sequence out of ``running`` as its status leaves RUNNING): draft KV blocks come back at once, not at the
+        next step. Called twice a step: the statuses of the few tracked sequences are read, no set of the running
+        ones is built."""
+        gone = [sid for sid, seq in self._tracked.items() if seq.status is not SequenceStatus.RUNNING]
         if gone:
             self.proposer.free(gone)
             self.policy.free(gone)
-            self._tracked.difference_update(gone)
             for sid in gone:
+                del self._tracked[sid]
                 self._last_class.pop(sid, None)
 
     def seq_max_k(self, seq: Sequence, max_model_len: int) -> int:
@@ -181,7 +181,7 @@ class Speculator:
             looked = [s for s in decoding if not self._idle_sampled(s)]
             proposal = self.proposer.propose(looked, [self.seq_max_k(s, scheduler.max_model_len) for s in looked],
                                              self.grammar)
-            self._tracked.update(s.seq_id for s in looked)     # the proposer indexed them
+            self._tracked.update((s.seq_id, s) for s in looked)     # the proposer indexed them
             for seq in looked:
                 if seq.seq_id in proposal.draft_token_ids:
                     cls = proposal.evidence[seq.seq_id] = evidence_class(seq, proposal.evidence.get(seq.seq_id, 0))
@@ -192,7 +192,7 @@ class Speculator:
             seqs, ks = self._choose(scheduler, decoding)
             if not seqs:
                 return Proposal()
-            self._tracked.update(s.seq_id for s in seqs)
+            self._tracked.update((s.seq_id, s) for s in seqs)
             self.proposer.catch_up(seqs, ks)     # one-offs per request (a draft's prompt) are not a step's cost
             t0 = clock()
             proposal = self.proposer.propose(seqs, ks, self.grammar)
