@@ -7,8 +7,9 @@ output of the last of its ``n`` sequences to finish.
 """
 from __future__ import annotations
 
+from collections.abc import Collection
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Collection
 
 from backend.core.outputs import FinishReason, RequestOutput, TokenLogprob
 from backend.core.sequence import Sequence
@@ -28,6 +29,19 @@ def stop_reason(seq: Sequence, token: int, eos_token_ids: Collection[int], max_m
     if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= max_model_len:
         return FinishReason.LENGTH
     return None
+
+
+def run_continues(seq: Sequence, tokens: list[int], eos_token_ids: AbstractSet[int], max_model_len: int) -> bool:
+    """True only where ``stop_reason`` is None after each of ``tokens`` (not yet appended): none of them is an EOS or
+    a stop token id, and ``max_tokens`` and the context leave room for them all. A verify step's accepted run is then
+    appended at once; False (a stop token that ``min_tokens`` may still hold back, among others) sends the caller
+    token by token through ``stop_reason``."""
+    p, m = seq.params, len(tokens)
+    if len(seq.output_token_ids) + m >= p.max_tokens or seq.num_tokens + m >= max_model_len:
+        return False
+    if not p.ignore_eos and not eos_token_ids.isdisjoint(tokens):
+        return False
+    return not p.stop_token_ids or all(t not in p.stop_token_ids for t in tokens)
 
 
 @dataclass(eq=False)

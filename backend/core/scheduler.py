@@ -35,7 +35,7 @@ from backend.config import EngineConfig
 from backend.core.block_manager import BlockManager
 from backend.core.outputs import FinishReason, RequestOutput
 from backend.core.plan import ModelRunnerOutput, ScheduledSequence, SchedulerOutput
-from backend.core.request_state import RequestState, stop_reason
+from backend.core.request_state import RequestState, run_continues, stop_reason
 from backend.core.sequence import Sequence, SequenceStatus
 from contracts.sampling_params import SamplingParams
 
@@ -328,6 +328,11 @@ class Scheduler:
                 bm.commit_full_blocks(seq)
                 self._fork(req, seq)
             lps = output.logprobs[k] if k < len(output.logprobs) else None
+            if lps is None and len(tokens) > 1 and run_continues(seq, tokens, self.eos_token_ids, self.max_model_len):
+                seq.output_token_ids.extend(tokens)         # an accepted run that cannot stop: at once
+                if seq.first_token_time is None:
+                    seq.first_token_time = now
+                tokens = ()                                 # the loop below appends nothing; its else commits
             for j, token in enumerate(tokens):
                 seq.output_token_ids.append(token)
                 if seq.first_token_time is None:
