@@ -349,6 +349,12 @@ def main(argv=None) -> int:
     tok = Tokenizer.from_file(str(Path(args.model) / "tokenizer.json"))
     levels = [int(x) for x in args.levels.split(",")]
     max_tokens = 48 if args.quick else 96
+    # the repeat workload's continuations come from an engine of their own: generating them in the `none`
+    # engine would leave the prompts' prefixes in its prefix cache, a head start on prefill over the others.
+    # It is built first: the first engine a process builds ran slower than identical ones built after it (A/A with
+    # `none` first 1.02 / 1.12 at T=0.8 batch 1 / 8, with `none-again` first 0.97 / 0.94, with the writer first
+    # 1.00 / 1.00; docs/benchmarks.md, session 14), and built after the engines it had left `none` that handicap
+    writer = LLMEngine(EngineConfig(model_path=args.model, device="cpu", fast_decode=args.fast_decode == "on")).start()
     engines = {}
     for m in args.methods.split(","):
         cfg = dict(model_path=args.model, device="cpu", cpu_threads=args.threads, kv_cache_bytes=256 << 20,
@@ -356,9 +362,6 @@ def main(argv=None) -> int:
         if "draft" in m:
             cfg["draft_model_path"] = args.draft
         engines[m] = LLMEngine(EngineConfig(**cfg)).start()
-    # the repeat workload's continuations come from an engine of their own: generating them in the `none`
-    # engine would leave the prompts' prefixes in its prefix cache, a head start on prefill over the others
-    writer = LLMEngine(EngineConfig(model_path=args.model, device="cpu", fast_decode=args.fast_decode == "on")).start()
     builders = {"repeat": lambda: repeat_workload(tok, writer, 64, 1, max_tokens),
                 "mixed": lambda: [r.prompt_ids for r in mixed_workload(tok, 64, 2, (16, 384), (max_tokens, max_tokens))]}
     try:
