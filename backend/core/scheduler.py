@@ -328,12 +328,13 @@ class Scheduler:
                 bm.commit_full_blocks(seq)
                 self._fork(req, seq)
             lps = output.logprobs[k] if k < len(output.logprobs) else None
+            one_by_one = tokens
             if lps is None and len(tokens) > 1 and run_continues(seq, tokens, self.eos_token_ids, self.max_model_len):
                 seq.output_token_ids.extend(tokens)         # an accepted run that cannot stop: at once
                 if seq.first_token_time is None:
                     seq.first_token_time = now
-                tokens = ()                                 # the loop below appends nothing; its else commits
-            for j, token in enumerate(tokens):
+                one_by_one = ()                             # nothing left to append; the loop's else commits
+            for j, token in enumerate(one_by_one):
                 seq.output_token_ids.append(token)
                 if seq.first_token_time is None:
                     seq.first_token_time = now

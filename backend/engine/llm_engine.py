@@ -177,7 +177,7 @@ class LLMEngine:
         step_start, step_cpu = time.perf_counter(), time.thread_time()
         self._drain_inbox()
         if self.speculator is not None:
-            self.speculator.release_gone(self.scheduler)
+            self.speculator.release_gone()
         so = self.structured
         if so is not None and so.num_requests:
             self._fail(so.poll())                                       # compile errors and timeouts

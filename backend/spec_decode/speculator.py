@@ -87,7 +87,7 @@ class Speculator:
         self.num_cut_draft_tokens = 0                       # drafts dropped by the grammar check, cumulative
         self._cold_steps = 0                                # decode steps left unobserved after a prefill step
 
-    def release_gone(self, scheduler: Scheduler) -> None:
+    def release_gone(self) -> None:
         """Free the state of sequences no longer running (finished, aborted, preempted: the scheduler takes a
         sequence out of ``running`` as its status leaves RUNNING): draft KV blocks come back at once, not at the
         next step. Called twice a step: the statuses of the few tracked sequences are read, no set of the running
@@ -119,10 +119,10 @@ class Speculator:
             if self.governor.woke():              # speculation resumes after an epoch without: no doze carried over
                 self.policy.wake()
             if self.policy.asleep():              # dozing: nothing drafted for a while (adaptive.py)
-                self.release_gone(scheduler)
+                self.release_gone()
             else:
                 self._learn(plan, output, step_seconds, decode_only, step_sampled)
-                self.release_gone(scheduler)
+                self.release_gone()
                 self._propose(scheduler, clock)
         if self.governor.enabled and decode_only:  # a decode step (no prefill chunk) counts towards its epochs
             self.governor.observe(len(plan.scheduled), sum(map(len, output.sampled_token_ids)),
@@ -157,7 +157,7 @@ class Speculator:
             self._observe_verifications(plan, output)
             self.draft_probs, self._evidence = {}, {}
         scheduler.spec_counters.num_standby_steps += 1
-        self.release_gone(scheduler)
+        self.release_gone()
 
     def _propose(self, scheduler: Scheduler, clock: Callable[[], float]) -> None:
         self.draft_probs, self._evidence = {}, {}
