@@ -25,7 +25,7 @@ from torch import nn
 from backend.core.kv_cache import KVCache
 from backend.core.plan import ForwardOutput, SchedulerOutput
 from backend.engine.decode_batch import PersistentDecodeBatch, decode_step_shape, eager_only_reason
-from backend.engine.huge_pages import MIN_HUGE_PAGE_BYTES, HugePageResult, copy_to_huge_pages, move_to_huge_pages
+from backend.engine.huge_pages import MIN_PANEL_HUGE_PAGE_BYTES, HugePageResult, copy_to_huge_pages, move_to_huge_pages
 from backend.model.llama import LlamaForCausalLM
 
 
@@ -80,9 +80,9 @@ class NativeWeights:
 
 def pack_panels(ops, weights: list[torch.Tensor]) -> list[torch.Tensor]:
     """Each weight ``[out, in]`` packed into its panels (``ops.pack_panels``, backend/native/csrc/f32_gemv.h), all of
-    them in one huge-page arena where that is worth it (``huge_pages.py``: a batch-1 step streams them all)."""
+    them in one huge-page arena once they fill a huge page (``huge_pages.py``: a batch-1 step streams them all)."""
     packed = [ops.pack_panels(w) for w in weights]
-    if sum(p.numel() for p in packed) * 4 < MIN_HUGE_PAGE_BYTES:
+    if sum(p.numel() for p in packed) * 4 < MIN_PANEL_HUGE_PAGE_BYTES:
         return packed
     return copy_to_huge_pages(packed) or packed
 

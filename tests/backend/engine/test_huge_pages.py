@@ -109,3 +109,26 @@ def test_copies_go_side_by_side_into_one_arena_or_nowhere(monkeypatch):
     assert huge_pages.copy_to_huge_pages(tensors) is None
     monkeypatch.setattr(huge_pages, "thp_mode", lambda: "never")
     assert huge_pages.copy_to_huge_pages(tensors) is None
+
+
+def test_panels_go_to_an_arena_once_they_fill_a_huge_page(monkeypatch):
+    """``native_decode.pack_panels``: panels filling less than a huge page stay where packing put them; from one
+    huge page on (the demo target's 9.4 MB, under the 32 MiB threshold of the row-major weights) they are copied
+    into one 2 MiB-aligned arena, values unchanged."""
+    from backend.engine import native_decode
+
+    class Ops:                     # packing as the identity: only where the panels end up is under test
+        @staticmethod
+        def pack_panels(w):
+            return w
+
+    monkeypatch.setattr(huge_pages, "thp_mode", lambda: "madvise")
+    monkeypatch.setattr(huge_pages, "_madvise_huge", lambda start, length: True)
+    small = [torch.randn(64, 1000), torch.randn(64, 1000)]               # 512 KB
+    packed = native_decode.pack_panels(Ops, small)
+    assert all(p is w for p, w in zip(packed, small))                    # left where they were
+    one_page = HUGE_PAGE // 4
+    big = [torch.randn(one_page // 2 + 64), torch.randn(one_page // 2)]    # just over a huge page
+    packed = native_decode.pack_panels(Ops, big)
+    assert all(p is not w and torch.equal(p, w) for p, w in zip(packed, big))
+    assert packed[0].data_ptr() % HUGE_PAGE == 0 and packed[1].data_ptr() == packed[0].data_ptr() + big[0].numel() * 4
