@@ -5,8 +5,9 @@ For a sequence with per-position acceptance estimates ``a_1..a_K`` ("draft ``j``
 ``E(k) = sum_{i<=k} prod_{j<=i} a_j``. With ``B`` decoding sequences, its share of a plain decode
 step is ``t(B) / B``, and speculating with ``k`` drafts adds ``x(B, k)`` seconds per speculating
 sequence: everything a step with drafts costs beyond a plain one (a draft model's forwards, the extra
-tokens in the forward, the rejection sampling; not an n-gram lookup, which runs every round whatever ``k`` is
-chosen), divided by the sequences that verified. The chosen
+tokens in the forward, the rejection sampling; a greedy sequence's n-gram lookup is left out, as it runs every round
+whatever ``k`` is chosen, a sampled one's stays in, backend/spec_decode/speculator.py), divided by the sequences
+that verified. The chosen
 ``k`` maximises expected tokens per second,
 
     (1 + E(k)) / (t(B) / B + x(B, k)),

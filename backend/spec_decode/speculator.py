@@ -178,11 +178,14 @@ class Speculator:
         """This round's drafts, each cut to the ``k`` the policy chooses for it.
 
         The policy's ``x(B, k)`` (what a step with drafts costs beyond a plain one) takes in the proposer's time only
-        where it depends on the choice: a draft model runs ``k`` forwards for the ``k`` chosen, but a lookup has run
-        before the policy chooses, whatever it chooses (``k = 0`` included), so it is a cost of every round, not of
-        drafting. Counted in ``x``, it had made drafts look dearer by the lookup's ~15-25 us (with the policy's own
-        cut) against a 4-draft step's ~250 us extra at batch 1, where weak matches sit near break-even."""
+        where it depends on the choice: a draft model runs ``k`` forwards for the ``k`` chosen. A greedy sequence is
+        looked up every round, whatever the policy chose for it (``k = 0`` included), so its lookup is a cost of
+        every round, not of drafting: counted in ``x``, it had made drafts look dearer by the lookup's ~15-25 us
+        (with the policy's own cut) against a 4-draft step's ~250 us extra at batch 1, where weak matches sit near
+        break-even. A sampled one is looked up only while the policy does not hold it at ``k = 0``
+        (``_idle_sampled``): its share of the round's lookup time stays in ``x``."""
         if self.proposer.looks_up:               # a lookup: propose every cap, then the policy cuts by evidence
+            t0 = clock()
             looked = [s for s in decoding if not self._idle_sampled(s)]
             proposal = self.proposer.propose(looked, [self.seq_max_k(s, scheduler.max_model_len) for s in looked],
                                              self.grammar)
@@ -193,7 +196,10 @@ class Speculator:
                     if is_sampled(seq):
                         self._last_class[seq.seq_id] = cls
             self._cut_by_policy(proposal, len(decoding))
-            return proposal                      # no draft seconds: the lookup is no cost of drafting (docstring)
+            sampled = sum(map(is_sampled, looked))
+            seconds = (clock() - t0) * sampled / len(looked) if sampled else 0.0   # the sampled ones' share
+            self.policy.observe_draft(seconds, sum(len(d) for d in proposal.draft_token_ids.values()))
+            return proposal
         seqs, ks = self._choose(scheduler, decoding)   # drafting costs: the policy chooses first
         if not seqs:
             return Proposal()
