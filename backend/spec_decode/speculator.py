@@ -198,18 +198,18 @@ class Speculator:
             self._cut_by_policy(proposal, len(decoding))
             sampled = sum(map(is_sampled, looked))
             seconds = (clock() - t0) * sampled / len(looked) if sampled else 0.0   # the sampled ones' share
-            self.policy.observe_draft(seconds, sum(len(d) for d in proposal.draft_token_ids.values()))
-            return proposal
-        seqs, ks = self._choose(scheduler, decoding)   # drafting costs: the policy chooses first
-        if not seqs:
-            return Proposal()
-        self._tracked.update((s.seq_id, s) for s in seqs)
-        self.proposer.catch_up(seqs, ks)         # one-offs per request (a draft's prompt) are not a step's cost
-        t0 = clock()
-        proposal = self.proposer.propose(seqs, ks, self.grammar)
-        for seq in seqs:
-            proposal.evidence[seq.seq_id] = evidence_class(seq, proposal.evidence.get(seq.seq_id, 0))
-        self.policy.observe_draft(clock() - t0, sum(len(d) for d in proposal.draft_token_ids.values()))
+        else:                                    # drafting costs: the policy chooses first
+            seqs, ks = self._choose(scheduler, decoding)
+            if not seqs:
+                return Proposal()
+            self._tracked.update((s.seq_id, s) for s in seqs)
+            self.proposer.catch_up(seqs, ks)     # one-offs per request (a draft's prompt) are not a step's cost
+            t0 = clock()
+            proposal = self.proposer.propose(seqs, ks, self.grammar)
+            for seq in seqs:
+                proposal.evidence[seq.seq_id] = evidence_class(seq, proposal.evidence.get(seq.seq_id, 0))
+            seconds = clock() - t0
+        self.policy.observe_draft(seconds, sum(len(d) for d in proposal.draft_token_ids.values()))
         return proposal
 
     def _idle_sampled(self, seq: Sequence) -> bool:
