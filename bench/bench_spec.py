@@ -10,10 +10,15 @@ held-out code:
 Prints, per cell, tokens/s and the ratio to ``none`` (with ``--rounds N``, every method runs N times, and the ratio
 is the median of the per-round ratios, their range in brackets, then ``ci``: a distribution-free 90% confidence
 interval of that median (``bench.stats.median_interval``, from 5 rounds on; the goals are called met or not met only
-where it lies on one side of the target, else "within the noise"); within a round the methods take turns every
-``--chunk`` requests, 2c by default, in the orders of a balanced Latin square (``turn_orders``: every method in
-every position and after every other equally often), so that a slow spell of the shared machine hits them alike;
-``--methods none,none-again,...`` adds a second engine without speculation, whose ratio is the measurement's own
+where it lies on one side of the target, else "within the noise"). How the engines share the machine
+(``--drive``): ``sliced`` (the default) runs every engine over the round's requests at once on this thread, in turns
+of ``--slice-ms`` (20) of CPU time each (``bench/sliced.py``; a round's turns in the next row of a balanced Latin
+square), and counts tokens per second of each engine's own CPU time, so that a slow spell of the shared machine
+(its cores' speed moves by 30-50% within a second) hits every engine alike: two identical engines read 0.99-1.01
+per cell, against 0.92-1.11 with ``turns`` (docs/benchmarks.md, session 16); ``turns``: started engines (loop
+threads, wall time) take turns every ``--chunk`` requests, 2c by default, in the orders of a balanced Latin
+square (``turn_orders``: every method in every position and after every other equally often); ``--methods
+none,none-again,...`` adds a second engine without speculation, whose ratio is the measurement's own
 noise), the decode-speed ratio (median TPOT of ``none`` over the method's: the prompts' prefill, which speculation
 does not touch, left out), the mean accepted length (tokens per verified step), the acceptance rate, and the measured costs behind
 them (the adaptive policy's plain decode step time and extra seconds per speculating sequence for each
@@ -44,6 +49,7 @@ from backend.engine.llm_engine import LLMEngine, output_token_ids
 from backend.spec_decode.step_costs import bucket
 from bench.closed_loop import run_engine_level
 from bench.report import git_commit, goal_verdict, machine, write_json
+from bench.sliced import run_sliced
 from bench.stats import median_interval, summarize
 from bench.workload import corpus_ids, mixed_workload
 from contracts.sampling_params import SamplingParams
@@ -86,29 +92,58 @@ def items_for(prompts: list[list[int]], max_tokens: int, temperature: float) -> 
                                    seed=1000 + i if temperature else None)) for i, p in enumerate(prompts)]
 
 
+def snapshot(engine: LLMEngine) -> tuple:
+    """The counters ``measured_row`` takes differences of."""
+    return dataclasses.replace(engine.scheduler.spec_counters.snapshot()), engine.stats()
+
+
 def measure(engine: LLMEngine, items: list[Item], concurrency: int) -> dict:
-    sched = engine.scheduler
-    before = dataclasses.replace(sched.spec_counters.snapshot())
-    stats0 = engine.stats()
+    """The items through a started engine's closed loop (wall time)."""
+    before = snapshot(engine)
     records, seconds = run_engine_level(engine, items, concurrency, level_seconds=1e9, request_timeout=300)
+    return measured_row(engine, before, records, seconds, is_sampled(items))
+
+
+def measure_sliced(engines: dict[str, LLMEngine], items: list[Item], concurrency: int, order: list[str],
+                   slice_seconds: float) -> dict[str, dict]:
+    """The items through every engine at once, in slices of ``slice_seconds`` (``bench/sliced.py``): each row's
+    seconds are its engine's own CPU time."""
+    before = {m: snapshot(e) for m, e in engines.items()}
+    runs = run_sliced(engines, items, concurrency, slice_seconds=slice_seconds, order=order)
+    return {m: measured_row(engines[m], before[m], *runs[m], is_sampled(items), own_seconds=True) for m in engines}
+
+
+def is_sampled(items: list[Item]) -> bool:
+    return any(it.params.temperature > 0 for it in items)
+
+
+def measured_row(engine: LLMEngine, before: tuple, records, seconds: float, sampled: bool,
+                 own_seconds: bool = False) -> dict:
+    """A measurement's row: tokens/s, TPOT, steps, drafts, acceptance and the policy's costs (of sampled steps
+    where ``sampled``). ``own_seconds``: the seconds are the engine's own CPU time (a sliced run), so they are its
+    loop's CPU time too."""
+    counters0, stats0 = before
     stats1 = engine.stats()
     s = summarize(records, seconds)
-    spec = sched.spec_counters
-    drafts = spec.num_draft_tokens - before.num_draft_tokens
-    accepted = spec.num_accepted_tokens - before.num_accepted_tokens
-    verifies = spec.num_drafts - before.num_drafts
+    spec = engine.scheduler.spec_counters
+    drafts = spec.num_draft_tokens - counters0.num_draft_tokens
+    accepted = spec.num_accepted_tokens - counters0.num_accepted_tokens
+    verifies = spec.num_drafts - counters0.num_drafts
+    if own_seconds:
+        loop_cpu = seconds
+    else:   # the loop thread's time on a core: with one thread it runs the whole step, forward included
+        loop_cpu = stats1.loop.cpu_s - stats0.loop.cpu_s if stats0.loop and stats1.loop else None
     row = {"tok_per_s": s["tok_per_s"], "seconds": seconds, "tpot_ms_p50": s["tpot_ms"]["p50"],
            "ttft_ms_p50": s["ttft_ms"]["p50"],
            "steps": stats1.steps - stats0.steps, "output_tokens": s["output_tokens"],
-           # the loop thread's time on a core: with one thread it runs the whole step, forward included
-           "loop_cpu_s": stats1.loop.cpu_s - stats0.loop.cpu_s if stats0.loop and stats1.loop else None,
+           "loop_cpu_s": loop_cpu,
            "draft_tokens": drafts, "accepted_tokens": accepted,
            "acceptance_rate": accepted / drafts if drafts else None,
            "mean_accepted_length": 1 + accepted / verifies if verifies else 1.0, "errors": s["errors"],
            "verifies": verifies}
     if engine.speculator is not None:
         policy = engine.speculator.policy     # the costs of the cell's kind of steps: sampled or greedy
-        costs = policy.costs_for(any(it.params.temperature > 0 for it in items))
+        costs = policy.costs_for(sampled)
         plain, extra = costs.snapshot()
         row["plain_step_ms"] = {b: 1e3 * v for b, v in plain.items()}
         row["extra_ms_per_seq"] = {b: {k: 1e3 * v for k, v in by_k.items()} for b, by_k in extra.items()}
@@ -338,11 +373,18 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk", type=int, default=0,
                     help="within a round, the methods take turns every this many requests (0: twice the "
                          "concurrency, at least 2), so that a slow spell of the machine hits them alike")
+    ap.add_argument("--drive", choices=("sliced", "turns"), default="sliced",
+                    help="sliced: every round runs all engines at once on this thread, in turns of --slice-ms of CPU "
+                         "time each (bench/sliced.py; tok/s on each engine's own CPU time); turns: started engines "
+                         "(loop threads, wall time) take turns every --chunk requests")
+    ap.add_argument("--slice-ms", type=float, default=20.0, help="with --drive sliced, the length of a turn")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     args = ap.parse_args(argv)
     workloads = args.workloads.split(",")
     if args.rounds < 1 or args.requests < 0 or args.chunk < 0 or not set(workloads) <= {"repeat", "mixed"}:
         ap.error("--rounds must be >= 1, --requests and --chunk >= 0 and --workloads a subset of repeat,mixed")
+    if args.drive == "sliced" and (args.threads != 1 or args.slice_ms <= 0):
+        ap.error("--drive sliced times each engine on this thread's CPU clock: it needs --threads 1 and --slice-ms > 0")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
@@ -361,7 +403,9 @@ def main(argv=None) -> int:
                    num_speculative_tokens=args.k, fast_decode=args.fast_decode == "on", **METHODS[m])
         if "draft" in m:
             cfg["draft_model_path"] = args.draft
-        engines[m] = LLMEngine(EngineConfig(**cfg)).start()
+        engines[m] = LLMEngine(EngineConfig(**cfg))
+        if args.drive == "turns":
+            engines[m].start()
     builders = {"repeat": lambda: repeat_workload(tok, writer, 64, 1, max_tokens),
                 "mixed": lambda: [r.prompt_ids for r in mixed_workload(tok, 64, 2, (16, 384), (max_tokens, max_tokens))]}
     try:
@@ -377,18 +421,27 @@ def main(argv=None) -> int:
                 for c in levels:
                     n = max(args.requests, max(2 * c, 16) if not args.quick else max(c, 2))
                     items = items_for(ps[:n], max_tokens, temp)
-                    for eng in engines.values():                      # warm-up: shapes, caches, measured costs
-                        run_engine_level(eng, items[:min(2, n)], 2, level_seconds=1e9, request_timeout=300)
                     runs: dict[str, list[dict]] = {m: [] for m in engines}
-                    chunks = request_chunks(items, args.chunk or max(2 * c, 2))
                     names, orders = list(engines), turn_orders(len(engines))
-                    for r in range(args.rounds):
-                        parts: dict[str, list[dict]] = {m: [] for m in engines}
-                        for i, chunk in enumerate(chunks):            # balanced turns against load drift
-                            for j in orders[(r * len(chunks) + i) % len(orders)]:
-                                parts[names[j]].append(measure(engines[names[j]], chunk, c))
-                        for m, measured in parts.items():
-                            runs[m].append(combine(measured))
+                    if args.drive == "sliced":
+                        slice_s = args.slice_ms / 1e3
+                        measure_sliced(engines, items[:min(2, n)], 2, names, slice_s)   # warm-up
+                        for r in range(args.rounds):                  # each round's slices in the next order
+                            parts = measure_sliced(engines, items, c, [names[j] for j in orders[r % len(orders)]],
+                                                   slice_s)
+                            for m, measured in parts.items():
+                                runs[m].append(combine([measured]))
+                    else:
+                        for eng in engines.values():                  # warm-up: shapes, caches, measured costs
+                            run_engine_level(eng, items[:min(2, n)], 2, level_seconds=1e9, request_timeout=300)
+                        chunks = request_chunks(items, args.chunk or max(2 * c, 2))
+                        for r in range(args.rounds):
+                            turns: dict[str, list[dict]] = {m: [] for m in engines}
+                            for i, chunk in enumerate(chunks):        # balanced turns against load drift
+                                for j in orders[(r * len(chunks) + i) % len(orders)]:
+                                    turns[names[j]].append(measure(engines[names[j]], chunk, c))
+                            for m, measured in turns.items():
+                                runs[m].append(combine(measured))
                     rows = {m: combine(rs) for m, rs in runs.items()}
                     base = rows["none"]["tok_per_s"] if "none" in rows else None
                     for m, r in rows.items():
