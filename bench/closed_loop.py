@@ -63,15 +63,7 @@ def run_engine_level(engine, items: Sequence[Any], concurrency: int, *, level_se
 
     def on_output(rec: RequestRecord):
         def cb(out):
-            t = clock()
-            if out.new_token_ids:
-                rec.events.append((t, len(out.new_token_ids)))
-                rec.token_ids.extend(out.new_token_ids)
-            if out.request_finished:
-                rec.end = t
-                rec.finish_reason = str(getattr(out.finish_reason, "value", out.finish_reason) or "")
-                if getattr(out, "error", None):
-                    rec.error = str(out.error)
+            if rec.record(out, clock()):
                 submit_next()
                 finished.release()
         return cb

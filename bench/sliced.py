@@ -57,15 +57,7 @@ class _Loop:
     def _on_output(self, rec: RequestRecord):
         def cb(out) -> None:
             entered = self.clock()
-            t = self.now()
-            if out.new_token_ids:
-                rec.events.append((t, len(out.new_token_ids)))
-                rec.token_ids.extend(out.new_token_ids)
-            if out.request_finished:
-                rec.end = t
-                rec.finish_reason = str(getattr(out.finish_reason, "value", out.finish_reason) or "")
-                if getattr(out, "error", None):
-                    rec.error = str(out.error)
+            if rec.record(out, self.now()):
                 self.live -= 1
             if self.on_output is not None:
                 self.on_output(self.name, out)

@@ -45,6 +45,20 @@ class RequestRecord:
     def tokens(self) -> int:
         return sum(n for _, n in self.events)
 
+    def record(self, out: Any, t: float) -> bool:
+        """Takes one engine output (``backend.core.outputs.RequestOutput``) that arrived at ``t``; True when it is the
+        request's last."""
+        if out.new_token_ids:
+            self.events.append((t, len(out.new_token_ids)))
+            self.token_ids.extend(out.new_token_ids)
+        if not out.request_finished:
+            return False
+        self.end = t
+        self.finish_reason = str(getattr(out.finish_reason, "value", out.finish_reason) or "")
+        if getattr(out, "error", None):
+            self.error = str(out.error)
+        return True
+
 
 def percentile(xs: Sequence[float], q: float) -> float:
     """``q``-th percentile (0..100) with linear interpolation between closest ranks (numpy's default)."""
