@@ -94,14 +94,26 @@ class Ports:
 
     @classmethod
     def free(cls) -> "Ports":
-        return cls(free_port(), free_port(), free_port())
+        return cls(*free_ports(3))
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports free at the time of the call. The sockets stay bound until all are picked: one at a
+    time, the kernel may hand out a port it has just released, and tritonserver then refused an HTTP port equal to
+    its metrics port ("cannot listen to HTTP requests and metrics requests at the same address and port")."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def free_port() -> int:
     """A TCP port free at the time of the call."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def cuda_device_present() -> bool:

@@ -16,6 +16,7 @@ from tools.triton_launcher import (
     LauncherError,
     Ports,
     find_tritonserver,
+    free_ports,
     prepare_pytriton_backends,
     render_model_repository,
     set_parameters,
@@ -95,6 +96,8 @@ def test_ports_from_env():
         Ports.from_env({"METRICS_PORT": "70000"})
     p = Ports.free()
     assert len({p.http, p.grpc, p.metrics}) == 3
+    # picked together, never the same port twice (one at a time, a just-released port can come back)
+    assert all(len(set(free_ports(3))) == 3 for _ in range(200))
 
 
 def _fake_binary(path):
