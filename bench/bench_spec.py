@@ -101,7 +101,7 @@ def measure(engine: LLMEngine, items: list[Item], concurrency: int) -> dict:
     """The items through a started engine's closed loop (wall time)."""
     before = snapshot(engine)
     records, seconds = run_engine_level(engine, items, concurrency, level_seconds=1e9, request_timeout=300)
-    return measured_row(engine, before, records, seconds, is_sampled(items))
+    return measured_row(engine, before, records, seconds, any_sampled(items))
 
 
 def measure_sliced(engines: dict[str, LLMEngine], items: list[Item], concurrency: int, order: list[str],
@@ -110,10 +110,12 @@ def measure_sliced(engines: dict[str, LLMEngine], items: list[Item], concurrency
     seconds are its engine's own CPU time."""
     before = {m: snapshot(e) for m, e in engines.items()}
     runs = run_sliced(engines, items, concurrency, slice_seconds=slice_seconds, order=order)
-    return {m: measured_row(engines[m], before[m], *runs[m], is_sampled(items), own_seconds=True) for m in engines}
+    sampled = any_sampled(items)
+    return {m: measured_row(engines[m], before[m], *runs[m], sampled, own_seconds=True) for m in engines}
 
 
-def is_sampled(items: list[Item]) -> bool:
+def any_sampled(items: list[Item]) -> bool:
+    """Some item samples (temperature > 0): the cell's steps read the policy's sampled costs."""
     return any(it.params.temperature > 0 for it in items)
 
 
