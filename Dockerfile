@@ -5,7 +5,7 @@
 #   docker build -t REGISTRY/triton-llm:0.1.0 .                                 # CUDA (torch cu128 build)
 #   docker build --build-arg VARIANT=cpu -t REGISTRY/triton-llm:0.1.0-cpu .     # CPU-only torch, dev clusters
 #
-# The entrypoint is the launcher (python -m tools.serve): ports from HTTP_PORT / GRPC_PORT / METRICS_PORT,
+# The entrypoint is the launcher (python -m cli.serve): ports from HTTP_PORT / GRPC_PORT / METRICS_PORT,
 # model repository overrides from TRITON_LLM_SET, extra tritonserver arguments from TRITON_LLM_SERVER_ARGS,
 # OTEL_EXPORTER_OTLP_ENDPOINT passed through. Runs as uid 10001; every path it writes is listed in ENV below
 # (the Helm chart mounts emptyDir volumes there and keeps the root filesystem read-only).
@@ -60,7 +60,7 @@ COPY . /opt/triton-llm
 RUN set -eux; \
     echo /opt/triton-llm > "$(python3 -c 'import site; print(site.getsitepackages()[0])')/triton-llm.pth"; \
     python3 -m compileall -q -x '/(\.cache|models)/' /opt/triton-llm; \
-    python3 -c "import tools.serve, backend, preprocess, postprocess"; \
+    python3 -c "import cli.serve, backend, preprocess, postprocess"; \
     groupadd --gid "$APP_UID" triton-llm; \
     useradd --uid "$APP_UID" --gid "$APP_UID" --home-dir /home/triton-llm --create-home --shell /usr/sbin/nologin triton-llm; \
     mkdir -p /opt/triton-llm/.cache /home/triton-llm/.cache; \
@@ -83,5 +83,5 @@ ENV HOME=/home/triton-llm \
 USER ${APP_UID}:${APP_UID}
 EXPOSE 8000 8001 8002
 # NVIDIA's entrypoint (driver checks, banner) execs tini, which runs the launcher.
-ENTRYPOINT ["/opt/nvidia/nvidia_entrypoint.sh", "/usr/bin/tini", "--", "python3", "-m", "tools.serve"]
+ENTRYPOINT ["/opt/nvidia/nvidia_entrypoint.sh", "/usr/bin/tini", "--", "python3", "-m", "cli.serve"]
 CMD []

@@ -35,7 +35,7 @@ test: install
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 serve: install
-	$(PY) -m tools.serve
+	$(PY) -m cli.serve
 
 bench: install
 	$(PY) bench/bench_engine.py

@@ -15,16 +15,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
-from bench.report import git_commit, machine, write_json
+from bench.harness.report import git_commit, machine, write_json
 from contracts.sampling_params import SamplingParams
 
 PROMPT, NEW = 64, 128

@@ -5,12 +5,12 @@
 Sections (``--sections``, default all):
 
 - ``hf``: throughput ratios at 1, 8 and 32 concurrent requests (ours: the closed loop of
-  ``bench/closed_loop.py``; HF: static batches of the same requests), TTFT/TPOT percentiles
-  (``bench/stats.py``, as every benchmark);
+  ``bench/harness/closed_loop.py``; HF: static batches of the same requests), TTFT/TPOT percentiles
+  (``bench/harness/stats.py``, as every benchmark);
 - ``prefix``: the warm/cold TTFT ratio of a shared prefix;
 - ``kv``: paged-vs-contiguous KV capacity;
 - ``llamacpp``: decode tokens/s against llama.cpp's ``llama-batched-bench`` on a GGUF f32 conversion of the
-  same checkpoint (``bench/llamacpp.py``; built by ``tools/build_llamacpp.sh``), prompts of 64 tokens, 128
+  same checkpoint (``bench/harness/llamacpp.py``; built by ``tools/build_llamacpp.sh``), prompts of 64 tokens, 128
   generated, 1 and 32 sequences, at each ``--llamacpp-threads``; skipped with the reason when not built.
 
 Writes bench/results/engine.json (and engine_llamacpp.png).
@@ -22,21 +22,19 @@ import functools
 import math
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
-from bench.closed_loop import run_engine_level
-from bench.llamacpp import LlamaCpp, Skipped, decode_tok_per_s, locate, plot_comparison, run_batched_bench
-from bench.report import git_commit, goal, machine, verdict, write_json
-from bench.stats import summarize
-from bench.workload import mixed_workload, shared_stem_workload
+from bench.harness.closed_loop import run_engine_level
+from bench.harness.llamacpp import LlamaCpp, Skipped, decode_tok_per_s, locate, plot_comparison, run_batched_bench
+from bench.harness.report import git_commit, goal, machine, verdict, write_json
+from bench.harness.stats import summarize
+from bench.harness.workload import mixed_workload, shared_stem_workload
 
 REQUEST_TIMEOUT = 600.0  # seconds without any request finishing before the run is called failed
 SECTIONS = ("hf", "prefix", "kv", "llamacpp")
@@ -51,7 +49,7 @@ def run_engine(engine: LLMEngine, reqs, concurrency: int) -> dict:
 
 
 def engine_result(records, seconds: float) -> dict:
-    """Tokens/s and TTFT/TPOT p50/p90 (``bench.stats``, as every benchmark reports them) of one run."""
+    """Tokens/s and TTFT/TPOT p50/p90 (``bench.harness.stats``, as every benchmark reports them) of one run."""
     s = summarize(records, seconds)
     if s["errors"]:
         raise RuntimeError(f"{s['errors']} of {s['requests']} requests failed (first: {s['first_error']})")
@@ -138,7 +136,7 @@ def kv_capacity(model: str, tok: Tokenizer, num_blocks: int) -> dict:
 
 
 def ours_decode(engine: LLMEngine, tok: Tokenizer, batch: int, waves: int) -> float:
-    """Our decode tok/s (``bench.llamacpp.decode_tok_per_s``) over ``waves`` waves of ``batch`` requests."""
+    """Our decode tok/s (``bench.harness.llamacpp.decode_tok_per_s``) over ``waves`` waves of ``batch`` requests."""
     got = []
     for w in range(waves):
         reqs = mixed_workload(tok, batch, seed=1000 * batch + w, prompt_range=(LLAMACPP_PROMPT, LLAMACPP_PROMPT),

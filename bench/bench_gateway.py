@@ -5,7 +5,7 @@
 
 Both sides talk to the same tritonserver (the shipped model repository with prefix caching off, since
 both sides send the same prompts back to back; free ports): "direct" is the
-closed-loop gRPC client of bench/closed_loop.py (``tritonclient.grpc.aio``, one ``stream_infer``
+closed-loop gRPC client of bench/harness/closed_loop.py (``tritonclient.grpc.aio``, one ``stream_infer``
 per request to ``ensemble``); "gateway" sends the same requests as ``triton_llm.v1.GenerateRequest``
 to ``python -m gateway`` (its own process, as deployed), over grpcio's asyncio client. Requests are
 greedy with ``min_tokens = max_tokens`` (exactly ``max_tokens`` tokens each), ``stream=true``,
@@ -33,13 +33,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
-from bench.closed_loop import pipeline_request  # noqa: E402
-from bench.stats import RequestRecord, percentile, request_metrics, summarize  # noqa: E402
-from bench.workload import WorkItem, make_workload  # noqa: E402
-from tools.triton_launcher import (  # noqa: E402
+from bench.harness.closed_loop import pipeline_request
+from bench.harness.stats import RequestRecord, percentile, request_metrics, summarize
+from bench.harness.workload import WorkItem, make_workload
+from cli.launcher import (
     CACHE,
     MODEL_REPOSITORY,
     LauncherError,
@@ -202,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average before: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f} "
           f"({os.cpu_count()} CPUs)", flush=True)
 
-    from gateway.launcher import GatewayProcess
+    from cli.gateway_process import GatewayProcess
 
     CACHE.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench_gateway.", dir=CACHE))

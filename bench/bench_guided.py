@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
@@ -168,7 +167,7 @@ def spec_rate(engine) -> float | None:
 
 
 def bench_compile(model_path: Path) -> list[dict]:
-    from postprocess.grammar import XGrammarBackend
+    from grammar import XGrammarBackend
     from tests.helpers.guides import all_guides
 
     backend = XGrammarBackend.from_folder(model_path, 4096 if "demo" in str(model_path) else None, [1])

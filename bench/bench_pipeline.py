@@ -39,14 +39,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
-from bench.closed_loop import clock, engine_runner, pipeline_runner, run_level, sweep  # noqa: E402
-from bench.loop_time import as_dict, describe, scrape_loop_seconds
-from bench.report import ENGINE, PIPELINE, Comparison, git_commit, machine, print_load, write_json  # noqa: E402
-from bench.server import LauncherError, check_alive, engine_config, repository_overrides, run_with_server  # noqa: E402
-from bench.workload import make_workload, request_values, requests_for  # noqa: E402
+from bench.harness.closed_loop import clock, engine_runner, pipeline_runner, run_level, sweep
+from bench.harness.loop_time import as_dict, describe, scrape_loop_seconds
+from bench.harness.report import ENGINE, PIPELINE, Comparison, git_commit, machine, print_load, write_json
+from bench.harness.server import LauncherError, check_alive, engine_config, repository_overrides, run_with_server
+from bench.harness.workload import make_workload, request_values, requests_for
 
 LEVELS = (1, 4, 8, 16, 32)
 GOAL_TPOT_RATIO = 1.10      # pipeline TPOT at concurrency 1 / in-process, at most
@@ -58,7 +56,7 @@ COMPARISON = Comparison(PIPELINE, ENGINE, tpot_goal_max=GOAL_TPOT_RATIO, through
 async def measure(args, url: str, cfg, workloads: dict[int, list], deadline: float, server=None,
                   loop: dict | None = None) -> list[dict]:
     """Warm-up, then one row per level: the ensemble at ``url`` vs an in-process LLMEngine built from ``cfg``.
-    ``loop`` (if given) gets each side's engine loop thread time over the whole run (``bench/loop_time.py``)."""
+    ``loop`` (if given) gets each side's engine loop thread time over the whole run (``bench/harness/loop_time.py``)."""
     import tritonclient.grpc.aio as grpcclient
 
     from backend.engine.llm_engine import LLMEngine

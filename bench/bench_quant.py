@@ -31,19 +31,18 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tokenizers import Tokenizer  # noqa: E402
+from tokenizers import Tokenizer
 
-from backend.attention.dense import DenseCausalAttention  # noqa: E402
-from backend.config import EngineConfig  # noqa: E402
-from backend.core.kv_quant import KVFormat, dequantize_into, kv_format, quantize_per_token_head  # noqa: E402
-from backend.engine.llm_engine import LLMEngine, output_token_ids  # noqa: E402
-from backend.model.loader import load_model  # noqa: E402
-from backend.model.quant import quantize_model  # noqa: E402
-from bench.report import git_commit, machine, write_json  # noqa: E402
-from bench.workload import corpus_ids  # noqa: E402
-from contracts.sampling_params import SamplingParams  # noqa: E402
-from tools.make_random_llama import make as make_random_llama  # noqa: E402
+from backend.attention.dense import DenseCausalAttention
+from backend.config import EngineConfig
+from backend.core.kv_quant import KVFormat, dequantize_into, kv_format, quantize_per_token_head
+from backend.engine.llm_engine import LLMEngine, output_token_ids
+from backend.model.loader import load_model
+from backend.model.quant import quantize_model
+from bench.harness.report import git_commit, machine, write_json
+from bench.harness.workload import corpus_ids
+from contracts.sampling_params import SamplingParams
+from tools.make_random_llama import make as make_random_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("none", "int8", "int4")

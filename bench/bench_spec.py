@@ -9,10 +9,10 @@ held-out code:
 
 Prints, per cell, tokens/s and the ratio to ``none`` (with ``--rounds N``, every method runs N times, and the ratio
 is the median of the per-round ratios, their range in brackets, then ``ci``: a distribution-free 90% confidence
-interval of that median (``bench.stats.median_interval``, from 5 rounds on; the goals are called met or not met only
+interval of that median (``bench.harness.stats.median_interval``, from 5 rounds on; the goals are called met or not met only
 where it lies on one side of the target, else "within the noise"). How the engines share the machine
 (``--drive``): ``sliced`` (the default) runs every engine over the round's requests at once on this thread, in turns
-of ``--slice-ms`` (20) of CPU time each (``bench/sliced.py``; a round's turns in the next row of a balanced Latin
+of ``--slice-ms`` (20) of CPU time each (``bench/harness/sliced.py``; a round's turns in the next row of a balanced Latin
 square), and counts tokens per second of each engine's own CPU time, so that a slow spell of the shared machine
 (its cores' speed moves by 30-50% within a second) hits every engine alike: two identical engines read 0.99-1.01
 per cell, against 0.92-1.11 with ``turns`` (docs/benchmarks.md, session 16); ``turns``: started engines (loop
@@ -41,17 +41,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tokenizers import Tokenizer
 
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine, output_token_ids
-from backend.spec_decode.step_costs import bucket
-from bench.closed_loop import run_engine_level
-from bench.report import git_commit, goal_verdict, machine, write_json
-from bench.sliced import run_sliced
-from bench.stats import median_interval, summarize
-from bench.workload import corpus_ids, mixed_workload
+from backend.core.buckets import bucket
+from bench.harness.closed_loop import run_engine_level
+from bench.harness.report import git_commit, goal_verdict, machine, write_json
+from bench.harness.sliced import run_sliced
+from bench.harness.stats import median_interval, summarize
+from bench.harness.workload import corpus_ids, mixed_workload
 from contracts.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,7 +105,7 @@ def measure(engine: LLMEngine, items: list[Item], concurrency: int) -> dict:
 
 def measure_sliced(engines: dict[str, LLMEngine], items: list[Item], concurrency: int, order: list[str],
                    slice_seconds: float) -> dict[str, dict]:
-    """The items through every engine at once, in slices of ``slice_seconds`` (``bench/sliced.py``): each row's
+    """The items through every engine at once, in slices of ``slice_seconds`` (``bench/harness/sliced.py``): each row's
     seconds are its engine's own CPU time."""
     before = {m: snapshot(e) for m, e in engines.items()}
     runs = run_sliced(engines, items, concurrency, slice_seconds=slice_seconds, order=order)
@@ -207,7 +206,7 @@ def interval_text(ci: tuple[float, float] | None) -> str:
 
 def goal_verdicts(cells: list[dict]) -> list[dict]:
     """The goals (``GOALS``, ``ADAPTIVE_FLOOR``) against the cells' median ratios and their 90% confidence intervals
-    (``bench.report.goal_verdict``: ``met`` / ``not met`` only where the interval lies on one side of the target). The
+    (``bench.harness.report.goal_verdict``: ``met`` / ``not met`` only where the interval lies on one side of the target). The
     floor's row reads the lowest adaptive cell and lists the cells whose whole interval lies below the floor."""
     verdicts = []
 
@@ -377,7 +376,7 @@ def main(argv=None) -> int:
                          "concurrency, at least 2), so that a slow spell of the machine hits them alike")
     ap.add_argument("--drive", choices=("sliced", "turns"), default="sliced",
                     help="sliced: every round runs all engines at once on this thread, in turns of --slice-ms of CPU "
-                         "time each (bench/sliced.py; tok/s on each engine's own CPU time); turns: started engines "
+                         "time each (bench/harness/sliced.py; tok/s on each engine's own CPU time); turns: started engines "
                          "(loop threads, wall time) take turns every --chunk requests")
     ap.add_argument("--slice-ms", type=float, default=20.0, help="with --drive sliced, the length of a turn")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))

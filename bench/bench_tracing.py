@@ -35,12 +35,10 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
-from tools import triton_launcher as launcher  # noqa: E402
-from tools.client import OUTPUTS, build_inputs, parse_result  # noqa: E402
-from tools.triton_launcher import Ports, TritonServer, free_port, render_model_repository  # noqa: E402
+from cli import launcher as launcher
+from cli.client import OUTPUTS, build_inputs, parse_result
+from cli.launcher import Ports, TritonServer, free_port, render_model_repository
 
 # A collector that reads every OTLP/HTTP export and throws it away (counts requests and bytes).
 SINK = r"""
@@ -142,7 +140,7 @@ def start_server(mode: str, args, sink_port: int, root: Path) -> TritonServer:
     if mode == "on":
         env = otel
     elif mode == "triton":
-        from contracts.tracing import TracingSettings
+        from tracing import TracingSettings
 
         extra = TracingSettings.from_env(otel).triton_args()
     overrides = {"llm": {"device": "cpu", "kv_cache_bytes": args.kv_cache_bytes, "max_num_seqs": "64"}}

@@ -1,4 +1,4 @@
-"""A small typed client of LLMService (used by ``python -m tools.client --gateway``).
+"""A small typed client of LLMService (used by ``python -m cli.client --gateway``).
 
     for msg in generate("localhost:50051", pb.GenerateRequest(prompt="def f():", max_tokens=32, stream=True)):
         print(msg.text, end="")

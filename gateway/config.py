@@ -14,7 +14,7 @@
 | ``--tokenizer-path PATH`` | ``GATEWAY_TOKENIZER_PATH`` | the ``preprocess`` model's ``tokenizer_path`` |
 | ``--model-root PATH`` | ``GATEWAY_MODEL_ROOT`` | (relative model paths: tried under it, the cwd, the repository) |
 | ``--log-level LEVEL`` | ``GATEWAY_LOG_LEVEL`` | ``INFO`` |
-| (tracing) | the standard ``OTEL_*`` variables (``contracts/tracing.py``) | off |
+| (tracing) | the standard ``OTEL_*`` variables (``tracing/``) | off |
 
 Auth is on when any token is configured (file and/or variable). A flag beats its variable.
 """
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from contracts.tracing import TracingConfigError, TracingSettings
+from tracing import TracingConfigError, TracingSettings
 
 REPO = Path(__file__).resolve().parents[1]
 

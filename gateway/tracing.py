@@ -1,7 +1,7 @@
 """The gateway's server span: one OpenTelemetry SERVER span per LLMService call, the root of what Triton
 and the models record for it.
 
-Turned on by the same ``OTEL_*`` environment as the models (``contracts.tracing.TracingSettings``, read
+Turned on by the same ``OTEL_*`` environment as the models (``tracing.TracingSettings``, read
 into ``GatewayConfig.tracing``); when it does not, ``GatewayTracing.from_settings`` returns None and the service runs no tracing code per call (a
 ``None`` check; the OpenTelemetry SDK is not even imported).
 
@@ -35,8 +35,8 @@ from typing import Any
 
 import grpc
 
-from contracts import tracing as t
-from contracts.tracing import ModelTracer, TracingSettings, parse_traceparent, ratio_samples
+import tracing as t
+from tracing import ModelTracer, TracingSettings, parse_traceparent, ratio_samples
 
 COMPONENT = "gateway"
 RESOURCE_KEY = "triton_llm.component"

@@ -1,6 +1,6 @@
 """Postprocess: incremental detokenization, text-level stop strings, finish reasons (pure Python).
 
-Nothing is imported eagerly: ``import postprocess.grammar`` (the xgrammar layer the engine loads)
+Nothing is imported eagerly: ``import grammar`` (the xgrammar layer the engine loads)
 must not pull in the detokenizer or the Triton glue. The names below load on first use.
 """
 from __future__ import annotations

@@ -13,7 +13,7 @@ Semantics:
 - Otherwise the finish reason is the engine's (``stop``, ``length``, ``abort``, ``cancelled``,
   ``error``), reported on the sequence's final response. A guided request cut by ``max_tokens``
   therefore says ``"length"``.
-- A guided sequence that finishes ``stop`` is checked against its guide (``postprocess.grammar.
+- A guided sequence that finishes ``stop`` is checked against its guide (``grammar.
   check_output`` on the text decoded without special tokens). A failure is a bug upstream: the
   result carries ``error`` and ``Postprocessor.num_invalid_guided`` counts it. One cut by
   ``max_tokens`` says ``length`` and is not checked (it is partial by definition).
@@ -141,7 +141,7 @@ class Postprocessor:
         )
 
     def _check_guided(self, options: OutputOptions, ids: list[int]) -> str | None:
-        from postprocess.grammar import check_output  # xgrammar/jsonschema: only guided requests need them
+        from grammar import check_output  # xgrammar/jsonschema: only guided requests need them
 
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         why = check_output(options.guide_type, options.guide, text)

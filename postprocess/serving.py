@@ -22,7 +22,7 @@ from collections import OrderedDict
 import numpy as np
 
 from contracts import wire
-from contracts.tracing import traced_call
+from tracing import traced_call
 from contracts.triton_config import (
     DEFAULT_TOKENIZER,
     int_param,
@@ -48,7 +48,7 @@ class PostprocessServing:
         self.processor = processor
         self.pb = pb_utils
         self.last_meta: wire.LLMResponseMeta | None = None   # of the response being processed (for tracing)
-        self.tracing = None   # PostprocessTracing when OTEL_* turns tracing on (contracts/tracing.py)
+        self.tracing = None   # PostprocessTracing when OTEL_* turns tracing on (tracing/)
         if tracer is not None:
             from postprocess.tracing import PostprocessTracing
 
@@ -68,13 +68,13 @@ class PostprocessServing:
 
     @classmethod
     def from_model_config(cls, model_config: dict, pb_utils) -> "PostprocessServing":
-        import postprocess.grammar  # noqa: F401 (xgrammar, for the guided-output check: loaded at start-up)
+        import grammar  # noqa: F401 (xgrammar, for the guided-output check: loaded at start-up)
         from preprocess.tokenizer import load_tokenizer
 
         params = model_parameters(model_config)
         path = resolve_path(str_param(params, "tokenizer_path", DEFAULT_TOKENIZER))
         max_states = int_param(params, "max_states", 4096)
-        from contracts.tracing import ModelTracer
+        from tracing import ModelTracer
 
         return cls(Postprocessor(load_tokenizer(path), max_requests=max_states), pb_utils,
                    llm_model=str_param(params, "llm_model", LLM_MODEL),

@@ -18,8 +18,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from contracts import tracing as t
-from contracts.tracing import ModelTracer, request_trace_context
+import tracing as t
+from tracing import ModelTracer, request_trace_context
 
 
 @dataclass
@@ -32,7 +32,7 @@ class _Open:
 
 
 class PostprocessTracing:
-    """``before``/``after`` around ``PostprocessServing._process`` (``contracts.tracing.traced_call``);
+    """``before``/``after`` around ``PostprocessServing._process`` (``tracing.traced_call``);
     the response's meta comes from ``serving.last_meta``, parsed there."""
 
     def __init__(self, tracer: ModelTracer, serving, max_requests: int = 4096):

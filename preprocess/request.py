@@ -217,12 +217,12 @@ class RequestParser:
     # -- sampling -----------------------------------------------------------------------------
     def _guide(self, inputs: Mapping[str, Any]) -> GuideSpec | None:
         """The guide, checked cheaply here (JSON, the schema allow-list, regex and grammar syntax) so a
-        bad one never reaches the engine. Rules: postprocess/grammar/guides.py, docs/api.md."""
+        bad one never reaches the engine. Rules: grammar/guides.py, docs/api.md."""
         kind = get_str(inputs, "guided_decoding_guide_type")
         guide = get_str(inputs, "guided_decoding_guide")
         if not kind and not guide:
             return None
-        from postprocess.grammar import GuideError, check_guide  # xgrammar: loaded at model start-up
+        from grammar import GuideError, check_guide  # xgrammar: loaded at model start-up
 
         try:
             check_guide(kind, guide)

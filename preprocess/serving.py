@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from contracts import wire
-from contracts.tracing import traced_call
+from tracing import traced_call
 from contracts.triton_config import DEFAULT_TOKENIZER, int_param, model_parameters, resolve_path, str_param
 from preprocess.errors import RequestError
 from preprocess.request import RequestLimits, RequestParser
@@ -34,7 +34,7 @@ class PreprocessServing:
         self.parser = parser
         self.pb = pb_utils
         self.input_names = list(input_names)
-        self.tracing = None   # PreprocessTracing when OTEL_* turns tracing on (contracts/tracing.py)
+        self.tracing = None   # PreprocessTracing when OTEL_* turns tracing on (tracing/)
         if tracer is not None:
             from preprocess.tracing import PreprocessTracing
 
@@ -42,7 +42,7 @@ class PreprocessServing:
 
     @classmethod
     def from_model_config(cls, model_config: dict, pb_utils) -> "PreprocessServing":
-        import postprocess.grammar  # noqa: F401 (xgrammar, for the guide checks: loaded at start-up)
+        import grammar  # noqa: F401 (xgrammar, for the guide checks: loaded at start-up)
 
         params = model_parameters(model_config)
         path = resolve_path(str_param(params, "tokenizer_path", DEFAULT_TOKENIZER))
@@ -51,7 +51,7 @@ class PreprocessServing:
             limits["max_model_len"] = ctx
         parser = RequestParser(load_tokenizer(path), RequestLimits(**limits))
         names = [i["name"] for i in model_config.get("input", [])]
-        from contracts.tracing import ModelTracer
+        from tracing import ModelTracer
 
         return cls(parser, pb_utils, names, tracer=ModelTracer.from_env(model_config.get("name", "preprocess")))
 

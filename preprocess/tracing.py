@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from contracts import tracing as t
+import tracing as t
 from contracts import wire
-from contracts.tracing import ModelTracer, request_trace_context
+from tracing import ModelTracer, request_trace_context
 
 
 class _Timed:

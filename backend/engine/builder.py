@@ -229,7 +229,7 @@ def xgrammar_backend(folder: Path, vocab_size: int, eos_token_ids: set[int], dev
     """The grammar layer for this checkpoint; built on the first guided request (on a compile thread).
     Batched bitmask fills use xgrammar's threads (half the cores) on CUDA, one thread on the CPU, whose
     cores the forward uses."""
-    from postprocess.grammar import XGrammarBackend
+    from grammar import XGrammarBackend
 
     return XGrammarBackend.from_folder(folder, vocab_size, sorted(eos_token_ids),
                                        fill_threads="auto" if device.type == "cuda" else 1)

@@ -28,16 +28,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from backend.core.buckets import bucket
+
 PROBE_RUN = 6        # steps per thread count in a probe; the first of each run is not counted
 RETRY_EVERY = 200    # steps of a bucket between probes, at first and after a probe that changed the choice
 MAX_RETRY_EVERY = 3200   # the interval doubles at each re-probe that confirms the choice, up to this
 MARGIN = 0.10        # cpu_threads must be this much faster than 1 thread (median seconds per step)
 SLOWDOWN = 1.5       # re-probe early when cpu_threads' recent median is this many times its probe median
 ABORT = 1.5          # a probe's second run stops at two counted steps this many times slower than the first run
-
-
-def bucket(num_tokens: int) -> int:
-    return 1 << max(0, num_tokens - 1).bit_length()
 
 
 def probe_plan(*counts: int) -> list[tuple[int, bool]]:

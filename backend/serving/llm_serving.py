@@ -35,7 +35,7 @@ from backend.core.outputs import RequestOutput
 from backend.serving.telemetry import FinishedRequest
 from contracts import wire
 from contracts.field_names import as_ensemble_error
-from contracts.tracing import monotonic_offset, request_trace_context
+from tracing import monotonic_offset, request_trace_context
 from contracts.triton_config import model_parameters, positive_float_param, resolve_paths
 
 log = logging.getLogger(__name__)
@@ -380,7 +380,7 @@ def build_telemetry(pb_utils, *, max_model_len: int, model: str, version: str, l
     from backend.serving.request_log import RequestLog
     from backend.serving.request_metrics import RequestMetrics
     from backend.serving.telemetry import RequestTelemetry
-    from contracts.tracing import ModelTracer
+    from tracing import ModelTracer
 
     metrics = RequestMetrics(pb_utils, max_model_len=max_model_len, model=model, version=version)
     request_log = RequestLog(log_level, formats=formats)

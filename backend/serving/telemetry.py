@@ -24,7 +24,7 @@ import numpy as np
 
 from backend.core.timeline import RequestStats
 from contracts.sampling_params import SamplingParams
-from contracts.tracing import trace_id_of
+from tracing import trace_id_of
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 from backend.serving.telemetry import FinishedRequest, f32
-from contracts import tracing as t
-from contracts.tracing import ModelTracer, unix_nanos
+import tracing as t
+from tracing import ModelTracer, unix_nanos
 
 
 def _stop_sequences(options: dict[str, Any] | None) -> list[str] | None:

@@ -85,7 +85,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from backend.spec_decode.step_costs import StepCosts, bucket, plain_interval
+from backend.core.buckets import bucket
+from backend.spec_decode.step_costs import StepCosts, plain_interval
 
 PRIOR_ACCEPTANCE = 0.9     # optimistic engine-wide start: the first requests speculate with the full k
 PRIOR_WEIGHT = 1.0         # pseudo-observations behind the engine-wide estimates' optimistic start

@@ -57,7 +57,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from backend.spec_decode.step_costs import bucket
+from backend.core.buckets import bucket
 
 EPOCH_STEPS = 32      # decode steps per epoch at batch 1 (epoch_steps)
 MIN_EPOCH_STEPS = 8   # ... and at least, at any batch size

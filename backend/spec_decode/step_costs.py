@@ -54,6 +54,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from backend.core.buckets import bucket
+
 WINDOW = 7                 # step-time observations kept per cost (bucket, draft length)
 SETTLED = 3                # observations before a cost's estimate is their median rather than their minimum
 PLAIN_EVERY = 64           # speculative steps in a bucket before its plain step time is measured again
@@ -63,11 +65,6 @@ PLAIN_BUDGET = 0.008       # plain steps among steps with drafts cost at most th
 STALE_AFTER = 128          # plain steps in a bucket without a step with drafts before its draft costs are re-measured
 STALE_LENGTH = 16          # steps with drafts in a bucket since a length's last measurement before it is stale
 COLD_STEPS = 2             # decode steps after a step with a prefill chunk whose times are not observed
-
-
-def bucket(num_seqs: int) -> int:
-    """Batch-size bucket: the power of two at or above ``num_seqs``."""
-    return 1 << max(0, num_seqs - 1).bit_length()
 
 
 def plain_interval(speedup: float | None) -> int:

@@ -1,5 +1,5 @@
 """Constrained decoding, the engine's side: the interface it calls and the per-step manager.
 
-The grammar implementation (xgrammar) lives in ``postprocess/grammar`` and reaches the engine only
+The grammar implementation (xgrammar) lives in ``grammar`` and reaches the engine only
 through ``backend/engine/builder.py``, which injects it.
 """

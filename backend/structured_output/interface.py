@@ -3,7 +3,7 @@
 A *backend* compiles guides for one tokenizer; a *matcher* holds one sequence's position in its
 grammar. Bitmask layout (xgrammar's): ``[rows, ceil(vocab / 32)]`` int32 on the CPU, bit ``j`` of word
 ``w`` allows token ``32 * w + j``; all bits set means no constraint. The engine's builder provides
-``postprocess.grammar.XGrammarBackend``; these protocols are structural, so it need not import them.
+``grammar.XGrammarBackend``; these protocols are structural, so it need not import them.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""bench/closed_loop.py without a server: stream consumption, both closed loops, side-by-side levels.
+"""bench/harness/closed_loop.py without a server: stream consumption, both closed loops, side-by-side levels.
 
 Behaviour only (fake streams, fake clocks, a fake engine); no wall-clock goals.
 """
@@ -9,10 +9,10 @@ import math
 import threading
 from dataclasses import dataclass
 
-from bench import closed_loop as cl
-from bench.stats import RequestRecord
-from bench.workload import BenchRequest, WorkItem, request_values
-from tools.client import Chunk
+from bench.harness import closed_loop as cl
+from bench.harness.stats import RequestRecord
+from bench.harness.workload import BenchRequest, WorkItem, request_values
+from cli.client import Chunk
 
 
 class FakeClock:

@@ -1,4 +1,4 @@
-"""bench/llamacpp.py and bench_engine's llama.cpp section without llama.cpp: the output parser on captured
+"""bench/harness/llamacpp.py and bench_engine's llama.cpp section without llama.cpp: the output parser on captured
 ``llama-batched-bench`` output, the runner against a fake binary, the skip path, our decode rate."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import llamacpp as lc
-from bench.stats import RequestRecord
+from bench.harness import llamacpp as lc
+from bench.harness.stats import RequestRecord
 
 DATA = Path(__file__).parent / "data"
 JSONL = (DATA / "llama_batched_bench_jsonl.txt").read_text()

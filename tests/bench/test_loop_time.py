@@ -1,9 +1,9 @@
-"""bench/loop_time.py: the llm model's loop seconds read back from a Prometheus exposition."""
+"""bench/harness/loop_time.py: the llm model's loop seconds read back from a Prometheus exposition."""
 from __future__ import annotations
 
 from backend.engine.loop_clock import LoopTime
 from backend.serving.metrics import EngineMetrics
-from bench.loop_time import describe, parse_loop_seconds
+from bench.harness.loop_time import describe, parse_loop_seconds
 from tests.backend.serving.test_metrics import stats
 from tests.helpers.triton_fakes import make_pb_utils
 

@@ -1,4 +1,4 @@
-"""bench/report.py: the printed rows and goal lines (other scripts read them), ratios, the plot, the JSON."""
+"""bench/harness/report.py: the printed rows and goal lines (other scripts read them), ratios, the plot, the JSON."""
 from __future__ import annotations
 
 import json
@@ -6,8 +6,8 @@ import json
 import pytest
 
 from bench import bench_pipeline as bp
-from bench import report
-from bench.stats import RequestRecord, summarize
+from bench.harness import report
+from bench.harness.stats import RequestRecord, summarize
 
 
 def _level(c, p_tok, e_tok, p_tpot, e_tpot):

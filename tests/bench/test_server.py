@@ -1,11 +1,11 @@
-"""bench/server.py: the in-process engine gets the llm model's config.pbtxt with the same overrides."""
+"""bench/harness/server.py: the in-process engine gets the llm model's config.pbtxt with the same overrides."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from bench import server
+from bench.harness import server
 
 
 def test_engine_config_follows_llm_config_pbtxt_and_overrides(tmp_path):

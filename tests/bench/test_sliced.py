@@ -1,11 +1,11 @@
-"""bench/sliced.py: closed loops on several engines stepped in time slices, on fake engines and a fake clock."""
+"""bench/harness/sliced.py: closed loops on several engines stepped in time slices, on fake engines and a fake clock."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import pytest
 
-from bench.sliced import run_sliced
+from bench.harness.sliced import run_sliced
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""bench/stats.py: the one percentile definition, per-request metrics, level summaries."""
+"""bench/harness/stats.py: the one percentile definition, per-request metrics, level summaries."""
 from __future__ import annotations
 
 import asyncio
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from bench import stats
-from bench.closed_loop import sweep
+from bench.harness import stats
+from bench.harness.closed_loop import sweep
 
 
 def test_percentile_interpolates_like_numpy():

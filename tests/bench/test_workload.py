@@ -1,8 +1,8 @@
-"""bench/workload.py: seeded requests; the pipeline's are parsed by preprocess exactly as the server does."""
+"""bench/harness/workload.py: seeded requests; the pipeline's are parsed by preprocess exactly as the server does."""
 from __future__ import annotations
 
 from bench import bench_pipeline as bp
-from bench.workload import make_workload, requests_for, sample_spans
+from bench.harness.workload import make_workload, requests_for, sample_spans
 from tests.helpers.checkpoints import DEMO_TARGET
 
 
@@ -29,6 +29,6 @@ def test_make_workload_parses_like_preprocess_with_extra_inputs():
 
 
 def test_copy_probe_common_prefix():
-    from bench.copy_probe import common_prefix
+    from tools.profile.copy_probe import common_prefix
     assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
     assert common_prefix([], [1]) == 0 and common_prefix([7, 8], [7, 8]) == 2

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.triton_launcher import REPO, LauncherError, Ports, TritonServer, render_model_repository
+from cli.launcher import REPO, LauncherError, Ports, TritonServer, render_model_repository
 
 DEMO_TARGET = REPO / "models" / "demo-target"
 KV_CACHE_BYTES = "8MiB"       # a few hundred blocks: enough for 32 short streams, small enough to stay fast

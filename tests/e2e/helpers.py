@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import tritonclient.grpc as grpcclient
 
-from tools.client import OUTPUTS, Chunk, build_inputs, parse_result
+from cli.client import OUTPUTS, Chunk, build_inputs, parse_result
 
 MODEL = "ensemble"
 
@@ -192,8 +192,8 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def start_gateway(server, log_dir, *, env=None, args=()):
     """``python -m gateway`` in front of ``server`` (a TritonServer), SERVING; the caller stops it."""
-    from gateway.launcher import GatewayProcess
-    from tools.triton_launcher import free_port
+    from cli.gateway_process import GatewayProcess
+    from cli.launcher import free_port
 
     gw = GatewayProcess(f"127.0.0.1:{free_port()}", server.grpc_url, env=env or clean_env(),
                         extra_args=["--health-interval-s", "0.2", *args], log_path=log_dir / "gateway.log")

@@ -8,7 +8,7 @@ import pytest
 
 from tests.e2e.helpers import raw_input, run_inputs
 from tests.helpers.api_docs import config_tensors, examples
-from tools.client import to_array
+from cli.client import to_array
 
 EXAMPLES = examples()
 TYPES = {name: t.type for name, t in config_tensors("input").items()}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 from tests.e2e.helpers import Stream, engine_idle, kv_used, run, wait_until
-from tools.client import build_inputs
+from cli.client import build_inputs
 
 LONG = 600  # tokens the request would generate if nothing stopped it (min_tokens keeps EOS away)
 

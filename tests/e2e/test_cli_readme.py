@@ -7,7 +7,7 @@ import re
 import pytest
 
 from tools import client
-from tools.triton_launcher import REPO
+from cli.launcher import REPO
 
 
 def readme_samples() -> list[str]:

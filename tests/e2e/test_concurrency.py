@@ -6,7 +6,7 @@ import asyncio
 import tritonclient.grpc.aio as aioclient
 
 from tests.e2e.helpers import MODEL, Result, kv_used, metrics, requested_outputs, run, wait_until
-from tools.client import build_inputs, parse_result
+from cli.client import build_inputs, parse_result
 
 N_STREAMS = 32
 MAX_TOKENS = 16

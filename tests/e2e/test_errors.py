@@ -6,7 +6,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.e2e.helpers import kv_used, run, run_inputs, wait_until
-from tools.client import build_inputs
+from cli.client import build_inputs
 
 
 def raw_input(name: str, arr: np.ndarray, dtype: str):

@@ -12,8 +12,8 @@ import time
 import grpc
 import pytest
 
-from gateway.launcher import GatewayProcess
-from tools.triton_launcher import LauncherError, Ports, TritonServer, free_port, render_model_repository
+from cli.gateway_process import GatewayProcess
+from cli.launcher import LauncherError, Ports, TritonServer, free_port, render_model_repository
 from triton_llm.v1 import llm_service_pb2 as pb
 from triton_llm.v1 import llm_service_pb2_grpc as pb_grpc
 

@@ -8,7 +8,7 @@ import pytest
 from backend.engine.llm_engine import output_token_ids
 from contracts.sampling_params import SamplingParams
 from tests.e2e.helpers import Stream, kv_used, run, wait_until
-from tools.client import build_inputs
+from cli.client import build_inputs
 
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\n", "class Stack:\n    def __init__(self):"]
 MAX_TOKENS = 24

@@ -7,10 +7,10 @@ import pytest
 
 from backend.engine.llm_engine import output_token_ids
 from contracts.sampling_params import GuideSpec, SamplingParams
-from postprocess.grammar import check_output
+from grammar import check_output
 from tests.e2e.helpers import Stream, kv_used, metrics, run, wait_until
 from tests.helpers.guides import GRAMMARS, REGEXES, SCHEMAS, all_guides
-from tools.client import build_inputs
+from cli.client import build_inputs
 
 PROMPTS = ["# a record as JSON\nrecord = ", "def parse(text):\n    return ", "x = "]
 # compiles in about 9 s here (1,000 keys took 2 s here and under the 1 s limit on a faster CI machine; the time
@@ -130,7 +130,7 @@ def test_bad_guides_are_errors_naming_the_field(server, case):
 
 
 def test_client_cli_flags(server, tmp_path, capsys):
-    from tools.client import main
+    from cli.client import main
 
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps(SCHEMAS["enums"]))

@@ -14,8 +14,8 @@ import urllib.request
 import pytest
 
 from tests.e2e.helpers import Stream
-from tools.client import build_inputs
-from tools.triton_launcher import Ports, TritonServer, render_model_repository
+from cli.client import build_inputs
+from cli.launcher import Ports, TritonServer, render_model_repository
 
 HOOK = '''
 

@@ -6,7 +6,7 @@ import time
 
 from backend.serving.request_log import token_sha256
 from tests.e2e.helpers import Stream, gauge, kv_used, metrics, wait_until
-from tools.client import build_inputs
+from cli.client import build_inputs
 
 HISTOGRAMS = ("time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds",
               "request_queue_time_seconds", "request_prompt_tokens", "request_generation_tokens")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.e2e.helpers import Stream, gauge
 from tests.e2e.test_request_telemetry import log_lines
-from tools.client import build_inputs
+from cli.client import build_inputs
 
 
 def test_model_info_gauge_and_log_line_name_the_formats(server):

@@ -1,5 +1,5 @@
-"""bench/soak.py against the real server, briefly: nothing hung or lost, the server idle afterwards."""
-from bench import soak
+"""tools/soak.py against the real server, briefly: nothing hung or lost, the server idle afterwards."""
+from tools import soak
 
 
 def test_short_soak_loses_nothing(server, tmp_path):

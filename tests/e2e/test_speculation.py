@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from tests.e2e.helpers import Stream, gauge, kv_used, metrics, run, wait_until
-from tools.client import build_inputs
+from cli.client import build_inputs
 
 REPEATING = "x = [1, 2, 3]\ny = [1, 2, 3]\nz = [1, 2, 3]\nw = [1, 2,"
 

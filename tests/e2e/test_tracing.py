@@ -1,5 +1,5 @@
 """Tracing end to end: a tritonserver of its own, started with OTEL_EXPORTER_OTLP_ENDPOINT pointing at an
-OTLP/HTTP receiver in this process (tools/trace_viewer.py), and clients sending W3C traceparents.
+OTLP/HTTP receiver in this process (cli/trace_viewer.py), and clients sending W3C traceparents.
 
 Triton 2.51 ends a decoupled model's span when ``execute`` returns, so the llm's own ``llm.generate`` span
 (and postprocess's span over a request's responses) outlive their Triton parent span: they are checked to
@@ -22,8 +22,8 @@ import pytest
 
 from tests.e2e.conftest import start_e2e_server, stop_e2e_server
 from tests.e2e.helpers import Stream, clean_env, start_gateway
-from tools.client import build_inputs
-from tools.trace_viewer import OTLPHandler, OTLPReceiver, render_trace
+from cli.client import build_inputs
+from cli.trace_viewer import OTLPHandler, OTLPReceiver, render_trace
 from triton_llm.v1 import llm_service_pb2 as pb
 from triton_llm.v1 import llm_service_pb2_grpc as pb_grpc
 

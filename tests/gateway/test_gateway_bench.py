@@ -6,7 +6,7 @@ import asyncio
 import grpc
 
 from bench import bench_gateway as bg
-from bench.workload import WorkItem
+from bench.harness.workload import WorkItem
 from gateway import server as gw_server
 from gateway.config import GatewayConfig
 from tests.gateway.fake_triton import FakeTriton, error, response, start_fake
@@ -40,7 +40,7 @@ def test_gateway_request_records_tokens_and_errors():
 
 
 def test_run_level_alternates_sides_per_segment_on_the_same_items():
-    from bench.stats import RequestRecord
+    from bench.harness.stats import RequestRecord
 
     calls = []
 

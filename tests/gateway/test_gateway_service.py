@@ -226,7 +226,7 @@ def test_not_ready_is_unavailable_and_health_follows_readiness():
 
 def test_triton_unreachable_is_unavailable_promptly():
     async def body():
-        from tools.triton_launcher import free_port
+        from cli.launcher import free_port
 
         async with harness(triton_url=f"127.0.0.1:{free_port()}") as (gw, stub, health, _):
             assert not gw.upstream.ready

@@ -11,7 +11,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from contracts.tracing import TracingSettings, parse_traceparent
+from tracing import TracingSettings, parse_traceparent
 from gateway.config import REPO, ConfigError, from_args
 from tests.gateway.fake_triton import FakeTriton, collect, error, harness, response, run
 from triton_llm.v1 import llm_service_pb2 as pb

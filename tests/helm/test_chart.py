@@ -27,8 +27,8 @@ from tests.helm.chart import (
     render,
     run_helm,
 )
-from tools.serve import drain_seconds_from_env, parse_overrides, settings_from_env
-from tools.triton_launcher import render_model_repository
+from cli.serve import drain_seconds_from_env, parse_overrides, settings_from_env
+from cli.launcher import render_model_repository
 
 SCENARIOS = ["default", "cpu", "pvc", "autoscaling", "gateway-secret", "gateway-tokens"]
 FULLNAME = f"{RELEASE}-triton-llm"

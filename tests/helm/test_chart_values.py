@@ -98,7 +98,7 @@ def test_engine_map_covers_every_engine_parameter():
 def test_every_engine_parameter_renders(tmp_path):
     """A value for each engine key passes the schema and comes out as llm.KEY=VALUE."""
     from tests.helm.chart import container, env_of
-    from tools.serve import parse_overrides, settings_from_env
+    from cli.serve import parse_overrides, settings_from_env
     sample = {"block_size": 32, "num_kv_blocks": 4096, "kv_cache_bytes": "2GiB", "gpu_memory_utilization": 0.8,
               "max_num_seqs": 32, "max_num_batched_tokens": 2048, "max_model_len": 4096,
               "enable_prefix_caching": False, "watermark": 0.05, "stream_interval": 2, "device": "cuda:0",

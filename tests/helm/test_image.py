@@ -38,8 +38,8 @@ def test_base_image_is_the_triton_we_test_against():
 
 def test_entrypoint_is_the_launcher_behind_an_init():
     [entrypoint] = instructions("ENTRYPOINT")
-    assert entrypoint.endswith('"/usr/bin/tini", "--", "python3", "-m", "tools.serve"]')
-    assert (REPO / "tools" / "serve.py").is_file()
+    assert entrypoint.endswith('"/usr/bin/tini", "--", "python3", "-m", "cli.serve"]')
+    assert (REPO / "cli" / "serve.py").is_file()
     e = env()
     assert (e["HTTP_PORT"], e["GRPC_PORT"], e["METRICS_PORT"]) == ("8000", "8001", "8002")
 
@@ -70,7 +70,7 @@ def test_build_context_has_what_the_image_needs_and_not_the_rest():
             assert (REPO / src).is_file(), src
             assert not ignored(src), f"{src} is COPY'd but .dockerignore excludes it"
     for needed in ("model_repository/llm/config.pbtxt", "models/demo-target/config.json", "backend/__init__.py",
-                   "preprocess/__init__.py", "postprocess/__init__.py", "tools/serve.py", "constraints.txt"):
+                   "preprocess/__init__.py", "postprocess/__init__.py", "cli/serve.py", "constraints.txt"):
         assert (REPO / needed).exists() and not ignored(needed), needed
     for excluded in (".venv", ".cache", ".git", "tests", "helm/triton-llm"):
         assert ignored(excluded), excluded

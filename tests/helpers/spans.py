@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from contracts.tracing import ModelTracer, TracingSettings
+from tracing import ModelTracer, TracingSettings
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 TRITON_SPAN_ID = "b7ad6b7169203331"

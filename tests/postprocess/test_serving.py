@@ -12,7 +12,7 @@ from postprocess.serving import PostprocessServing
 from preprocess.tokenizer import load_tokenizer
 from tests.helpers.checkpoints import DEMO_TARGET
 from tests.helpers.triton_fakes import InferenceResponse, Request, Tensor, make_pb_utils
-from tools.client import to_array
+from cli.client import to_array
 
 
 @pytest.fixture(scope="module")

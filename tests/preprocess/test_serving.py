@@ -12,7 +12,7 @@ from preprocess.serving import PreprocessServing, model_context_length
 from preprocess.tokenizer import load_tokenizer
 from tests.helpers.checkpoints import DEMO_TARGET
 from tests.helpers.triton_fakes import Request, make_pb_utils
-from tools.client import INPUT_TYPES, to_array
+from cli.client import INPUT_TYPES, to_array
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from tests.helpers.spans import (
     within,
 )
 from tests.helpers.triton_fakes import Request, make_pb_utils
-from tools.client import INPUT_TYPES, to_array
+from cli.client import INPUT_TYPES, to_array
 
 
 @pytest.fixture(scope="module")

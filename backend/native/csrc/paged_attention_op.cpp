@@ -1,6 +1,6 @@
 // The `paged_attention` op: write_kv then paged_attention (paged_attention.h) of one layer, as decode_forward runs
 // them, for testing the attention against a torch reference (tests/backend/native/test_paged_attention.py) and
-// timing it alone (bench/bench_paged_attention_native.py).
+// timing it alone (tools/profile/bench_paged_attention_native.py).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 

@@ -64,7 +64,7 @@ app.kubernetes.io/component: server
 {{- if and (kindIs "float64" .) (eq . (floor .)) }}{{ int64 . }}{{ else }}{{ . }}{{ end }}
 {{- end }}
 
-{{/* One item quoted for the launcher's shell-like split (tools/serve.py settings_from_env). */}}
+{{/* One item quoted for the launcher's shell-like split (cli/serve.py settings_from_env). */}}
 {{- define "triton-llm.shquote" -}}
 '{{ replace "'" "'\"'\"'" . }}'
 {{- end }}

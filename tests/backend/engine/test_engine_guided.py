@@ -14,7 +14,7 @@ from backend.config import EngineConfig
 from backend.core.outputs import FinishReason
 from backend.engine.llm_engine import LLMEngine, output_token_ids
 from contracts.sampling_params import GuideSpec, SamplingParams
-from postprocess.grammar import check_output
+from grammar import check_output
 from tests.backend.engine.test_engine_api import collect
 from tests.helpers.guides import GRAMMARS, REGEXES, SCHEMAS, all_guides
 
@@ -239,7 +239,7 @@ class SlowBackend:
 
 
 def test_compile_time_limit_fails_the_request_and_never_stalls_the_loop(demo_target, tokenizer):
-    from postprocess.grammar import XGrammarBackend
+    from grammar import XGrammarBackend
 
     eng = LLMEngine(EngineConfig(model_path=str(demo_target), kv_cache_bytes=8 << 20, device="cpu",
                                  guided_compile_timeout_s=0.5, guided_compile_workers=1))
@@ -283,7 +283,7 @@ def test_compile_time_limit_fails_the_request_and_never_stalls_the_loop(demo_tar
 
 def test_idle_loop_sleeps_while_grammars_compile(demo_target, tokenizer):
     """With only a compiling request, the loop waits for the compile instead of spinning."""
-    from postprocess.grammar import XGrammarBackend
+    from grammar import XGrammarBackend
 
     eng = LLMEngine(EngineConfig(model_path=str(demo_target), kv_cache_bytes=8 << 20, device="cpu"))
     eng.structured._backend = SlowBackend(XGrammarBackend.from_folder(demo_target, 4096, [1]), delay=0.6)

@@ -20,7 +20,7 @@ from backend.serving.telemetry import FinishedRequest, RequestTelemetry
 from backend.serving.tracing import LLMSpans
 from contracts import wire
 from contracts.sampling_params import GuideSpec, SamplingParams
-from contracts.tracing import ModelTracer, TracingSettings
+from tracing import ModelTracer, TracingSettings
 from tests.backend.serving.test_llm_serving import FakeEngine, llm_request, stop_request
 from tests.helpers.triton_fakes import Request, make_pb_utils
 

@@ -18,7 +18,7 @@ from backend.core.outputs import FinishReason
 from backend.engine.llm_engine import LLMEngine, output_token_ids
 from backend.spec_decode.proposer import Proposal, Proposer
 from contracts.sampling_params import GuideSpec, SamplingParams
-from postprocess.grammar import check_output
+from grammar import check_output
 from tests.backend.engine.test_engine_guided import ORACLE_GUIDES, hf_oracle  # noqa: F401 (a fixture)
 from tests.helpers.checkpoints import DEMO_DRAFT
 from tests.helpers.guides import SCHEMAS, all_guides

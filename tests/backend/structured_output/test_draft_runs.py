@@ -12,7 +12,7 @@ EOS = 1
 
 @pytest.fixture(scope="module")
 def backend():
-    from postprocess.grammar import XGrammarBackend
+    from grammar import XGrammarBackend
 
     return XGrammarBackend.from_folder(DEMO_TARGET, 4096, [EOS])
 

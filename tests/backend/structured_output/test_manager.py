@@ -20,7 +20,7 @@ V = 4096
 
 @pytest.fixture(scope="module")
 def backend():
-    from postprocess.grammar import XGrammarBackend
+    from grammar import XGrammarBackend
 
     return XGrammarBackend.from_folder(DEMO_TARGET, V, [1])
 

@@ -1,0 +1,1 @@
+"""What the benchmarks share: closed-loop and sliced drives, workloads, statistics, reports, a server fixture."""

@@ -1,0 +1,1 @@
+"""The product's entry points: `python -m cli.serve` (tritonserver with the model repository, and the gateway), `python -m cli.client` (streaming CLI), `python -m cli.trace_viewer` (OTLP receiver and waterfall)."""

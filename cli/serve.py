@@ -1,0 +1,273 @@
+"""``make serve``: run tritonserver on model_repository/ (preprocess -> llm -> postprocess ensemble).
+
+Ports come from HTTP_PORT / GRPC_PORT / METRICS_PORT (default 8000 / 8001 / 8002). The server binary
+is $TRITONSERVER, else ``tritonserver`` on PATH (NGC image), else the one bundled in nvidia-pytriton.
+Engine settings are the ``parameters`` of model_repository/llm/config.pbtxt; ``--set llm.KEY=VALUE``
+overrides one for this run (e.g. ``--set llm.model_path=/path/to/checkpoint``). Ctrl-C stops it.
+
+From the environment (how the container image and the Helm chart configure it, see ``settings_from_env``):
+``TRITON_LLM_SET`` holds ``--set`` items separated by whitespace or newlines (shell quoting for values
+with spaces), applied before the ``--set`` flags, so a flag wins; ``TRITON_LLM_SERVER_ARGS`` holds extra
+tritonserver arguments (e.g. ``--exit-timeout-secs=15``); ``TRITON_LLM_DRAIN_SECONDS`` makes SIGTERM
+wait for in-flight requests before stopping tritonserver (``drain``). The whole environment reaches
+tritonserver and its Python models, ``OTEL_EXPORTER_OTLP_ENDPOINT`` included. tritonserver listens on all
+interfaces (its default ``0.0.0.0``), so probes from outside the container reach ``/v2/health/{live,ready}``.
+
+Beside it, the typed gRPC gateway (``python -m gateway``, docs/api-grpc.md) listens on GATEWAY_PORT
+(default 50051); its auth and TLS come from GATEWAY_AUTH_TOKEN_FILE / GATEWAY_AUTH_TOKENS /
+GATEWAY_TLS_CERT / GATEWAY_TLS_KEY. ``--no-gateway`` runs tritonserver alone.
+
+``OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318`` sends traces there (docs/observability.md).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+
+from tracing import TracingConfigError, TracingSettings
+from cli.launcher import (
+    CACHE,
+    MODEL_REPOSITORY,
+    LauncherError,
+    Ports,
+    TritonServer,
+    find_tritonserver,
+    otel_trace_args,
+    render_model_repository,
+)
+
+
+def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
+    """``["llm.model_path=/x", "preprocess.tokenizer_path=/x"]`` -> ``{"llm": {...}, "preprocess": {...}}``."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        model, dot, param = key.partition(".")
+        if not sep or not dot or not model or not param:
+            raise LauncherError(f"--set: expected MODEL.PARAMETER=VALUE, got {item!r}")
+        out.setdefault(model, {})[param] = value
+    return out
+
+
+SET_ENV = "TRITON_LLM_SET"
+SERVER_ARGS_ENV = "TRITON_LLM_SERVER_ARGS"
+_LAUNCHER_FLAGS = ("--model-repository", "--model-store", "--http-port", "--grpc-port", "--metrics-port")
+
+
+def settings_from_env(env: Mapping[str, str] | None = None) -> tuple[list[str], list[str]]:
+    """(``--set`` items from ``$TRITON_LLM_SET``, extra tritonserver arguments from ``$TRITON_LLM_SERVER_ARGS``).
+
+    Both are split like a shell command line (``shlex``): items are separated by spaces or newlines
+    and a value with spaces is quoted, ``'llm.model_path=/models/my model'``. Unset or blank: nothing.
+    The launcher's own flags (model repository, ports: use HTTP_PORT / GRPC_PORT / METRICS_PORT) are
+    refused in the server arguments.
+    """
+    env = os.environ if env is None else env
+    out = []
+    for name in (SET_ENV, SERVER_ARGS_ENV):
+        try:
+            out.append(shlex.split(env.get(name, "")))
+        except ValueError as e:  # unbalanced quotes
+            raise LauncherError(f"{name}: {e}") from None
+    items, server_args = out
+    for item in items:
+        try:
+            parse_overrides([item])
+        except LauncherError:
+            raise LauncherError(f"{SET_ENV}: expected MODEL.PARAMETER=VALUE items, got {item!r}") from None
+    for arg in server_args:
+        if arg.split("=", 1)[0] in _LAUNCHER_FLAGS:
+            raise LauncherError(f"{SERVER_ARGS_ENV}: {arg.split('=', 1)[0]} is set by the launcher "
+                                "(ports come from HTTP_PORT, GRPC_PORT, METRICS_PORT)")
+    return items, server_args
+
+
+DRAIN_ENV = "TRITON_LLM_DRAIN_SECONDS"
+# The llm model's gauge of requests in the engine, running or waiting (backend/serving/metrics.py).
+ACTIVE_GAUGE = ("nv_trt_llm_request_metrics{", 'request_type="active"')
+
+
+def drain_seconds_from_env(env: Mapping[str, str] | None = None) -> float:
+    """``$TRITON_LLM_DRAIN_SECONDS`` (default 0: SIGTERM stops tritonserver at once)."""
+    raw = (os.environ if env is None else env).get(DRAIN_ENV, "").strip() or "0"
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise LauncherError(f"{DRAIN_ENV}: expected a number of seconds, got {raw!r}") from None
+    if not 0 <= seconds < 86400:
+        raise LauncherError(f"{DRAIN_ENV}: expected 0 to 86399 seconds, got {raw!r}")
+    return seconds
+
+
+def active_requests(metrics_url: str, timeout: float = 2.0) -> float | None:
+    """Requests in the engine (the active gauge summed over models), or None without an answer or gauge."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=timeout) as r:
+            text = r.read().decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(ACTIVE_GAUGE[0]) and ACTIVE_GAUGE[1] in line]
+    return sum(values) if values else None
+
+
+def drain(read_active, seconds: float, *, quiet_s: float = 2.5, poll_s: float = 0.5,
+          clock=time.monotonic, sleep=time.sleep) -> bool:
+    """Wait until ``read_active()`` has read 0 for ``quiet_s``, or until ``seconds`` have passed; True when
+    drained. None from the first read means no engine gauge (not loaded yet, metrics off): nothing to wait
+    for; a later None (no answer) counts as unknown.
+
+    Why before stopping tritonserver: once told to stop, Triton 2.51 refuses to enqueue an ensemble's next
+    steps (postprocess), so a stream still in flight would stall until the exit timeout and never finish.
+    Meanwhile tritonserver keeps serving (Kubernetes has taken the pod out of the Service by then). The
+    gauge refreshes every metrics_interval_s (1 s), hence the quiet time.
+    """
+    deadline, quiet_since, first = clock() + seconds, None, True
+    while clock() < deadline:
+        active = read_active()
+        if active is None and first:
+            return True
+        first = False
+        if active == 0:
+            quiet_since = clock() if quiet_since is None else quiet_since
+            if clock() - quiet_since >= quiet_s:
+                return True
+        elif active is not None:
+            quiet_since = None
+        sleep(poll_s)
+    return False
+
+
+def stop_on_sigterm(server: TritonServer, drain_s: float) -> None:
+    """SIGTERM: drain for up to ``drain_s`` (in a thread), then SIGINT to tritonserver (its graceful stop)."""
+    started = threading.Event()
+
+    def interrupt() -> None:
+        if drain_s > 0:
+            print(f"SIGTERM: letting in-flight requests finish (up to {drain_s:.0f} s) ...", flush=True)
+            drained = drain(lambda: active_requests(server.metrics_url), drain_s)
+            print("drained" if drained else "drain time is up: stopping with requests in flight", flush=True)
+        proc = server.proc  # None once main() has stopped it
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+
+    def handler(*_) -> None:
+        if not started.is_set():
+            started.set()
+            threading.Thread(target=interrupt, name="drain", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, handler)
+
+def tracing_summary(env=None) -> str:
+    """One line on where traces go (OTEL_EXPORTER_OTLP_ENDPOINT, docs/observability.md)."""
+    try:
+        settings = TracingSettings.from_env(env)
+    except TracingConfigError as e:
+        return f"off ({e})"
+    if settings is None:
+        return "off (set OTEL_EXPORTER_OTLP_ENDPOINT, e.g. http://localhost:4318, to send traces)"
+    share = "none sampled" if settings.triton_rate is None else f"1 request in {settings.triton_rate}"
+    return f"{settings.traces_url} as {settings.service_name!r}, {share}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
+    ap.add_argument("--set", action="append", default=[], metavar="MODEL.KEY=VALUE",
+                    help="override a config.pbtxt parameter for this run (repeatable)")
+    ap.add_argument("--log-verbose", type=int, default=0)
+    ap.add_argument("--no-gateway", action="store_true", help="do not start the typed gRPC gateway (GATEWAY_PORT)")
+    args = ap.parse_args(argv)
+    gateway = None
+    try:
+        ports = Ports.from_env()
+        env_items, server_args = settings_from_env()
+        drain_s = drain_seconds_from_env()
+        overrides = parse_overrides(env_items + args.set)  # a --set flag wins over the environment
+        repo = args.model_repository
+        if overrides:
+            CACHE.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix="model_repository.", dir=CACHE))
+            try:
+                repo = render_model_repository(tmp, overrides, src=args.model_repository)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)   # a bad --set leaves nothing behind
+                raise
+        install = find_tritonserver()
+        otel_trace_args(os.environ)   # a bad OTEL_* value stops here, naming the variable
+    except LauncherError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    server = TritonServer(repo, ports, install=install, log_verbose=args.log_verbose, extra_args=server_args)
+    print(f"tritonserver: {install.binary} (from {install.source})")
+    print(f"model repository: {repo}")
+    server.start()
+    # tritonserver runs in its own session: Ctrl-C (KeyboardInterrupt here) and SIGTERM become one
+    # SIGINT to it (its graceful shutdown), then SIGKILL if it has not exited 30 s later. SIGTERM first
+    # drains for $TRITON_LLM_DRAIN_SECONDS (stop_on_sigterm).
+    stop_on_sigterm(server, drain_s)
+    try:
+        server.wait_ready(timeout=600)
+        if not args.no_gateway:
+            gateway = start_gateway(server)
+        print("\nready:")
+        print(f"  gRPC     {server.grpc_url}    (KServe v2; model 'ensemble', decoupled: use streaming)")
+        print(f"  HTTP     http://{server.http_url}  (/v2/health/ready, /v2/models/ensemble/config)")
+        print(f"  metrics  {server.metrics_url}")
+        print(f"  traces   {tracing_summary()}")
+        print(f"  try:     python -m cli.client \"def fibonacci(n):\" --max-tokens 64 --url {server.grpc_url}")
+        if gateway is not None:
+            print(f"  gateway  {gateway.target}  (triton_llm.v1.LLMService, gRPC health and reflection)")
+            print(f"  try:     python -m cli.client \"def fibonacci(n):\" --max-tokens 64 --gateway --url {gateway.target}")
+        print("Ctrl-C to stop.", flush=True)
+        return server.proc.wait() if server.proc else 0
+    except KeyboardInterrupt:
+        print("\nstopping tritonserver ...", flush=True)
+        return 0
+    except LauncherError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if gateway is not None:  # first, so its in-flight streams can finish while Triton still serves them
+            gateway.stop()
+        t0 = time.monotonic()
+        code = server.stop()
+        if code not in (0, None, -signal.SIGINT):
+            print(f"tritonserver exited with code {code} after {time.monotonic() - t0:.0f} s of shutdown"
+                  + (" (an ensemble request Triton rejected keeps the ensemble from unloading: docs/serving.md, "
+                     "'Known Triton 2.51 issues')" if time.monotonic() - t0 > 20 else ""), file=sys.stderr)
+        if repo != args.model_repository:  # the rendered copy with --set overrides
+            shutil.rmtree(repo, ignore_errors=True)
+
+
+def start_gateway(server: TritonServer):
+    """``python -m gateway`` on 0.0.0.0:$GATEWAY_PORT in front of ``server``; returns once it is SERVING."""
+    import os
+
+    from cli.gateway_process import GatewayProcess
+
+    raw = os.environ.get("GATEWAY_PORT", "50051")
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise LauncherError(f"GATEWAY_PORT: expected a port number, got {raw!r}")
+    gateway = GatewayProcess(f"0.0.0.0:{raw}", server.grpc_url).start()
+    try:
+        cert = os.environ.get("GATEWAY_TLS_CERT")
+        gateway.wait_ready(timeout=60, root_certificates=open(cert, "rb").read() if cert else None)
+    except Exception as e:
+        gateway.stop()
+        raise LauncherError(f"the gateway did not start: {e}") from None
+    return gateway
+
+
+if __name__ == "__main__":
+    sys.exit(main())

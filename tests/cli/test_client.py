@@ -1,0 +1,96 @@
+"""cli/client.py's command line: the demo's best defaults, every sampling option, GRPC_PORT, escapes,
+the guided-decoding flags."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+import cli.client as client
+from tests.helpers.api_docs import config_tensors
+
+
+def test_defaults_are_greedy_with_the_readme_repetition_penalty():
+    opts = client.sampling_options(client.parse_args(["def f():"]))
+    assert opts["temperature"] == 0.0 and opts["repetition_penalty"] == 1.2 and opts["max_tokens"] == 64
+    assert {k for k, v in opts.items() if v is not None} == {"temperature", "repetition_penalty", "max_tokens"}
+
+
+def test_every_sampling_input_has_a_flag():
+    flags = {name for _, name, *_ in client.SAMPLING_FLAGS} | {name for _, name, _ in client.LIST_FLAGS}
+    sampling = {"max_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                "frequency_penalty", "seed", "min_tokens", "end_id", "num_return_sequences", "stop_words",
+                "bad_words"}
+    assert sampling <= flags <= set(config_tensors("input"))
+    args = client.parse_args(["p", "--temperature", "0.8", "--top-p", "0.9", "--top-k", "5", "--min-p", "0.1",
+                              "--presence-penalty", "0.5", "--frequency-penalty", "-0.5", "--seed", "3",
+                              "--min-tokens", "2", "--end-id", "7", "--n", "2", "--stop", "a", "--stop", "b",
+                              "--bad-words", "x", "--num-speculative-tokens", "0"])
+    opts = client.sampling_options(args)
+    assert opts == {"max_tokens": 64, "temperature": 0.8, "repetition_penalty": 1.2, "top_k": 5, "top_p": 0.9,
+                    "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -0.5, "seed": 3, "min_tokens": 2,
+                    "end_id": 7, "num_return_sequences": 2, "num_speculative_tokens": 0, "stop_words": ["a", "b"],
+                    "bad_words": ["x"]}
+    client.build_inputs("p", 4, **{k: v for k, v in opts.items() if k != "max_tokens"})   # all typed inputs
+
+
+def test_stop_escapes():
+    assert client.parse_args(["p", "--stop", r"\n\n"]).stop == ["\n\n"]
+    assert client.unescape(r"a\tb\\n") == "a\tb\\n"
+
+
+def test_port_from_grpc_port(monkeypatch):
+    monkeypatch.setenv("GRPC_PORT", "9101")
+    try:
+        assert importlib.reload(client).parse_args(["p"]).url == "localhost:9101"
+    finally:
+        monkeypatch.delenv("GRPC_PORT")
+        importlib.reload(client)
+    assert client.parse_args(["p"]).url == "localhost:8001"
+
+
+def test_help_shows_defaults():
+    out = subprocess.run([sys.executable, "-m", "cli.client", "--help"], capture_output=True, text=True,
+                         cwd=client.__file__.rsplit("/cli/", 1)[0], check=True).stdout
+    flat = " ".join(out.split())
+    for text in ("(default: 64)", "(default: 0.0)", "(default: 1.2)", "(default: localhost:", "greedy"):
+        assert text in flat, text
+
+
+def test_no_server_is_a_clean_error(capsys):
+    assert client.main(["p", "--url", "localhost:1", "--no-echo"]) == 1
+    assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["p", "--temperature", "x"], ["p", "--n", "1.5"]])
+def test_bad_flags_exit_2(argv):
+    with pytest.raises(SystemExit) as e:
+        client.parse_args(argv)
+    assert e.value.code == 2
+
+
+def ns(**kw):
+    base = dict(json=False, json_schema=None, regex=None, grammar=None)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_guide_flags(tmp_path):
+    schema = tmp_path / "s.json"
+    schema.write_text('{"type": "integer"}')
+    grammar = tmp_path / "g.ebnf"
+    grammar.write_text('root ::= "a"')
+    assert client.guide_options(ns()) == {}
+    assert client.guide_options(ns(json=True)) == {"guided_decoding_guide_type": "json"}
+    assert client.guide_options(ns(json_schema=str(schema))) == {"guided_decoding_guide_type": "json_schema",
+                                                          "guided_decoding_guide": '{"type": "integer"}'}
+    assert client.guide_options(ns(regex="[0-9]+")) == {"guided_decoding_guide_type": "regex",
+                                                 "guided_decoding_guide": "[0-9]+"}
+    assert client.guide_options(ns(grammar=str(grammar)))["guided_decoding_guide"] == 'root ::= "a"'
+
+
+def test_one_guide_at_a_time():
+    with pytest.raises(SystemExit):
+        client.main(["x", "--json", "--regex", "a"])

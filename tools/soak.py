@@ -1,0 +1,473 @@
+"""Soak test: N streamed requests, closed loop at concurrency C, against a running server or one started here.
+
+    python tools/soak.py --requests 10000 --concurrency 32                   # starts its own server
+    python tools/soak.py --url localhost:8001 --metrics-url http://localhost:8002/metrics --requests 2000
+
+The mix (seeded): prompts of varied length cut from the stdlib source, greedy and sampled requests,
+a share the client cancels mid-stream (after 1-3 responses) and a share of bad inputs that preprocess
+or the engine must reject with an error naming the input. Every request ends as one of:
+
+- ``completed``: a final response with a finish reason; ``cancelled``: the client cancelled it;
+- ``clean_error``: a bad input answered with an error naming its field;
+- ``unexpected_error``: any other error (a good request that failed, or a bad one with a wrong message);
+- ``hung``: nothing final within ``--request-timeout``; ``lost``: the stream closed with no final response.
+
+Afterwards it waits for the server to go idle and reads the KV blocks in use and the active requests
+from the metrics port (both must be 0), and reports the RSS of tritonserver and of each Python backend
+stub at the start, after warm-up, every ``--rss-every`` requests and at the end, and requests/s; as JSON
+(``--out``) and a short table. A server started here is stopped at the end and its shutdown time and
+exit code are reported too (a 30 s shutdown means a request left the ensemble live: docs/serving.md).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import sys
+import time
+import urllib.request
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+from cli.client import INPUT_TYPES, OUTPUTS, parse_result, to_array
+
+OUTCOMES = ("completed", "cancelled", "clean_error", "unexpected_error", "hung", "lost")
+# (inputs changed from a good request, the field the error message must start with)
+BAD_INPUTS = (
+    ({"top_p": 2.0}, "top_p"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"text_input": ""}, "text_input"),
+    ({"temperature": -1.0}, "temperature"),
+    ({"max_tokens": 100000}, "max_tokens"),             # prompt + max_tokens beyond the context: the engine's error
+    ({"messages": "[{oops", "text_input": None}, "messages"),
+    ({"num_return_sequences": 0}, "num_return_sequences"),
+    ({"stop_words": [""]}, "stop_words"),
+)
+# inputs Triton itself rejects before our code (another datatype, an unknown input): off by default, since
+# Triton 2.51 then keeps the ensemble live until shutdown (docs/serving.md); --triton-rejected-share measures it
+TRITON_REJECTED = (
+    ({"max_tokens": ("INT64", 16)}, r"data-type is 'INT64', but model 'ensemble' expects 'INT32'"),
+    ({"foo": ("INT32", 1)}, r"unexpected inference input 'foo'"),
+)
+
+
+@dataclass
+class Plan:
+    """One request of the soak: its ensemble inputs and what the client does with it."""
+
+    index: int
+    values: dict[str, Any]
+    kind: str                        # "greedy", "sampled", "cancel", "bad"
+    cancel_after: int = 0            # responses to read before cancelling (kind "cancel")
+    error_field: str | None = None   # kind "bad": the field the error must name
+    error_regex: str | None = None   # kind "bad_triton": what Triton's own error says
+    raw: dict[str, tuple[str, Any]] = field(default_factory=dict)   # inputs sent with their own datatype
+
+
+@dataclass
+class Outcome:
+    index: int
+    kind: str
+    outcome: str
+    seconds: float
+    responses: int = 0
+    detail: str = ""
+
+
+@dataclass
+class Report:
+    config: dict
+    counts: dict[str, int] = field(default_factory=dict)
+    by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
+    seconds: float = 0.0
+    requests_per_s: float = 0.0
+    idle: dict[str, float | None] = field(default_factory=dict)
+    rss_mib: list[dict] = field(default_factory=list)       # samples: {"at": label, "requests": n, pid name: MiB}
+    shutdown: dict[str, Any] = field(default_factory=dict)
+    unexpected: list[str] = field(default_factory=list)     # the first few unexpected outcomes, for the reader
+
+
+# ---- the mix ----------------------------------------------------------------------------------------
+
+def prompt_texts(n: int, rng: random.Random, min_chars: int = 20, max_chars: int = 1500) -> list[str]:
+    """``n`` code snippets of varied length (log-uniform in characters) from the stdlib source."""
+    from tools.corpus import corpus_files
+
+    train, heldout = corpus_files(include_tests=False)
+    files = heldout or train
+    texts = []
+    cache: dict[Path, str] = {}
+    while len(texts) < n:
+        f = files[rng.randrange(len(files))]
+        text = cache.setdefault(f, f.read_text(errors="replace"))
+        if len(text) < min_chars:
+            continue
+        size = int(round(2 ** rng.uniform(min_chars.bit_length() - 1, max_chars.bit_length() - 1)))
+        size = max(min_chars, min(size, len(text), max_chars))
+        start = rng.randrange(0, len(text) - size + 1)
+        snippet = text[start:start + size]
+        if snippet.strip():
+            texts.append(snippet)
+    return texts
+
+
+def make_plans(n: int, *, seed: int, cancel_share: float, bad_share: float, sampled_share: float,
+               max_tokens: tuple[int, int], triton_rejected_share: float = 0.0,
+               cancel_after_final_share: float = 0.0) -> list[Plan]:
+    rng = random.Random(seed)
+    texts = prompt_texts(n, rng)
+    plans = []
+    for i, text in enumerate(texts):
+        values: dict[str, Any] = {"text_input": text, "max_tokens": rng.randint(*max_tokens), "stream": True,
+                                  "exclude_input_in_output": True, "return_num_output_tokens": True}
+        r = rng.random()
+        if triton_rejected_share and rng.random() < triton_rejected_share:
+            change, pattern = TRITON_REJECTED[rng.randrange(len(TRITON_REJECTED))]
+            raw = dict(change)
+            for k in raw:
+                values.pop(k, None)
+            plans.append(Plan(i, values, "bad_triton", error_regex=pattern, raw=raw))
+            continue
+        if r < bad_share:
+            change, fld = BAD_INPUTS[rng.randrange(len(BAD_INPUTS))]
+            for k, v in change.items():
+                if v is None:
+                    values.pop(k, None)
+                else:
+                    values[k] = v
+            plans.append(Plan(i, values, "bad", error_field=fld))
+            continue
+        sampled = rng.random() < sampled_share
+        if sampled:
+            values.update(temperature=rng.choice([0.7, 1.0]), top_p=rng.choice([0.9, 1.0]), seed=rng.randrange(2**32))
+        else:
+            values.update(temperature=0.0, repetition_penalty=rng.choice([1.0, 1.2]))
+        if r < bad_share + cancel_share:
+            values["max_tokens"] = max(values["max_tokens"], 32)     # long enough to be cancelled mid-stream
+            plans.append(Plan(i, values, "cancel", cancel_after=rng.randint(1, 3)))
+        elif cancel_after_final_share and rng.random() < cancel_after_final_share:
+            plans.append(Plan(i, values, "cancel_after_final"))
+        else:
+            plans.append(Plan(i, values, "sampled" if sampled else "greedy"))
+    return plans
+
+
+# ---- one request ------------------------------------------------------------------------------------
+
+def _inputs(values: dict[str, Any], raw: dict[str, tuple[str, Any]] | None = None):
+    import numpy as np
+    import tritonclient.grpc.aio as grpcclient
+
+    out = []
+    for name, value in values.items():
+        arr = to_array(name, value)
+        inp = grpcclient.InferInput(name, list(arr.shape), INPUT_TYPES[name])
+        inp.set_data_from_numpy(arr)
+        out.append(inp)
+    for name, (dtype, value) in (raw or {}).items():
+        arr = np.asarray([[value]], dtype={"INT64": np.int64, "INT32": np.int32}[dtype])
+        inp = grpcclient.InferInput(name, list(arr.shape), dtype)
+        inp.set_data_from_numpy(arr)
+        out.append(inp)
+    return out
+
+
+async def run_one(client, plan: Plan, *, model: str, timeout: float) -> Outcome:
+    import tritonclient.grpc.aio as grpcclient
+
+    outputs = [grpcclient.InferRequestedOutput(o) for o in OUTPUTS]
+    done = asyncio.Event()
+
+    async def requests():
+        yield {"model_name": model, "inputs": _inputs(plan.values, plan.raw), "outputs": outputs,
+               "request_id": uuid.uuid4().hex}
+        await done.wait()
+
+    t0 = time.perf_counter()
+    responses = client.stream_infer(requests(), stream_timeout=timeout + 30)
+    seen = 0
+
+    def result(outcome: str, detail: str = "") -> Outcome:
+        return Outcome(plan.index, plan.kind, outcome, time.perf_counter() - t0, seen, detail[:300])
+
+    async def read() -> Outcome:
+        nonlocal seen
+        async for res, error in responses:
+            if error is not None:
+                msg = str(getattr(error, "message", lambda: error)())
+                if plan.kind == "bad" and re.search(rf"(^|, ){plan.error_field}: ", msg):
+                    return result("clean_error", msg)
+                if plan.kind == "bad_triton" and re.search(plan.error_regex, msg):
+                    return result("clean_error", msg)
+                return result("unexpected_error", msg)
+            chunk = parse_result(res)
+            seen += 1
+            if plan.kind == "cancel" and seen >= plan.cancel_after and not (chunk.final or chunk.finish_reason):
+                responses.cancel()
+                return result("cancelled")
+            if chunk.final:
+                if plan.kind.startswith("bad"):
+                    return result("unexpected_error", "a bad input was served")
+                return result("completed") if chunk.finish_reason or plan.kind == "cancel" else \
+                    result("lost", "final response without a finish reason")
+        return result("lost", "the stream closed before a final response")
+
+    try:
+        out = await asyncio.wait_for(read(), timeout)
+    except asyncio.TimeoutError:
+        out = result("hung", f"no final response within {timeout:.0f} s")
+        responses.cancel()
+    except Exception as e:  # a gRPC failure of the stream itself
+        code = e.code().name if callable(getattr(e, "code", None)) else type(e).__name__
+        details = e.details() if callable(getattr(e, "details", None)) else str(e)
+        out = result("unexpected_error" if plan.kind != "bad" else "clean_error" if
+                     re.search(rf"(^|, ){plan.error_field}: ", str(details)) else "unexpected_error",
+                     f"{code}: {details}")
+    finally:
+        done.set()
+    if plan.kind == "cancel_after_final":   # what a client closing its stream with cancel_requests=True does
+        responses.cancel()
+    elif out.outcome != "cancelled":
+        try:  # the server closes the stream after its final response
+            async def drain():
+                async for _ in responses:
+                    pass
+            await asyncio.wait_for(drain(), 5.0)
+        except Exception:
+            responses.cancel()
+    return out
+
+
+# ---- the server's side: RSS and metrics -------------------------------------------------------------
+
+def _rss_mib(pid: int, field_name: str = "VmRSS") -> float | None:
+    """``VmRSS`` (or ``RssAnon``: heap; ``RssShmem``: shared memory such as the Python backend's regions)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def find_server_pid(grpc_port: int) -> int | None:
+    """The tritonserver process listening on ``grpc_port`` (by its command line), on this machine."""
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            cmd = _cmdline(int(p.name))
+            if cmd and cmd[0].endswith("tritonserver") and f"--grpc-port={grpc_port}" in cmd:
+                return int(p.name)
+    return None
+
+
+def server_processes(server_pid: int) -> dict[str, int]:
+    """``{"tritonserver": pid, "stub:llm": pid, ...}``: the server and its Python backend stubs."""
+    procs = {"tritonserver": server_pid}
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            ppid = int(Path(f"/proc/{p.name}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        cmd = _cmdline(int(p.name))
+        if ppid == server_pid and cmd and cmd[0].endswith("triton_python_backend_stub"):
+            m = re.search(r"/([^/]+)/\d+/model\.py$", cmd[1] if len(cmd) > 1 else "")
+            procs[f"stub:{m.group(1) if m else p.name}"] = int(p.name)
+    return procs
+
+
+def rss_sample(procs: dict[str, int], label: str, requests_done: int) -> dict:
+    """RSS of each process, and tritonserver's split into heap (anon) and shared memory (shmem)."""
+    sample = {"at": label, "requests": requests_done, **{name: _rss_mib(pid) for name, pid in procs.items()}}
+    if "tritonserver" in procs:
+        sample["tritonserver anon"] = _rss_mib(procs["tritonserver"], "RssAnon")
+        sample["tritonserver shmem"] = _rss_mib(procs["tritonserver"], "RssShmem")
+    return sample
+
+
+_METRIC = re.compile(r'^(\w+)\{([^}]*)\}\s+(\S+)$')
+
+
+def gauge(metrics_url: str, family: str, label: str, value: str) -> float | None:
+    try:
+        text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        m = _METRIC.match(line)
+        if m and m.group(1) == family and f'{label}="{value}"' in m.group(2):
+            return float(m.group(3))
+    return None
+
+
+def wait_idle(metrics_url: str | None, timeout: float = 60.0) -> dict[str, float | None]:
+    """KV blocks in use and active requests once both reach 0 (or whatever they are after ``timeout``)."""
+    if metrics_url is None:
+        return {"kv_blocks_used": None, "active_requests": None, "idle_after_s": None}
+    t0 = time.monotonic()
+    while True:
+        used = gauge(metrics_url, "nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "used")
+        active = gauge(metrics_url, "nv_trt_llm_request_metrics", "request_type", "active")
+        if (used == 0 and active == 0) or time.monotonic() - t0 > timeout:
+            return {"kv_blocks_used": used, "active_requests": active, "idle_after_s": round(time.monotonic() - t0, 2)}
+        time.sleep(0.25)
+
+
+# ---- the loop ---------------------------------------------------------------------------------------
+
+async def soak(url: str, plans: list[Plan], *, concurrency: int, timeout: float, model: str, warmup: int,
+               procs: dict[str, int], rss_every: int, rss: list[dict], progress: bool = True) -> tuple[list[Outcome], float]:
+    import tritonclient.grpc.aio as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    outcomes: list[Outcome] = []
+    order = iter(plans)
+    t0 = time.perf_counter()
+    marks = {warmup: "after warm-up"} | {k: f"after {k}" for k in range(rss_every, len(plans), rss_every)}
+
+    async def worker():
+        for plan in order:
+            outcomes.append(await run_one(client, plan, model=model, timeout=timeout))
+            n = len(outcomes)
+            if n in marks and procs:
+                rss.append(rss_sample(procs, marks[n], n))
+            if progress and n % max(1, len(plans) // 20) == 0:
+                bad = sum(o.outcome in ("unexpected_error", "hung", "lost") for o in outcomes)
+                print(f"  {n}/{len(plans)} requests, {n / (time.perf_counter() - t0):.1f}/s, "
+                      f"{bad} unexpected/hung/lost", flush=True)
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    finally:
+        await client.close()
+    return sorted(outcomes, key=lambda o: o.index), time.perf_counter() - t0
+
+
+def summarize(outcomes: list[Outcome], report: Report) -> None:
+    report.counts = {k: sum(o.outcome == k for o in outcomes) for k in OUTCOMES}
+    report.counts["sent"] = len(outcomes)
+    kinds = sorted({o.kind for o in outcomes})
+    report.by_kind = {k: {o: sum(x.kind == k and x.outcome == o for x in outcomes) for o in OUTCOMES
+                          if any(x.kind == k and x.outcome == o for x in outcomes)} for k in kinds}
+    report.unexpected = [f"#{o.index} {o.kind}: {o.outcome}: {o.detail}" for o in outcomes
+                         if o.outcome in ("unexpected_error", "hung", "lost")][:20]
+
+
+def table(report: Report) -> str:
+    c = report.counts
+    lines = [f"sent {c['sent']}  completed {c['completed']}  cancelled {c['cancelled']}  clean errors "
+             f"{c['clean_error']}  unexpected errors {c['unexpected_error']}  hung {c['hung']}  lost {c['lost']}",
+             f"{report.requests_per_s:.1f} requests/s over {report.seconds:.0f} s; at idle afterwards: KV blocks "
+             f"used {report.idle.get('kv_blocks_used')}, active requests {report.idle.get('active_requests')}"]
+    if report.rss_mib:
+        names = [k for k in report.rss_mib[0] if k not in ("at", "requests")]
+        lines.append("RSS MiB  " + "  ".join(f"{n:>16}" for n in names))
+        for s in report.rss_mib:
+            lines.append(f"{s['at'][:16]:<16} " + "  ".join(
+                f"{s[n]:>16.1f}" if s.get(n) is not None else f"{'-':>16}" for n in names))
+    if report.shutdown:
+        lines.append(f"shutdown: {report.shutdown}")
+    for u in report.unexpected[:5]:
+        lines.append("  " + u)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", help="gRPC endpoint of a running server; default: start one (the shipped config)")
+    ap.add_argument("--metrics-url", help="its metrics endpoint (default: the started server's)")
+    ap.add_argument("--set", action="append", default=[], metavar="MODEL.KEY=VALUE",
+                    help="config.pbtxt override for the started server (repeatable)")
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--cancel-share", type=float, default=0.2, help="requests the client cancels mid-stream")
+    ap.add_argument("--bad-share", type=float, default=0.08, help="requests with a bad input")
+    ap.add_argument("--sampled-share", type=float, default=0.5, help="of the good requests, sampled (rest greedy)")
+    ap.add_argument("--cancel-after-final-share", type=float, default=0.0,
+                    help="of the good requests, cancel the stream after the final response (a diagnostic: "
+                         "Triton 2.51 may then keep the ensemble live)")
+    ap.add_argument("--triton-rejected-share", type=float, default=0.0,
+                    help="requests Triton itself rejects (INT64 max_tokens, an unknown input); they keep Triton "
+                         "2.51's ensemble live until shutdown")
+    ap.add_argument("--max-tokens", default="8,64", help="max_tokens range (default 8,64)")
+    ap.add_argument("--warmup", type=int, default=200, help="requests before the 'after warm-up' RSS sample")
+    ap.add_argument("--rss-every", type=int, default=1000, help="an RSS sample every this many requests")
+    ap.add_argument("--request-timeout", type=float, default=120.0, help="a request with nothing final by then hangs")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default="ensemble")
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "soak.json")
+    args = ap.parse_args(argv)
+    lo, hi = (int(x) for x in args.max_tokens.split(","))
+    plans = make_plans(args.requests, seed=args.seed, cancel_share=args.cancel_share, bad_share=args.bad_share,
+                       sampled_share=args.sampled_share, max_tokens=(lo, hi),
+                       triton_rejected_share=args.triton_rejected_share,
+                       cancel_after_final_share=args.cancel_after_final_share)
+    report = Report(config={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()})
+
+    def body(url: str, server) -> Report:
+        metrics_url = args.metrics_url or (server.metrics_url if server is not None else None)
+        pid = server.proc.pid if server is not None else find_server_pid(int(url.rsplit(":", 1)[1]))
+        procs = server_processes(pid) if pid else {}
+        if not procs:
+            print("(tritonserver not found on this machine: no RSS samples)", flush=True)
+        else:
+            report.rss_mib.append(rss_sample(procs, "start", 0))
+        print(f"soak: {len(plans)} requests at concurrency {args.concurrency} against {url} ...", flush=True)
+        outcomes, seconds = asyncio.run(soak(url, plans, concurrency=args.concurrency, timeout=args.request_timeout,
+                                             model=args.model, warmup=min(args.warmup, len(plans)), procs=procs,
+                                             rss_every=args.rss_every, rss=report.rss_mib))
+        report.seconds, report.requests_per_s = seconds, len(outcomes) / seconds
+        report.idle = wait_idle(metrics_url)
+        if procs:
+            report.rss_mib.append(rss_sample(procs, "end (idle)", len(outcomes)))
+        summarize(outcomes, report)
+        return report
+
+    if args.url:
+        body(args.url, None)
+    else:
+        from bench.harness.server import repository_overrides, run_with_server
+        from cli.launcher import TritonServer
+
+        stop_info: dict[str, Any] = {}
+        original_stop = TritonServer.stop
+
+        def timed_stop(self, timeout: float = 30.0):
+            t0 = time.monotonic()
+            code = original_stop(self, timeout)
+            stop_info.update(seconds=round(time.monotonic() - t0, 1), exit_code=code)
+            return code
+
+        TritonServer.stop = timed_stop
+        try:
+            if run_with_server(body, repository_overrides(None, args.set), url=None, out=args.out.parent,
+                               name="soak", server_timeout=300) is None:
+                return 1
+        finally:
+            TritonServer.stop = original_stop
+        report.shutdown = stop_info
+    print(table(report))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(asdict(report), indent=1) + "\n")
+    print(f"written: {args.out}")
+    c = report.counts
+    return 0 if c["hung"] == 0 and c["lost"] == 0 and c["unexpected_error"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
