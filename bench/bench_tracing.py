@@ -1,7 +1,7 @@
 """What tracing costs: pipeline throughput at 32 concurrent streams with tracing off and on (100% sampled).
 
-    .venv/bin/python bench/bench_tracing.py                   # off, on, on, off ... (--repeats pairs)
-    .venv/bin/python bench/bench_tracing.py --quick           # a short smoke run
+    python -m bench.bench_tracing                   # off, on, on, off ... (--repeats pairs)
+    python -m bench.bench_tracing --quick           # a short smoke run
 
 One tritonserver per mode (model_repository/, CPU, the demo model) runs for the whole benchmark; after a
 warm-up, load goes to one server at a time in windows of ``--seconds``, alternating (off, on, on, off, ...),
