@@ -112,8 +112,9 @@ def check_no_parameters(parameters_json: str) -> None:
         return
     hints = [f"{n} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(n, KNOWN_INPUTS, 1)) else n
              for n in names]
-    raise RequestError(names[0], f"unknown field{'s' if len(names) > 1 else ''} {', '.join(hints)}: not an input "
-                                 "of the ensemble (the inputs: docs/api.md)")
+    several = len(names) > 1
+    raise RequestError(names[0], f"unknown field{'s' if several else ''} {', '.join(hints)}: "
+                                 f"{'not inputs' if several else 'not an input'} of the ensemble (the inputs: docs/api.md)")
 
 
 def check_batch_of_one(inputs: dict[str, Any]) -> None:
