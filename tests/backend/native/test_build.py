@@ -12,12 +12,12 @@ import pytest
 from backend.native import build
 
 REPO = build.REPO
-# native_ops() with torch's JIT builder replaced by a stand-in that prints LOAD: what is logged, and when.
+# native_ops() with torch's JIT builder replaced by a stand-in that prints LOAD: what is logged, and when. Logging
+# is left unconfigured, as in a Triton model's stub, whose stderr goes to the server's log.
 SCRIPT = """
-import logging, sys
+import sys
 import torch.utils.cpp_extension as ext
 ext.load = lambda **kw: print("LOAD", file=sys.stderr, flush=True)
-logging.basicConfig(stream=sys.stderr, format="%(message)s")
 from backend.native.build import native_ops
 print("available" if native_ops().available else native_ops().reason, file=sys.stderr)
 """
