@@ -1,5 +1,5 @@
-"""bench/ and tools/ scripts run as ``python -m ...`` from the repository root: no ``sys.path`` edits, usage
-lines that say ``python -m``, and the profiling scripts import nothing from ``bench``."""
+"""bench/ and tools/ scripts run as ``python -m ...`` from the repository root: their usage lines say so, and
+the profiling scripts import nothing from ``bench`` (sys.path edits and the bench/ file count: tests/repo)."""
 from __future__ import annotations
 
 import ast
@@ -15,30 +15,12 @@ def rel(path: Path) -> str:
     return str(path.relative_to(REPO))
 
 
-def edits_sys_path(tree: ast.AST) -> bool:
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) \
-                and node.value.id == "sys":
-            return True
-    return False
-
-
-@pytest.mark.parametrize("path", SCRIPTS, ids=rel)
-def test_no_sys_path_edits(path):
-    assert not edits_sys_path(ast.parse(path.read_text())), f"{rel(path)} touches sys.path"
-
-
 @pytest.mark.parametrize("path", SCRIPTS, ids=rel)
 def test_usage_lines_say_python_m(path):
     text = path.read_text()
     module = rel(path)[:-3].replace("/", ".")
     assert f"python {rel(path)}" not in text and f"python3 {rel(path)}" not in text, \
         f"{rel(path)}: run it as python -m {module}"
-
-
-def test_the_bench_top_level_stays_small():
-    tracked = [p for p in (REPO / "bench").iterdir() if p.name not in ("__pycache__", "results", "harness")]
-    assert len(tracked) <= 12, sorted(p.name for p in tracked)
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "tools" / "profile").glob("*.py")), ids=rel)
