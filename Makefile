@@ -3,13 +3,24 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+NATIVE_STAMP := $(VENV)/.native-built
 # On a GPU machine: make install TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install test test-fast serve client bench clean-venv proto
+.PHONY: install helm test serve bench clean-venv proto
 
-install: $(STAMP)
-	$(PY) tools/fetch_helm.py  # helm for the chart tests: PATH, else .cache/helm/helm (idempotent)
+install: $(STAMP) $(NATIVE_STAMP)
+
+# The native CPU kernels (about 2 minutes on 2 cores), built here so the first start does not wait for
+# them; the build is cached by source hash, so this reruns only when csrc/ changes.
+$(NATIVE_STAMP): $(STAMP) $(wildcard backend/native/csrc/*) backend/native/build.py
+	@echo "== native kernels (backend/native/csrc: about 2 minutes on 2 cores, once) =="
+	$(PY) -m backend.native.build
+	touch $(NATIVE_STAMP)
+
+# helm for the chart tests only: PATH, else .cache/helm/helm (idempotent).
+helm: $(STAMP)
+	$(PY) -m tools.fetch_helm
 
 # pip runs without -q: the first install downloads ~1 GB (torch, tritonserver) and takes minutes, so
 # its progress bars and package names show what it is doing.
@@ -31,14 +42,14 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 proto: $(STAMP)
 	$(PY) -m tools.gen_proto
 
-test: install
+test: install helm
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 serve: install
 	$(PY) -m cli.serve
 
 bench: install
-	$(PY) bench/bench_engine.py
+	$(PY) -m bench.bench_engine
 
 clean-venv:
 	rm -rf $(VENV)

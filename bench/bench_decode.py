@@ -1,6 +1,6 @@
 """Decode speed: the fast decode step against the eager one, 1 and 2 threads, in one run.
 
-    .venv/bin/python bench/bench_decode.py [--model models/demo-target] [--model .cache/models/random-82m]
+    python -m bench.bench_decode [--model models/demo-target] [--model .cache/models/random-82m]
                                            [--batches 1,32] [--repeats 3] [--spec none] [--modes eager,fast]
 
 Per model, batch size, thread count and ``fast_decode`` setting: ``batch`` prompts of 64 tokens, 128 greedy

@@ -1,6 +1,6 @@
 """Engine benchmark: our paged engine in-process vs HF transformers ``generate`` and llama.cpp, one run.
 
-    .venv/bin/python bench/bench_engine.py [--model models/demo-target] [--quick] [--sections hf,llamacpp]
+    python -m bench.bench_engine [--model models/demo-target] [--quick] [--sections hf,llamacpp]
 
 Sections (``--sections``, default all):
 

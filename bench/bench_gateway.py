@@ -1,7 +1,7 @@
 """Gateway benchmark: the typed API through the gateway vs the ensemble directly, same workload, one run.
 
-    .venv/bin/python bench/bench_gateway.py            # starts tritonserver and the gateway itself
-    .venv/bin/python bench/bench_gateway.py --quick    # fewer requests (smoke run)
+    python -m bench.bench_gateway            # starts tritonserver and the gateway itself
+    python -m bench.bench_gateway --quick    # fewer requests (smoke run)
 
 Both sides talk to the same tritonserver (the shipped model repository with prefix caching off, since
 both sides send the same prompts back to back; free ports): "direct" is the

@@ -1,8 +1,8 @@
 """Guided versus unguided decoding in the in-process engine: TPOT ratio at several concurrencies,
 grammar compile time cold and cached, and where the guided step's extra time goes.
 
-    python bench/bench_guided.py                       # demo model, CPU, 1 and 32 concurrent
-    python bench/bench_guided.py --concurrency 1 8 32 --max-tokens 64 --json out.json
+    python -m bench.bench_guided                       # demo model, CPU, 1 and 32 concurrent
+    python -m bench.bench_guided --concurrency 1 8 32 --max-tokens 64 --json out.json
 
 Fairness: guided requests are sampled with seeds (a JSON schema); each unguided twin gets exactly
 its guided twin's output length (``max_tokens`` = that length, ``ignore_eos``), so both runs have

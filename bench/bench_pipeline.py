@@ -1,9 +1,9 @@
 """Pipeline benchmark: the Triton ensemble over gRPC streaming vs the in-process engine, same workload, one run.
 
-    .venv/bin/python bench/bench_pipeline.py                     # starts tritonserver itself (free ports)
-    .venv/bin/python bench/bench_pipeline.py --model /path/ckpt  # another checkpoint (server and in-process)
-    .venv/bin/python bench/bench_pipeline.py --url 127.0.0.1:8001   # an already-running server
-    .venv/bin/python bench/bench_pipeline.py --quick             # fewer, shorter requests (smoke run)
+    python -m bench.bench_pipeline                     # starts tritonserver itself (free ports)
+    python -m bench.bench_pipeline --model /path/ckpt  # another checkpoint (server and in-process)
+    python -m bench.bench_pipeline --url 127.0.0.1:8001   # an already-running server
+    python -m bench.bench_pipeline --quick             # fewer, shorter requests (smoke run)
 
 A closed-loop load generator (``tritonclient.grpc.aio``, one ``stream_infer`` stream per request,
 ``concurrency`` requests in flight) sends seeded prompts cut from held-out code to the ``ensemble``

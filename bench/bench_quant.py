@@ -15,7 +15,7 @@ context in the same ``kv_cache_bytes`` (capacity), greedy agreement with the ``a
 ~900-token prompts, perplexity and the retrieval probe with K/V rounded as the cache stores them
 (``QuantizedKVDense``), and decode tokens/s at batch 1, 32 (short prompts) and 8 (long prompts).
 
-    .venv/bin/python bench/bench_quant.py [--quick] [--only weights|kv]
+    python -m bench.bench_quant [--quick] [--only weights|kv]
 
 Writes bench/results/quant.json; docs/quantization.md holds the numbers and what to ship for what.
 """

@@ -1,7 +1,7 @@
 """What tracing costs: pipeline throughput at 32 concurrent streams with tracing off and on (100% sampled).
 
-    .venv/bin/python bench/bench_tracing.py                   # off, on, on, off ... (--repeats pairs)
-    .venv/bin/python bench/bench_tracing.py --quick           # a short smoke run
+    python -m bench.bench_tracing                   # off, on, on, off ... (--repeats pairs)
+    python -m bench.bench_tracing --quick           # a short smoke run
 
 One tritonserver per mode (model_repository/, CPU, the demo model) runs for the whole benchmark; after a
 warm-up, load goes to one server at a time in windows of ``--seconds``, alternating (off, on, on, off, ...),
@@ -12,12 +12,12 @@ time the server's processes used (tritonserver and its model stubs) per token. "
 OTEL_EXPORTER_OTLP_ENDPOINT (sampler always_on) at a collector in a separate process that reads and
 discards every export, so what is measured is the serving side's cost: Triton's OpenTelemetry mode,
 the models' span creation and their exporters; "triton" gives only tritonserver the trace flags;
-"base" (with ``--baseline DIR``, a checkout from before this telemetry, e.g. ``git archive 9e9fc17``)
-serves that checkout's code, to measure what the always-on histograms and log line cost. The
+"base" (with ``--baseline DIR``, a checkout without the always-on request histograms and log line)
+serves that checkout's code, to measure what they cost. The
 histograms and the request log are on in every mode. Result: the ratio of median tokens/s, on / off
 (goal >= 0.95), and of median server CPU per token. The load average is printed with each window: on a
 shared machine, repeat when it was high.
-Writes bench/results/tracing.json. Standalone on purpose (bench/ is being restructured).
+Writes bench/results/tracing.json.
 """
 from __future__ import annotations
 

@@ -8,6 +8,11 @@
     python -m cli.client "date: " --regex "[0-9]{4}-[0-9]{2}-[0-9]{2}"
     python -m cli.client "def f():" --gateway                # the typed API (gateway, localhost:50051)
 
+Every flag works in both modes (the ensemble over KServe v2 gRPC, or ``--gateway``) except the
+ones a mode cannot honour, which are refused naming the flag: ``--model`` with ``--gateway`` (the
+gateway calls its own upstream model), ``--token`` and ``--tls-ca`` without it (tritonserver takes
+neither). With no server at ``--url`` the error says that nothing listens there.
+
 Defaults give the demo model's best output, as the README's samples: greedy with
 ``repetition_penalty`` 1.2. The gRPC port comes from ``GRPC_PORT`` as for ``make serve``.
 
@@ -21,6 +26,7 @@ import json
 import os
 import queue
 import re
+import socket
 import sys
 import uuid
 from dataclasses import dataclass
@@ -220,105 +226,130 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=_Defaults)
     ap.add_argument("prompt", help="the prompt (with --chat: the user's message)")
     ap.add_argument("--url", default=DEFAULT_URL, help="gRPC endpoint (port from $GRPC_PORT, as make serve)")
-    ap.add_argument("--model", default="ensemble", help="the Triton model to call")
+    ap.add_argument("--model", help="the Triton model to call (default: ensemble; not with --gateway, which "
+                                    "calls the model it was started with)")
     ap.add_argument("--chat", action="store_true", help="send the prompt as a user message (chat template)")
     ap.add_argument("--echo", action=argparse.BooleanOptionalAction, default=True,
                     help="print the prompt before the completion (not with --chat)")
     ap.add_argument("--gateway", action="store_true",
                     help="use the typed API (triton_llm.v1.LLMService) through the gateway instead of the ensemble "
                          "(--url then defaults to localhost:$GATEWAY_PORT, 50051)")
-    ap.add_argument("--token", help="bearer token for the gateway (default: $GATEWAY_TOKEN)")
-    ap.add_argument("--tls-ca", help="PEM CA certificate: connect to the gateway with TLS")
+    ap.add_argument("--token", help="bearer token for the gateway (default: $GATEWAY_TOKEN; only with --gateway)")
+    ap.add_argument("--tls-ca", help="PEM CA certificate: connect to the gateway with TLS (only with --gateway)")
     guided = ap.add_mutually_exclusive_group()  # constrained decoding (docs/api.md, "Guided decoding")
     guided.add_argument("--json", action="store_true", help="constrain the output to any JSON value")
     guided.add_argument("--json-schema", metavar="FILE", help="constrain the output to this JSON schema")
     guided.add_argument("--regex", metavar="PATTERN", help="constrain the output to match this pattern in full")
     guided.add_argument("--grammar", metavar="FILE", help="constrain the output to this EBNF grammar (root rule)")
     add_sampling_flags(ap)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    refused = mode_conflict(args)
+    if refused:
+        ap.error(refused)
+    return args
+
+
+def mode_conflict(args: argparse.Namespace) -> str | None:
+    """Why a flag cannot work in the chosen mode (direct Triton or ``--gateway``), naming it; None when all can."""
+    if args.gateway and args.model is not None:
+        return "--model: the gateway calls the Triton model it was started with (--triton-model); drop --model"
+    if not args.gateway:
+        for flag, value in (("--token", args.token), ("--tls-ca", args.tls_ca)):
+            if value is not None:
+                return f"{flag}: only the gateway takes a token or TLS; add --gateway"
+    return None
+
+
+def nothing_listens(url: str, timeout: float = 1.0) -> str | None:
+    """``"nothing listens on HOST:PORT (...)"`` when no TCP connection to ``url`` opens; None when one does
+    (or when ``url`` names no port)."""
+    host, _, port = url.rpartition(":")
+    if not port.isdigit():
+        return None
+    host = host.strip("[]") or "localhost"
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return None
+    except OSError as e:
+        return f"nothing listens on {host}:{port} ({e.strerror or e})"
+
+
+def error_text(error: BaseException, url: str, gateway: bool) -> str:
+    """One line for a failed request: the server's message, or that no server is there and how to start one."""
+    down = nothing_listens(url)
+    if down:
+        what = "the gateway (`make serve` starts it beside tritonserver)" if gateway else "tritonserver (`make serve`)"
+        return f"{down}; start {what}, or point --url at a running one"
+    code, details = getattr(error, "code", None), getattr(error, "details", None)
+    if callable(code) and callable(details):     # grpc.RpcError from the gateway
+        return f"{code().name}: {details()}"
+    return getattr(error, "message", lambda: str(error))()    # tritonclient's InferenceServerException
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    options: dict[str, Any] = {**sampling_options(args), **guide_options(args)}
     if args.gateway:
-        return gateway_main(args)
-    options: dict[str, Any] = {"exclude_input_in_output": True, "return_num_output_tokens": True,
-                               **sampling_options(args), **guide_options(args)}
-    max_tokens = options.pop("max_tokens")
-    prompt = args.prompt
-    if args.chat:
-        options["messages"] = [{"role": "user", "content": args.prompt}]
-        prompt = ""
+        url = args.url if args.url != DEFAULT_URL else f"localhost:{os.environ.get('GATEWAY_PORT') or 50051}"
+        chunks = gateway_chunks(args, url, options)
+    else:
+        url = args.url
+        chunks = ensemble_chunks(args, options)
     if args.echo and not args.chat:
         print(args.prompt, end="", flush=True)
     n = options.get("num_return_sequences") or 1
     texts: dict[int, list[str]] = {}
     reasons: dict[int, str] = {}
     tokens: dict[int, int] = {}
+    prompt_tokens = 0
     try:
-        for chunk in stream(args.url, prompt, max_tokens, model=args.model, **options):
+        for chunk in chunks:
             if n == 1:
                 print(chunk.text, end="", flush=True)
             texts.setdefault(chunk.sequence_index, []).append(chunk.text)
             reasons[chunk.sequence_index] = chunk.finish_reason or reasons.get(chunk.sequence_index, "")
             tokens[chunk.sequence_index] = chunk.num_output_tokens or tokens.get(chunk.sequence_index, 0)
+            prompt_tokens = chunk.num_input_tokens or prompt_tokens
     except KeyboardInterrupt:
         print("\n[cancelled]", file=sys.stderr)
         return 130
     except Exception as e:  # an error response from the server, or no server
-        print(f"\nerror: {getattr(e, 'message', lambda: str(e))()}", file=sys.stderr)
+        print(f"\nerror: {error_text(e, url, args.gateway)}", file=sys.stderr)
         return 1
     for i in range(n) if n > 1 else ():
         print(f"\n--- sequence {i} ---\n" + "".join(texts.get(i, [])), end="", flush=True)
     summary = " ".join(f"[{'' if n == 1 else f'sequence {i}: '}finish_reason={reasons.get(i) or '?'} "
                        f"output_tokens={tokens.get(i, 0)}]" for i in range(n))
-    print(f"\n{summary}", file=sys.stderr)
+    print(f"\n{summary} [prompt_tokens={prompt_tokens}]", file=sys.stderr)
     return 0
 
 
-def gateway_main(args) -> int:
-    """The same completion through the gateway's typed API."""
-    import os
+def ensemble_chunks(args: argparse.Namespace, options: dict[str, Any]) -> Iterator[Chunk]:
+    """The completion from the ensemble (or ``--model``) over KServe v2 streaming."""
+    options = {"exclude_input_in_output": True, "return_num_output_tokens": True, "return_num_input_tokens": True,
+               **options}
+    max_tokens = options.pop("max_tokens")
+    prompt = args.prompt
+    if args.chat:
+        options["messages"] = [{"role": "user", "content": args.prompt}]
+        prompt = ""
+    return stream(args.url, prompt, max_tokens, model=args.model or "ensemble", **options)
 
-    import grpc
 
-    from gateway.client import generate
+def gateway_chunks(args: argparse.Namespace, url: str, options: dict[str, Any]) -> Iterator[Chunk]:
+    """The same completion through the gateway's typed API, as the ensemble's chunks."""
+    from gateway.client import generate, generate_request
     from triton_llm.v1 import llm_service_pb2 as pb
 
-    options = sampling_options(args)
-    req = pb.GenerateRequest(max_tokens=options.pop("max_tokens"), stream=True, exclude_input_in_output=True)
-    if args.chat:
-        req.messages.messages.add(role="user", content=args.prompt)
-    else:
-        req.prompt = args.prompt
-    for name, value in options.items():     # the proto fields carry the ensemble's input names
-        if value is None:
-            continue
-        if isinstance(value, list):
-            getattr(req, name).extend(value)
-        else:
-            setattr(req, name, value)
-    if args.echo and not args.chat:
-        print(args.prompt, end="", flush=True)
+    guide_type = options.pop("guided_decoding_guide_type", None)
+    guide = options.pop("guided_decoding_guide", "")
+    req = generate_request(args.prompt, chat=args.chat, guide_type=guide_type, guide=guide, stream=True,
+                           exclude_input_in_output=True, **options)
     ca = open(args.tls_ca, "rb").read() if args.tls_ca else None
-    last = None
-    try:
-        url = args.url if args.url != DEFAULT_URL else f"localhost:{os.environ.get('GATEWAY_PORT') or 50051}"
-        for msg in generate(url, req, token=args.token or os.environ.get("GATEWAY_TOKEN"),
-                            root_certificates=ca):
-            print(msg.text, end="", flush=True)
-            last = msg
-    except KeyboardInterrupt:
-        print("\n[cancelled]", file=sys.stderr)
-        return 130
-    except grpc.RpcError as e:
-        print(f"\nerror: {e.code().name}: {e.details()}", file=sys.stderr)
-        return 1
-    reason = pb.FinishReason.Name(last.finish_reason).removeprefix("FINISH_REASON_").lower() if last else "?"
-    usage = last.usage if last is not None else pb.Usage()
-    print(f"\n[finish_reason={reason} prompt_tokens={usage.prompt_tokens} output_tokens={usage.completion_tokens}]",
-          file=sys.stderr)
-    return 0
+    for msg in generate(url, req, token=args.token or os.environ.get("GATEWAY_TOKEN"), root_certificates=ca):
+        reason = pb.FinishReason.Name(msg.finish_reason).removeprefix("FINISH_REASON_").lower()
+        yield Chunk(msg.text, "" if reason == "unspecified" else reason, msg.HasField("usage"),
+                    msg.num_output_tokens, msg.sequence_index, msg.usage.prompt_tokens)
 
 
 if __name__ == "__main__":

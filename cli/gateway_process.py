@@ -4,7 +4,8 @@
 check on the listen port says SERVING, i.e. the ensemble is ready) and ``stop()`` (SIGTERM: the
 gateway's graceful shutdown, SIGKILL after ``timeout``). Auth and TLS settings travel as flags or
 through the environment (``GATEWAY_AUTH_TOKEN_FILE``, ``GATEWAY_AUTH_TOKENS``, ``GATEWAY_TLS_CERT``,
-``GATEWAY_TLS_KEY``), which the child inherits.
+``GATEWAY_TLS_KEY``), which the child inherits. The child gets SIGTERM when this process dies
+(``die_with_parent``), so a killed launcher does not leave the gateway holding its port.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from cli.launcher import stop_process
+from cli.launcher import die_with_parent, stop_process
 
 from gateway.config import REPO
 
@@ -59,7 +60,7 @@ class GatewayProcess:
             self._log = open(self.log_path, "ab")
             out = self._log
         self.proc = subprocess.Popen(self.command(), env=env, cwd=str(REPO), stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=die_with_parent())
         return self
 
     def log_tail(self, lines: int = 40) -> str:

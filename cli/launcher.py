@@ -21,6 +21,7 @@ inherit the environment, export their own spans there.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import shutil
@@ -55,6 +56,27 @@ def stop_process(proc: subprocess.Popen, signum: int, timeout: float) -> int | N
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
     return proc.returncode
+
+
+PR_SET_PDEATHSIG = 1   # linux/prctl.h
+
+
+def die_with_parent(signum: int = signal.SIGTERM):
+    """A ``preexec_fn``: the child gets ``signum`` when this process dies, SIGKILL included, so a killed launcher
+    leaves no tritonserver or gateway holding its ports; None off Linux. The kernel sends it when the thread that
+    started the child exits, so start children from one that lives as long as they should (the main thread)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)    # loaded before the fork: the child only calls into it
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent:      # the parent died before prctl: nobody will send the signal
+            os.kill(os.getpid(), signum)
+
+    return preexec
 
 
 class LauncherError(RuntimeError):
@@ -314,7 +336,7 @@ class TritonServer:
         else:
             out = None  # inherit the terminal
         self.proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True, cwd=str(REPO))
+                                     start_new_session=True, cwd=str(REPO), preexec_fn=die_with_parent())
         return self
 
     def log_tail(self, lines: int = 60) -> str:

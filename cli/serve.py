@@ -180,6 +180,21 @@ def tracing_summary(env=None) -> str:
     return f"{settings.traces_url} as {settings.service_name!r}, {share}"
 
 
+def client_command(python: str | None = None, cwd: Path | None = None) -> str:
+    """How to run the CLI client from a plain shell: the ``llm-client`` script ``pip install -e .`` put
+    beside this interpreter (relative to ``cwd`` when under it), else this interpreter with ``-m cli.client``
+    (a bare ``python`` outside the virtual environment lacks its packages)."""
+    python_path = Path(python or sys.executable)
+    cwd = Path.cwd() if cwd is None else cwd
+    script = python_path.parent / "llm-client"
+    chosen = script if script.is_file() else python_path
+    try:
+        shown = str(chosen.relative_to(cwd))
+    except ValueError:
+        shown = str(chosen)
+    return shown if chosen == script else f"{shown} -m cli.client"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
@@ -225,10 +240,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  HTTP     http://{server.http_url}  (/v2/health/ready, /v2/models/ensemble/config)")
         print(f"  metrics  {server.metrics_url}")
         print(f"  traces   {tracing_summary()}")
-        print(f"  try:     python -m cli.client \"def fibonacci(n):\" --max-tokens 64 --url {server.grpc_url}")
+        client = client_command()
+        print(f"  try:     {client} \"def fibonacci(n):\" --max-tokens 64 --url {server.grpc_url}")
         if gateway is not None:
             print(f"  gateway  {gateway.target}  (triton_llm.v1.LLMService, gRPC health and reflection)")
-            print(f"  try:     python -m cli.client \"def fibonacci(n):\" --max-tokens 64 --gateway --url {gateway.target}")
+            print(f"  try:     {client} \"def fibonacci(n):\" --max-tokens 64 --gateway --url {gateway.target}")
         print("Ctrl-C to stop.", flush=True)
         return server.proc.wait() if server.proc else 0
     except KeyboardInterrupt:

@@ -4,7 +4,9 @@
     OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 make serve      # in another terminal
     python -m cli.client "def fibonacci(n):" --max-tokens 32
 
-Each trace is printed once no span of it has arrived for ``--idle`` seconds, one span a line:
+Each trace is printed once no span of it has arrived for ``--idle`` seconds (default: 1.5 times the
+exporters' batch delay ``OTEL_BSP_SCHEDULE_DELAY``, 5 s unless set: each process exports its spans on
+its own schedule, so one trace's spans arrive up to one delay apart), one span a line:
 indented under its parent, with its service, start offset from the trace's first span, duration,
 and its key attributes and events::
 
@@ -16,20 +18,21 @@ and its key attributes and events::
     ...
 
 tritonserver posts OTLP/JSON (ids as hex strings); the OpenTelemetry Python SDK posts protobuf; both are
-read (gzip too). ``OTLPReceiver`` and ``render_trace`` are reused by the end-to-end tests.
+read (gzip too) by ``cli.otlp``. ``OTLPReceiver`` and ``render_trace`` are reused by the end-to-end tests.
 """
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
+import os
 import sys
 import threading
 import time
-import zlib
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Mapping
+
+from cli.otlp import Span, decode
+from tracing import TracingSettings
 
 TRACES_PATH = "/v1/traces"
 # attributes worth a place on the waterfall line (short label: attribute)
@@ -57,140 +60,29 @@ TRITON_EVENTS = {"REQUEST_START", "QUEUE_START", "REQUEST_END", "COMPUTE_START",
                  "HTTP_SEND_START", "HTTP_SEND_END"}
 
 
-@dataclass
-class Span:
-    trace_id: str                       # 32 hex
-    span_id: str                        # 16 hex
-    parent_id: str | None               # 16 hex, None for a root
-    name: str
-    service: str
-    start_ns: int
-    end_ns: int
-    attributes: dict[str, Any] = field(default_factory=dict)
-    events: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
-    status: str = "UNSET"               # UNSET | OK | ERROR
-    status_message: str = ""
-    resource: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def duration_ns(self) -> int:
-        return self.end_ns - self.start_ns
-
-
-# ---- decoding -----------------------------------------------------------------------------------
-
-def _json_value(v: dict) -> Any:
-    if not isinstance(v, dict) or not v:
-        return None
-    kind, val = next(iter(v.items()))
-    if kind == "intValue":
-        return int(val)
-    if kind == "doubleValue":
-        return float(val)
-    if kind == "arrayValue":
-        return [_json_value(x) for x in val.get("values", [])]
-    if kind == "kvlistValue":
-        return {kv["key"]: _json_value(kv.get("value", {})) for kv in val.get("values", [])}
-    return val
-
-
-def _json_attrs(items: Iterable[dict]) -> dict[str, Any]:
-    return {kv["key"]: _json_value(kv.get("value", {})) for kv in items or []}
-
-
-def _hex_id(value: str, size: int) -> str | None:
-    """OTLP/JSON ids are hex (the spec, and tritonserver); some exporters send base64: accept both."""
-    if not value:
-        return None
-    if len(value) == size * 2:
-        return value.lower()
-    import base64
-
-    raw = base64.b64decode(value)
-    return raw.hex() if any(raw) else None
-
-
-_STATUS = {0: "UNSET", 1: "OK", 2: "ERROR", "STATUS_CODE_UNSET": "UNSET", "STATUS_CODE_OK": "OK",
-           "STATUS_CODE_ERROR": "ERROR"}
-
-
-def parse_json(body: bytes) -> list[Span]:
-    data = json.loads(body)
-    spans = []
-    for rs in data.get("resourceSpans", []):
-        resource = _json_attrs(rs.get("resource", {}).get("attributes", []))
-        service = _service(resource)
-        for ss in rs.get("scopeSpans", []) or rs.get("instrumentationLibrarySpans", []):
-            for s in ss.get("spans", []):
-                status = s.get("status", {}) or {}
-                spans.append(Span(
-                    trace_id=_hex_id(s["traceId"], 16), span_id=_hex_id(s["spanId"], 8),
-                    parent_id=_hex_id(s.get("parentSpanId", ""), 8), name=s.get("name", ""), service=service,
-                    start_ns=int(s.get("startTimeUnixNano", 0)), end_ns=int(s.get("endTimeUnixNano", 0)),
-                    attributes=_json_attrs(s.get("attributes", [])),
-                    events=[(e.get("name", ""), int(e.get("timeUnixNano", 0)), _json_attrs(e.get("attributes", [])))
-                            for e in s.get("events", [])],
-                    status=_STATUS.get(status.get("code", 0), "UNSET"), status_message=status.get("message", ""),
-                    resource=resource))
-    return spans
-
-
-def _proto_value(v) -> Any:
-    kind = v.WhichOneof("value")
-    if kind is None:
-        return None
-    if kind == "array_value":
-        return [_proto_value(x) for x in v.array_value.values]
-    if kind == "kvlist_value":
-        return {kv.key: _proto_value(kv.value) for kv in v.kvlist_value.values}
-    return getattr(v, kind)
-
-
-def parse_protobuf(body: bytes) -> list[Span]:
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-    req = ExportTraceServiceRequest()
-    req.ParseFromString(body)
-    spans = []
-    for rs in req.resource_spans:
-        resource = {kv.key: _proto_value(kv.value) for kv in rs.resource.attributes}
-        service = _service(resource)
-        for ss in rs.scope_spans:
-            for s in ss.spans:
-                spans.append(Span(
-                    trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
-                    parent_id=s.parent_span_id.hex() or None, name=s.name, service=service,
-                    start_ns=s.start_time_unix_nano, end_ns=s.end_time_unix_nano,
-                    attributes={kv.key: _proto_value(kv.value) for kv in s.attributes},
-                    events=[(e.name, e.time_unix_nano, {kv.key: _proto_value(kv.value) for kv in e.attributes})
-                            for e in s.events],
-                    status=_STATUS.get(s.status.code, "UNSET"), status_message=s.status.message, resource=resource))
-    return spans
-
-
-def _service(resource: dict[str, Any]) -> str:
-    service = str(resource.get("service.name", "?"))
-    model = resource.get("triton.model_name") or resource.get("triton_llm.component")   # a model, or the gateway
-    return f"{service}/{model}" if model else service
-
-
-def decode(body: bytes, content_type: str, content_encoding: str = "") -> list[Span]:
-    encoding = (content_encoding or "").lower()
-    if encoding == "gzip":
-        body = gzip.decompress(body)
-    elif encoding == "deflate":
-        body = zlib.decompress(body)
-    if "json" in (content_type or "").lower():
-        return parse_json(body)
-    return parse_protobuf(body)
-
-
 # ---- the receiver -------------------------------------------------------------------------------
 
-class TraceStore:
-    """Spans by trace id, thread-safe; ``on_span`` is called for each new span."""
+def quiet_period_s(schedule_delay_ms: int) -> float:
+    """How long a trace must receive no span before it counts as complete: longer than the batch delay
+    that can separate two processes' exports of one trace's spans."""
+    return 1.5 * schedule_delay_ms / 1000.0
 
-    def __init__(self):
+
+def default_idle_s(env: Mapping[str, str]) -> float:
+    """``quiet_period_s`` of ``OTEL_BSP_SCHEDULE_DELAY`` (ms), the setting the server's exporters read."""
+    raw = env.get("OTEL_BSP_SCHEDULE_DELAY", "").strip()
+    if not raw:
+        return quiet_period_s(TracingSettings.schedule_delay_ms)
+    if not raw.isdigit() or int(raw) <= 0:
+        raise ValueError(f"OTEL_BSP_SCHEDULE_DELAY: expected a whole number of milliseconds > 0, got {raw!r}")
+    return quiet_period_s(int(raw))
+
+
+class TraceStore:
+    """Spans by trace id, thread-safe; ``clock`` (seconds) times each trace's last span."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
         self._lock = threading.Condition()
         self._traces: dict[str, list[Span]] = {}
         self._last: dict[str, float] = {}
@@ -201,7 +93,7 @@ class TraceStore:
         with self._lock:
             for s in spans:
                 self._traces.setdefault(s.trace_id, []).append(s)
-                self._last[s.trace_id] = time.monotonic()
+                self._last[s.trace_id] = self._clock()
             self.requests += 1
             self._lock.notify_all()
 
@@ -219,7 +111,7 @@ class TraceStore:
 
     def pop_idle(self, idle_s: float) -> list[list[Span]]:
         """Traces that received no span for ``idle_s`` seconds, removed from the store."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             done = [t for t, last in self._last.items() if now - last >= idle_s]
             out = [self._traces.pop(t) for t in done]
@@ -358,9 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--host", default="0.0.0.0")
     ap.add_argument("--port", type=int, default=4318)
-    ap.add_argument("--idle", type=float, default=2.0, help="print a trace once no span came for this long (s)")
+    ap.add_argument("--idle", type=float, help="print a trace once no span came for this long, in seconds "
+                    "(default: 1.5 x $OTEL_BSP_SCHEDULE_DELAY, which defaults to 5000 ms)")
     ap.add_argument("--jsonl", type=argparse.FileType("a"), help="also append every span to this file as JSON lines")
     args = ap.parse_args(argv)
+    if args.idle is None:
+        try:
+            args.idle = default_idle_s(os.environ)
+        except ValueError as e:
+            ap.error(str(e))
     receiver = OTLPReceiver(args.host, args.port).start()
     print(f"OTLP/HTTP receiver on {receiver.endpoint}{TRACES_PATH}; "
           f"set OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:{args.port}", flush=True)

@@ -1,4 +1,5 @@
-"""A small typed client of LLMService (used by ``python -m cli.client --gateway``).
+"""A small typed client of LLMService (used by ``python -m cli.client --gateway``): ``generate`` streams
+one request, ``generate_request`` builds one from the ensemble-named values the CLI collects.
 
     for msg in generate("localhost:50051", pb.GenerateRequest(prompt="def f():", max_tokens=32, stream=True)):
         print(msg.text, end="")
@@ -35,3 +36,34 @@ def generate(target: str, request: pb.GenerateRequest, *, token: str | None = No
     """Yield the stream's messages; raises ``grpc.RpcError`` with the gateway's status on failure."""
     with channel(target, root_certificates) as ch:
         yield from pb_grpc.LLMServiceStub(ch).Generate(request, metadata=metadata(token), timeout=timeout)
+
+
+# The ensemble's guided_decoding_guide_type -> the GuidedDecoding case that carries it.
+GUIDE_CASES = {"json": "any_json", "json_schema": "json_schema", "regex": "regex", "ebnf_grammar": "ebnf_grammar"}
+
+
+def generate_request(prompt: str, *, chat: bool = False, guide_type: str | None = None, guide: str = "",
+                     **fields) -> pb.GenerateRequest:
+    """A GenerateRequest from ensemble-named values: ``prompt`` (a user message when ``chat``), the
+    guide as the ensemble's type and text, and scalar or list fields named as in the proto (None: unset)."""
+    req = pb.GenerateRequest()
+    if chat:
+        req.messages.messages.add(role="user", content=prompt)
+    else:
+        req.prompt = prompt
+    for name, value in fields.items():
+        if value is None:
+            continue
+        if isinstance(value, (list, tuple)):
+            getattr(req, name).extend(value)
+        else:
+            setattr(req, name, value)
+    if guide_type is not None:
+        case = GUIDE_CASES.get(guide_type)
+        if case is None:
+            raise ValueError(f"guide_type: expected one of {sorted(GUIDE_CASES)}, got {guide_type!r}")
+        if case == "any_json":
+            req.guided_decoding.any_json.SetInParent()
+        else:
+            setattr(req.guided_decoding, case, guide)
+    return req

@@ -7,6 +7,8 @@ runs in tests without the server.
 Conventions at this boundary:
 - ``stop=true`` (TensorRT-LLM's cancel input) skips validation: the llm model aborts the request
   whose id this request carries, so only the flag travels on;
+- request parameters are refused, naming them (``check_no_parameters``): over HTTP they are the JSON
+  keys of ``generate`` that are no input;
 - ``text_input`` and ``max_tokens`` are optional in ``config.pbtxt`` so that a request lacking them gets
   the parser's error naming the input (Triton's decoupled ensemble would close the stream silently); a
   chat request sends ``messages`` alone, or with an empty ``text_input`` (TensorRT-LLM clients), which is
@@ -14,6 +16,7 @@ Conventions at this boundary:
 """
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 from pathlib import Path
@@ -25,7 +28,7 @@ from contracts import wire
 from tracing import traced_call
 from contracts.triton_config import DEFAULT_TOKENIZER, int_param, model_parameters, resolve_path, str_param
 from preprocess.errors import RequestError
-from preprocess.request import RequestLimits, RequestParser
+from preprocess.request import KNOWN_INPUTS, RequestLimits, RequestParser
 from preprocess.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -76,6 +79,7 @@ class PreprocessServing:
             stop = inputs.pop(wire.STOP, None)
             if stop is not None and np.asarray(stop).dtype.kind == "b" and bool(np.asarray(stop).any()):
                 return self._response([], "", stop=True)
+            check_no_parameters(request.parameters())
             check_batch_of_one(inputs)
             text = inputs.get("text_input")
             if "messages" in inputs and text is not None and _is_empty_text(text):
@@ -97,6 +101,20 @@ class PreprocessServing:
             pb.Tensor(wire.REQUEST, np.asarray([[request_json.encode()]], dtype=np.object_)),
             pb.Tensor(wire.STOP, np.asarray([[stop]], dtype=np.bool_)),
         ])
+
+
+def check_no_parameters(parameters_json: str) -> None:
+    """Refuse request parameters, naming them: the ensemble takes none, and Triton's HTTP ``generate``
+    and ``generate_stream`` pass every JSON key that is not an input (a misspelt one too) as one,
+    which would otherwise be ignored without a word."""
+    names = sorted(json.loads(parameters_json or "{}"))
+    if not names:
+        return
+    hints = [f"{n} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(n, KNOWN_INPUTS, 1)) else n
+             for n in names]
+    several = len(names) > 1
+    raise RequestError(names[0], f"unknown field{'s' if several else ''} {', '.join(hints)}: "
+                                 f"{'not inputs' if several else 'not an input'} of the ensemble (the inputs: docs/api.md)")
 
 
 def check_batch_of_one(inputs: dict[str, Any]) -> None:

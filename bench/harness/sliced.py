@@ -7,11 +7,11 @@ the sum of its slices, less the time its output callbacks took (the client's wor
 to its emitter thread, off the loop), and every ``RequestRecord`` is stamped on that engine's own clock, so TTFT and
 TPOT come out as the engine's time between its outputs.
 
-Why: on this shared VM the speed of a core moves by 30-50% over a fraction of a second, CPU time included, and
-engines that take turns request by request (``closed_loop.run_engine_level``, one engine at a time) see different
-spells: a per-round ratio of two identical engines moved by +-10-15% at batch 8, and a benchmark's 41 rounds left a
-+-5% interval. Slices of 20 ms put every engine in every spell: two identical engines read 0.99-1.01 per cell, their
-per-round ratio with a standard deviation of 2-3% (docs/benchmarks.md, session 16). What it does not remove: an
+Why: on a shared virtual machine the speed of a core can move by 30-50% over a fraction of a second, CPU time
+included, and engines that take turns request by request (``closed_loop.run_engine_level``, one engine at a time)
+see different spells: a per-round ratio of two identical engines moves by +-10-15% at batch 8. Slices of 20 ms put
+every engine in every spell: two identical engines read 0.99-1.01 per cell, their per-round ratio with a standard
+deviation of 2-3% (docs/benchmarks.md). What it does not remove: an
 engine's own speed, which in some processes differs by 2-5% between identical engines for the whole process. What it
 leaves out: the loop thread's waits for requests and the GIL (one thread here, as in a served engine with one CPU
 thread), and what the other engines' slices leave in the caches (each slice starts with its weights evicted from L2

@@ -8,23 +8,11 @@ dict that reports print and write.
 from __future__ import annotations
 
 import math
-import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 QUANTILES = (50, 90, 99)
-
-
-def median_us(fn: Callable[[], object], calls: int) -> float:
-    """Median wall time of ``calls`` calls of ``fn``, in microseconds (micro-benchmarks of one op)."""
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
 
 
 @dataclass

@@ -27,8 +27,3 @@ def test_make_workload_parses_like_preprocess_with_extra_inputs():
         assert it.params.temperature == 0.5 and it.values()["temperature"] == 0.5
         assert 32 <= len(it.prompt_ids) <= 64 + 2
 
-
-def test_copy_probe_common_prefix():
-    from tools.profile.copy_probe import common_prefix
-    assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
-    assert common_prefix([], [1]) == 0 and common_prefix([7, 8], [7, 8]) == 2

@@ -94,3 +94,93 @@ def test_guide_flags(tmp_path):
 def test_one_guide_at_a_time():
     with pytest.raises(SystemExit):
         client.main(["x", "--json", "--regex", "a"])
+
+
+@pytest.mark.parametrize("mode", [[], ["--gateway"]], ids=["direct", "gateway"])
+def test_no_server_says_nothing_listens_on_the_port(mode, capsys):
+    from cli.launcher import free_port
+
+    port = free_port()
+    assert client.main(["p", "--url", f"localhost:{port}", "--no-echo", *mode]) == 1
+    err = capsys.readouterr().err
+    assert f"nothing listens on localhost:{port}" in err and "make serve" in err, err
+    assert "stream is no longer in valid state" not in err
+
+
+@pytest.mark.parametrize("argv, flag", [(["p", "--token", "t"], "--token"), (["p", "--tls-ca", "ca.pem"], "--tls-ca"),
+                                        (["p", "--gateway", "--model", "llm"], "--model")])
+def test_a_flag_the_mode_cannot_honour_is_refused_by_name(argv, flag, capsys):
+    with pytest.raises(SystemExit) as e:
+        client.parse_args(argv)
+    assert e.value.code == 2
+    assert f"error: {flag}:" in capsys.readouterr().err
+
+
+class RecordingService:
+    """A gateway stand-in that records the request and streams two deltas and a final message."""
+
+    def __init__(self):
+        self.requests = []
+
+    def Generate(self, request, context):
+        from triton_llm.v1 import llm_service_pb2 as pb
+
+        self.requests.append(request)
+        yield pb.GenerateResponse(text="ab", num_output_tokens=1)
+        yield pb.GenerateResponse(text="c", num_output_tokens=2, finish_reason=pb.FINISH_REASON_STOP,
+                                  usage=pb.Usage(prompt_tokens=5, completion_tokens=2))
+
+
+@pytest.fixture
+def fake_gateway():
+    from concurrent import futures
+
+    import grpc
+
+    from triton_llm.v1 import llm_service_pb2_grpc as pb_grpc
+
+    service = RecordingService()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    handler = pb_grpc.LLMServiceServicer()
+    handler.Generate = service.Generate
+    pb_grpc.add_LLMServiceServicer_to_server(handler, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"localhost:{port}", service
+    server.stop(0)
+
+
+GUIDE_FLAGS = [(["--json"], "any_json", ""), (["--json-schema", "SCHEMA"], "json_schema", '{"type": "integer"}'),
+               (["--regex", "[0-9]+"], "regex", "[0-9]+"), (["--grammar", "GRAMMAR"], "ebnf_grammar", 'root ::= "a"')]
+
+
+@pytest.mark.parametrize("flags, case, text", GUIDE_FLAGS, ids=[g[1] for g in GUIDE_FLAGS])
+def test_gateway_mode_sends_the_guide(fake_gateway, tmp_path, capsys, flags, case, text):
+    url, service = fake_gateway
+    (tmp_path / "s.json").write_text('{"type": "integer"}')
+    (tmp_path / "g.ebnf").write_text('root ::= "a"')
+    flags = [{"SCHEMA": str(tmp_path / "s.json"), "GRAMMAR": str(tmp_path / "g.ebnf")}.get(f, f) for f in flags]
+    assert client.main(["p", "--gateway", "--url", url, "--no-echo", *flags]) == 0
+    req = service.requests[-1]
+    assert req.guided_decoding.WhichOneof("guide") == case
+    assert (getattr(req.guided_decoding, case) if case != "any_json" else "") == text
+    out = capsys.readouterr()
+    assert out.out == "abc"
+    assert "finish_reason=stop output_tokens=2" in out.err and "prompt_tokens=5" in out.err
+
+
+def test_gateway_mode_sends_every_sampling_flag(fake_gateway, capsys):
+    url, service = fake_gateway
+    argv = ["p", "--temperature", "0.5", "--top-p", "0.9", "--top-k", "5", "--min-p", "0.25",
+            "--presence-penalty", "0.5", "--frequency-penalty", "-0.5", "--seed", "3", "--min-tokens", "2",
+            "--end-id", "7", "--n", "1", "--stop", "a", "--stop", "b", "--bad-words", "x",
+            "--num-speculative-tokens", "0", "--max-tokens", "9", "--chat"]
+    assert client.main([*argv, "--gateway", "--url", url]) == 0
+    req = service.requests[-1]
+    opts = client.sampling_options(client.parse_args(argv))
+    for name, value in opts.items():
+        got = list(getattr(req, name)) if isinstance(value, list) else getattr(req, name)
+        assert got == pytest.approx(value), name
+        if req.DESCRIPTOR.fields_by_name[name].has_presence:
+            assert req.HasField(name), name
+    assert req.messages.messages[0].content == "p" and req.stream and req.exclude_input_in_output

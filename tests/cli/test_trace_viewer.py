@@ -13,7 +13,8 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 
 from tracing import ModelTracer, TracingSettings
 from tests.helpers.spans import TRACE_ID, TRITON_CONTEXT, TRITON_SPAN_ID, MemoryTracer
-from cli.trace_viewer import OTLPReceiver, decode, parse_json, render_trace, span_tree
+from cli.otlp import Span, decode, parse_json
+from cli.trace_viewer import OTLPReceiver, render_trace, span_tree
 
 # What tritonserver 2.51 posts (OTLP/JSON, ids as hex), trimmed from a real export.
 TRITON_JSON = {"resourceSpans": [{"resource": {"attributes": [
@@ -117,3 +118,29 @@ def test_idle_traces_are_handed_out_once(receiver):
     time.sleep(0.05)
     done, = receiver.store.pop_idle(0.01)
     assert len(done) == 2 and receiver.store.trace_ids() == []
+
+
+def test_spans_of_one_trace_five_seconds_apart_stay_one_trace():
+    from cli.trace_viewer import TraceStore, default_idle_s
+
+    now = [100.0]
+    store = TraceStore(clock=lambda: now[0])
+    idle = default_idle_s({})               # OTEL_BSP_SCHEDULE_DELAY unset: the exporters flush every 5 s
+    first, second = (Span(TRACE_ID, f"{i:016x}", None, f"s{i}", "svc", 0, 1) for i in (1, 2))
+    store.add([first])
+    now[0] += 5.0                           # the next process's batch arrives one export interval later
+    assert store.pop_idle(idle) == []
+    store.add([second])
+    now[0] += idle
+    (trace,) = store.pop_idle(idle)
+    assert [s.name for s in trace] == ["s1", "s2"]
+
+
+def test_the_quiet_period_follows_the_export_interval():
+    from cli.trace_viewer import default_idle_s
+
+    assert default_idle_s({}) > 5.0
+    assert default_idle_s({"OTEL_BSP_SCHEDULE_DELAY": "1000"}) > 1.0
+    assert default_idle_s({"OTEL_BSP_SCHEDULE_DELAY": "1000"}) < default_idle_s({})
+    with pytest.raises(ValueError, match="OTEL_BSP_SCHEDULE_DELAY"):
+        default_idle_s({"OTEL_BSP_SCHEDULE_DELAY": "soon"})

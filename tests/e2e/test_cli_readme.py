@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tools import client
+from cli import client
 from cli.launcher import REPO
 
 

@@ -28,8 +28,8 @@ def helm() -> str:
     """The helm binary; fails (never skips) with what to do when there is none."""
     found = find_helm()
     if found is None:
-        pytest.fail("helm 3 not found: neither `helm` on PATH nor .cache/helm/helm. Run `make install` "
-                    "(it runs tools/fetch_helm.py), or install helm 3 and put it on PATH.", pytrace=False)
+        pytest.fail("helm 3 not found: neither `helm` on PATH nor .cache/helm/helm. Run `make test` "
+                    "(it runs python -m tools.fetch_helm), or install helm 3 and put it on PATH.", pytrace=False)
     return str(found)
 
 

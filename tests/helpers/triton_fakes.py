@@ -76,8 +76,10 @@ class Trace:
 
 
 class Request:
-    def __init__(self, inputs: dict, request_id: str = "", cancelled: bool = False, trace_context: str | None = None):
+    def __init__(self, inputs: dict, request_id: str = "", cancelled: bool = False, trace_context: str | None = None,
+                 parameters: str = "{}"):
         self.inputs = {k: Tensor(k, v) for k, v in inputs.items() if v is not None}
+        self._parameters = parameters    # JSON, as pb_utils.InferenceRequest.parameters() returns it
         self._id = request_id
         self.cancelled = cancelled
         self.sender = ResponseSender()
@@ -89,6 +91,9 @@ class Request:
 
     def request_id(self) -> str:
         return self._id
+
+    def parameters(self) -> str:
+        return self._parameters
 
     def get_response_sender(self) -> ResponseSender:
         return self.sender

@@ -104,3 +104,14 @@ def test_preprocess_context_length_comes_from_the_checkpoint(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 256}))
     assert model_context_length(tmp_path) == 256
     assert model_context_length(tmp_path / "missing") is None
+
+
+def test_unknown_fields_are_refused_by_name(pre):
+    """Over HTTP, Triton passes generate's JSON keys that are no input as request parameters."""
+    inputs = triton_inputs(text_input="def f(", max_tokens=4)
+    resp, = pre.execute([Request(inputs, parameters='{"tempreature": 0.5, "bogus_field": 1}')])
+    message = resp.error().message()
+    assert message.startswith("bogus_field: unknown fields bogus_field, tempreature (did you mean temperature?)")
+    assert "docs/api.md" in message
+    resp, = pre.execute([Request(inputs, parameters="{}")])
+    assert not resp.has_error()

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tools import soak
+from tools import server_watch, soak, soak_mix
 from preprocess.errors import RequestError
 from preprocess.request import RequestParser
 from preprocess.tokenizer import load_tokenizer
@@ -16,11 +16,11 @@ from cli.client import to_array
 
 @pytest.fixture(scope="module")
 def plans():
-    return soak.make_plans(400, seed=3, cancel_share=0.2, bad_share=0.1, sampled_share=0.5, max_tokens=(8, 64))
+    return soak_mix.make_plans(400, seed=3, cancel_share=0.2, bad_share=0.1, sampled_share=0.5, max_tokens=(8, 64))
 
 
 def test_mix_is_seeded_and_shared_as_asked(plans):
-    again = soak.make_plans(400, seed=3, cancel_share=0.2, bad_share=0.1, sampled_share=0.5, max_tokens=(8, 64))
+    again = soak_mix.make_plans(400, seed=3, cancel_share=0.2, bad_share=0.1, sampled_share=0.5, max_tokens=(8, 64))
     assert [p.values for p in plans] == [p.values for p in again]
     kinds = {k: sum(p.kind == k for p in plans) for k in ("greedy", "sampled", "cancel", "bad")}
     assert 20 <= kinds["bad"] <= 65 and 50 <= kinds["cancel"] <= 110 and kinds["greedy"] > 50 and kinds["sampled"] > 50
@@ -61,7 +61,7 @@ def test_summary_and_table():
 
 
 def test_process_lookup():
-    assert soak.find_server_pid(1) is None
-    procs = soak.server_processes(os.getpid())
+    assert server_watch.find_server_pid(1) is None
+    procs = server_watch.server_processes(os.getpid())
     assert procs == {"tritonserver": os.getpid()}
-    assert soak.rss_sample(procs, "x", 0)["tritonserver"] > 0
+    assert server_watch.rss_sample(procs, "x", 0)["tritonserver"] > 0

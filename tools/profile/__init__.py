@@ -1,1 +1,1 @@
-"""One-off profiling scripts for the engine's hot paths (not benchmarks: they print timings, no goal)."""
+"""Micro-benchmarks of the native kernels and the decode step: timings to compare within one run, no goals."""

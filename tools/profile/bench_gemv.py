@@ -1,7 +1,7 @@
 """The decode step's f32 projections alone: the native GEMV (``decode_gemv``) against ``F.linear`` (MKL), one run.
 
-    .venv/bin/python tools/profile/bench_gemv.py [--hidden 768 --intermediate 2048 --layers 12 --heads 12 --kv-heads 4
-                                          --vocab 4096] [--tokens 1,2,4,8] [--threads 1,2] [--passes 20]
+    python -m tools.profile.bench_gemv [--hidden 768 --intermediate 2048 --layers 12 --heads 12 --kv-heads 4
+                                       --vocab 4096] [--tokens 1,2,4,8] [--threads 1,2] [--passes 20] [--json F]
 
 Per token count and thread count, one *pass* runs every projection of a decode step of a Llama of that shape
 (per layer QKV, o, gate-up, down; then the LM head; default: the 82M-class model, 330 MB of weights, distinct
@@ -9,11 +9,12 @@ tensors so that nothing stays in the cache) through each implementation; the pas
 implementations and the median time per pass is kept. A third implementation, ``native_huge``, runs the native
 GEMV on a copy of the weights on transparent huge pages (``backend/engine/huge_pages.py``, as the fast decode
 step keeps them), when the kernel allows. Prints ms per pass, the weight bandwidth it implies (GB/s) and the
-ratios; writes bench/results/gemv.json. Run it under the exclusive CPU lock (docs/benchmarks.md).
+ratios; ``--json`` also writes the rows to a file. Run it on an otherwise idle machine (docs/benchmarks.md).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -25,7 +26,6 @@ import torch.nn.functional as F
 
 from backend.engine.huge_pages import copy_to_huge_pages
 from backend.native import native_ops
-from bench.harness.report import git_commit, machine, write_json
 
 
 def projection_shapes(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, vocab: int
@@ -57,6 +57,7 @@ def main() -> None:
                     help="time only the native GEMV on 4 KiB pages: one copy of the weights, so a model whose weights "
                          "fit in the last-level cache keeps them there (the three implementations together hold three "
                          "copies)")
+    ap.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     args = ap.parse_args()
     build = native_ops()
     if not build.available:
@@ -113,9 +114,11 @@ def main() -> None:
         if 1 in by and len(by) > 1:
             hi = max(by)
             print(f"tokens {tokens}: native {hi} threads / 1 (speed): {by[1]['native_ms'] / by[hi]['native_ms']:.2f}")
-    write_json(Path(__file__).resolve().parents[2] / "bench" / "results" / "gemv.json",
-               {"rows": rows, "weight_bytes": nbytes, "isa": ops.decode_gemv_isa(), "args": vars(args),
-                "machine": machine(load_before), "commit": git_commit()})
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"rows": rows, "weight_bytes": nbytes, "isa": ops.decode_gemv_isa(),
+                                         "load_before": load_before, "args": {k: str(v) for k, v in vars(args).items()}},
+                                        indent=2) + "\n")
 
 
 if __name__ == "__main__":

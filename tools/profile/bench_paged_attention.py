@@ -1,6 +1,6 @@
 """CPU micro-benchmark of the torch paged attention backend (one layer, per-step prepare).
 
-    .venv/bin/python tools/profile/bench_paged_attention.py [--threads 1]
+    python -m tools.profile.bench_paged_attention [--threads 1]
 
 Prints the best-of-N time of ``prepare`` and of one layer's ``forward`` for pure decode
 steps (batch 1 and 32) and a mixed step (31 decodes + one 256-token prefill chunk).

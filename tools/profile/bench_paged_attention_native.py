@@ -1,6 +1,6 @@
 """The native paged attention alone (the ``paged_attention`` op: one layer's K/V write and attention of a decode step).
 
-    .venv/bin/python tools/profile/bench_paged_attention_native.py [--heads 6 --kv-heads 2 --head-dim 32] [--layers 4]
+    python -m tools.profile.bench_paged_attention_native [--heads 6 --kv-heads 2 --head-dim 32] [--layers 4]
                                                           [--contexts 128,400,1000,4000] [--threads 1]
 
 Per context: a verify step (T tokens of one sequence) for T in ``--tokens`` and a batch decode step of ``--batch``
@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
+import timeit
 
 import torch
 
 from backend.native.build import native_ops
-from bench.harness.stats import median_us
 
 
 def layer_cycle(ops, caches, qkv, positions, token_rows, tables, heads):
@@ -69,7 +70,7 @@ def main() -> None:
             call = layer_cycle(build.ops, caches, qkv, positions, token_rows, tables, (h, kvh, hd))
             for _ in range(2 * args.layers):
                 call()
-            us = median_us(call, args.calls)
+            us = statistics.median(timeit.repeat(call, number=1, repeat=args.calls)) * 1e6
             fma = 2 * sum(int(p) + 1 for p in positions) * h * hd
             line.append(f"{'T' if batch == 1 else 'B'}={max(tokens, batch)}: {us:7.1f} µs {fma / us / 1e3:5.1f}")
         print(f"ctx {ctx:5d}: " + "   ".join(line), flush=True)

@@ -1,6 +1,6 @@
 """What a verify step costs in plain decode steps: the native decode op at T tokens of one sequence, by context.
 
-    .venv/bin/python tools/profile/bench_verify_step.py [--model models/demo-target] [--contexts 8,128,400,1000]
+    python -m tools.profile.bench_verify_step [--model models/demo-target] [--contexts 8,128,400,1000]
                                                [--tokens 1,2,3,5,8] [--batch 8] [--reps 300] [--threads 1]
 
 Times one ``decode_forward`` call (``NativeDecodeStep.forward``, the fast decode step of a checkpoint; median of
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import timeit
 from pathlib import Path
 
 import torch
@@ -21,7 +22,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 from backend.config import EngineConfig
 from backend.engine.builder import build_engine_parts
-from bench.harness.stats import median_us
 
 
 def step_inputs(block_size: int, rows: int, tokens: int, ctx: int):
@@ -70,7 +70,8 @@ def main() -> None:
     rounds = 3
     for _ in range(rounds):
         for key, inputs in cells.items():
-            times[key].append(median_us(lambda inputs=inputs: step.forward(*inputs), max(1, args.reps // rounds)))
+            times[key].append(statistics.median(timeit.repeat(lambda inputs=inputs: step.forward(*inputs), number=1,
+                                                         repeat=max(1, args.reps // rounds))) * 1e6)
     us = {key: statistics.median(v) for key, v in times.items()}
     print(f"model {args.model}, {args.threads} thread(s); µs per decode_forward call (median), "
           f"and the ratio to the 1-token step at the same context")
