@@ -12,7 +12,7 @@ from cli.launcher import REPO
 
 def readme_samples() -> list[str]:
     text = (REPO / "README.md").read_text()
-    section = text[text.index("Continuations of held-out function headers"):text.index("## Measured")]
+    section = text[text.index("Continuations of held-out function headers"):text.index("## Results")]
     return re.findall(r"```python\n(.*?)\n```", section, re.S)
 
 

@@ -24,7 +24,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def _warmed_kinds() -> set[tuple]:
-    """The engine kinds already warmed in this session."""
+    """The engine kinds already warmed in this pytest run."""
     return set()
 
 
