@@ -23,12 +23,15 @@ times the choice's (keeping the choice: a count that slow could not have won).
 from __future__ import annotations
 
 import statistics
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
 from backend.core.buckets import bucket
+from backend.core.plan import ModelRunnerOutput, SchedulerOutput
+from backend.engine.step_observer import StepObserver, StepStart
 
 PROBE_RUN = 6        # steps per thread count in a probe; the first of each run is not counted
 RETRY_EVERY = 200    # steps of a bucket between probes, at first and after a probe that changed the choice
@@ -119,3 +122,19 @@ class ThreadPolicy:
                     statistics.median(b.recent) > SLOWDOWN * b.reference:
                 b.samples, b.plan = {b.choice: list(b.recent)}, probe_plan(1)   # a probe of one thread only
         b.pending = ""
+
+
+class ThreadObserver(StepObserver):
+    """Sets the step's threads before its forward (``ThreadPolicy.choose``) and reports what the whole
+    iteration took (``observe``): a second OpenMP thread that spins after the forward slows the Python
+    around it, so scheduling and emitting count too. ``threads``: the current step's count."""
+
+    def __init__(self, policy: ThreadPolicy):
+        self.policy = policy
+        self.threads = policy.max_threads
+
+    def before(self, plan: SchedulerOutput) -> None:
+        self.threads = self.policy.choose(plan.num_batched_tokens)
+
+    def after(self, plan: SchedulerOutput, output: ModelRunnerOutput, start: StepStart) -> None:
+        self.policy.observe(plan.num_batched_tokens, self.threads, time.perf_counter() - start.wall)

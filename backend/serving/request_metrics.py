@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.core.timeline import RequestStats
+from backend.core.outputs import RequestStats
 from backend.serving.counted_histogram import CountedHistogram
 
 PREFIX = "triton_llm_"
