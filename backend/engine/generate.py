@@ -2,16 +2,22 @@
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Sequence
+from typing import Callable, Protocol, Sequence
 
 from backend.core.outputs import RequestOutput
 from contracts.sampling_params import SamplingParams
 
-if TYPE_CHECKING:  # pragma: no cover
-    from backend.engine.llm_engine import LLMEngine
+
+class Engine(Protocol):
+    """What ``generate`` needs of ``LLMEngine``."""
+
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
+                    on_output: Callable[[RequestOutput], None]) -> None: ...
+
+    def run_inline(self) -> None: ...
 
 
-def generate(engine: LLMEngine, prompts: Sequence[Sequence[int]],
+def generate(engine: Engine, prompts: Sequence[Sequence[int]],
              params: SamplingParams | Sequence[SamplingParams], timeout: float = 600.0) -> list[list[RequestOutput]]:
     """Submit every prompt, wait for all, return each request's outputs in order. Without a loop thread
     (``start()`` not called) the engine steps on the caller's thread."""
