@@ -61,11 +61,17 @@ class CountedHistogram:
             self._pending += counts
             self._pending_sum += total
 
+    def close(self) -> None:
+        """Release the metrics, then their families (what is counted afterwards is not published)."""
+        with self._lock:
+            self._buckets, self._sum, self._count = [], None, None
+            self.families = []
+
     def publish(self) -> int:
         """Add what was counted since the last call to the counters; returns how many values that was."""
         with self._lock:
             counts, total = self._pending, self._pending_sum
-            if not counts.any():
+            if not counts.any() or self._sum is None:
                 return 0
             self._pending = np.zeros_like(counts)
             self._pending_sum = 0.0
