@@ -4,8 +4,10 @@ Threading: callers (the Triton adapter, tests, benchmarks) only touch the inbox
 under a lock; the loop thread alone owns the scheduler, block manager and model.
 Once ``start()`` runs the loop, ``on_output`` callbacks run on one output thread
 (``OutputEmitter``), in order, overlapped with the next step; without the loop
-(``step()`` called directly) they run inline. They must not block. Every request
-gets exactly one output with ``request_finished=True``, whatever happens to it.
+(``step()`` called directly) they run inline (backend/engine/output_router.py). They must not
+block. Every request gets exactly one output with ``request_finished=True``, whatever happens to it.
+A step reads as vLLM v1's (docs/engine-design.md); what times and tunes it (threads, stream pacing,
+timelines, the speculator's step clock) attaches as ``StepObserver``s (backend/engine/step_observer.py).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import random
 import threading
 import time
 from collections import deque
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -28,6 +30,7 @@ from backend.engine.inbox import AbortRequest, AddRequest, InboxMessage, apply_m
 from backend.engine.jump_forward import jump_forward
 from backend.engine.loop_clock import LoopClock
 from backend.engine.output_emitter import OutputEmitter
+from backend.engine.output_router import OutputCallback, OutputRouter
 from backend.engine.spec_step_clock import SpeculatorObserver
 from backend.engine.stats import EngineStats, engine_stats
 from backend.engine.step_observer import StepObservers, StepStart
@@ -39,7 +42,6 @@ from backend.sampling.batch import GREEDY_EPS
 from contracts.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
-OutputCallback = Callable[[RequestOutput], None]
 __all__ = ["EngineStats", "LLMEngine", "output_token_ids"]
 
 
@@ -54,11 +56,10 @@ class LLMEngine:
         self.pacer = StreamPacer(config.stream_interval, config.stream_responses_per_s)
         self.threads = ThreadPolicy(self.parts.cpu_threads)   # per-step threads on the CPU (1 = fixed)
         self.observers = self._observers()
-        self._callbacks: dict[str, OutputCallback] = {}
         self._inbox: deque[InboxMessage] = deque()
         self._cv = threading.Condition()
+        self.outputs = OutputRouter(self._cv, self.structured.drop if self.structured is not None else None)
         self._thread: threading.Thread | None = None
-        self._emitter: OutputEmitter | None = None          # the loop's output thread (None: inline callbacks)
         self._loop_clock: LoopClock | None = None           # the loop thread's time (loop_clock.py)
         self._switch = SwitchInterval(config.python_switch_interval_ms)
         self._stopping = False
@@ -96,11 +97,11 @@ class LLMEngine:
         with self._cv:
             if self._stopping:
                 raise RuntimeError("engine is shut down")
-            if request_id in self._callbacks:
+            if request_id in self.outputs.callbacks:
                 raise ValueError(f"request_id: {request_id!r} is already in flight")
             if params.seed is None and params.temperature >= GREEDY_EPS:
                 params = dataclasses.replace(params, seed=self._seeds.getrandbits(63))
-            self._callbacks[request_id] = on_output
+            self.outputs.callbacks[request_id] = on_output
             if params.guide is not None:
                 self.structured.submit(request_id, params.guide)   # compiles off the loop; admitted when ready
             self._inbox.append(AddRequest(request_id, prompt, params, arrival))
@@ -109,7 +110,7 @@ class LLMEngine:
     def abort(self, request_id: str) -> bool:
         """Cancel a request; its blocks are freed on the loop's next turn. False if unknown."""
         with self._cv:
-            if request_id not in self._callbacks:
+            if request_id not in self.outputs.callbacks:
                 return False
             self._inbox.append(AbortRequest(request_id))
             self._cv.notify()
@@ -123,8 +124,9 @@ class LLMEngine:
     def start(self) -> "LLMEngine":
         if self._thread is None:
             self._switch.apply()
-            self._emitter = self._emitter or OutputEmitter()
-            self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
+            self.outputs.emitter = self.outputs.emitter or OutputEmitter()
+            self._thread = self.outputs.loop_thread = threading.Thread(target=self._loop, name="llm-engine",
+                                                                       daemon=True)
             self._thread.start()
         return self
 
@@ -135,9 +137,9 @@ class LLMEngine:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
-        if self._emitter is not None:   # the loop's outputs first, then the final ones below (inline), in order
-            self._emitter.stop()
-            self._emitter = None
+        if self.outputs.emitter is not None:   # the loop's outputs first, then the final ones below (inline)
+            self.outputs.emitter.stop()
+            self.outputs.emitter = None
         self._drain_inbox()
         self._finish_all(FinishReason.ABORT, "engine shut down")
         if self.structured is not None:
@@ -252,30 +254,12 @@ class LLMEngine:
         for rid in list(self.scheduler.request_ids()):
             outs.extend(self.scheduler.abort(rid, reason=reason, error=error))
         self._dispatch(outs)
-        with self._cv:
-            leftover = list(self._callbacks)
+        leftover = self.outputs.in_flight()
         self._dispatch([RequestOutput(rid, 0, [], finished=True, request_finished=True, finish_reason=reason,
                                       error=error) for rid in leftover])
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
-        calls = []
-        for out in outputs:
-            if out.request_finished and self.structured is not None:
-                self.structured.drop(out.request_id)
-            with self._cv:
-                cb = self._callbacks.pop(out.request_id, None) if out.request_finished \
-                    else self._callbacks.get(out.request_id)
-            if cb is not None:
-                calls.append((cb, out))
-        emitter = self._emitter
-        if emitter is not None and threading.current_thread() is self._thread:
-            emitter.submit(calls)   # off the loop's critical path, in order
-            return
-        for cb, out in calls:
-            try:
-                cb(out)
-            except Exception:  # a broken consumer must not take the engine down
-                log.exception("on_output callback failed for %s", out.request_id)
+        self.outputs.dispatch(outputs)
 
     # ---- convenience for tests and benchmarks ------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams],
