@@ -10,11 +10,11 @@ thread's by ``MARGIN`` (otherwise the second core stays free for the rest of the
 
 A bucket probes at its first step and again after ``RETRY_EVERY`` steps of it, since costs drift with the
 machine's load. Each re-probe that confirms the choice doubles that interval (up to ``MAX_RETRY_EVERY``) and a
-changed choice resets it, so a steady machine stops paying for probes (a batch-1 probe's two-thread steps took
+changed choice resets it, so a steady machine stops paying for probes (a batch-1 probe's two-thread steps take
 twice a one-thread step: 3% of a 7-request run at 200 steps between probes). A bucket also re-probes at once
 when the median of its last ``PROBE_RUN`` steps exceeds the chosen count's probe median ``SLOWDOWN`` times
 while the choice is ``cpu_threads``: a second thread that loses its core to another process stalls every
-barrier (steps of 0.3 ms took 170 ms on this 2-core machine under a load of 5), so that choice must not last
+barrier (a step of 0.3 ms can take 170 ms on a 2-core machine under a load of 5), so that choice must not last
 once it goes wrong (the slow steps stand for its run of that probe). For the same reason a probe runs the
 current choice first and cuts the other count's run short at its second counted step slower than ``ABORT``
 times the choice's (keeping the choice: a count that slow could not have won).

@@ -1,8 +1,8 @@
 """A Prometheus histogram kept as counters, for a metric observed many times per request.
 
 Triton's histogram (``pb_utils.MetricFamily.HISTOGRAM``) takes one value per ``observe``, and each call is
-a round trip to the server process (~20 us of CPU on this machine). For the inter-token latency, one
-observation per generated token, that was ~1.3 ms of CPU per 64-token request. ``CountedHistogram``
+a round trip to the server process (~20 us of CPU). For the inter-token latency, one
+observation per generated token, that is ~1.3 ms of CPU per 64-token request. ``CountedHistogram``
 instead counts values into its buckets locally (``add``: numpy, no round trip) and ``publish`` adds the
 accumulated counts to three counter families named as a histogram's series are:
 
