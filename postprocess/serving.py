@@ -66,6 +66,12 @@ class PostprocessServing:
             "Guided outputs that finished but failed their guide's check (a bug: each one is an error)"))
         self._invalid_guided = self._invalid_family.Metric(labels={"model": "postprocess"}) if family else None
 
+    def close(self) -> None:
+        """Release the metric, then its family (the model's finalize: at interpreter teardown a family's
+        destructor would reach the stub's shared memory after the stub released it)."""
+        self._invalid_guided = None
+        self._invalid_family = None
+
     @classmethod
     def from_model_config(cls, model_config: dict, pb_utils) -> "PostprocessServing":
         import grammar  # noqa: F401 (xgrammar, for the guided-output check: loaded at start-up)

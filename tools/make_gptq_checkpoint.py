@@ -23,7 +23,8 @@ from safetensors.torch import save_file
 
 from backend.model.awq import pack_awq
 from backend.model.config import ModelConfig
-from backend.model.gptq import FORMATS, pack_cols, pack_rows
+from backend.model.gptq import FORMATS
+from backend.model.prequantized import pack_cols, pack_rows
 from backend.model.loader import read_hf_tensors
 
 

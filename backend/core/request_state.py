@@ -7,13 +7,14 @@ output of the last of its ``n`` sequences to finish.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Collection
+from collections.abc import Sequence as Seq
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-from backend.core.outputs import FinishReason, RequestOutput, TokenLogprob
+from backend.core.outputs import FinishReason, RequestOutput, RequestStats, TokenLogprob
 from backend.core.sequence import Sequence
-from backend.core.timeline import mark_finished, request_stats
 
 
 def stop_reason(seq: Sequence, token: int, eos_token_ids: Collection[int], max_model_len: int) -> FinishReason | None:
@@ -73,8 +74,8 @@ class RequestState:
         if not seq.is_finished and (n_new == 0 or (start > 0 and n_new < stream_interval)):
             return None
         self.num_emitted[i] = seq.num_output_tokens
-        if seq.is_finished:
-            mark_finished(seq)
+        if seq.is_finished and seq.timeline.finished is None:
+            seq.timeline.finished = time.monotonic()
         request_finished = seq.is_finished and self.finished
         want_lp = seq.params.logprobs is not None
         lps, self.logprob_buf[i] = self.logprob_buf[i], []
@@ -86,3 +87,43 @@ class RequestState:
             num_output_tokens=seq.num_output_tokens, num_draft_tokens=seq.num_spec_draft_tokens,
             num_accepted_draft_tokens=seq.num_spec_accepted_tokens,
             stats=request_stats(self.seqs) if request_finished else None)
+
+
+def request_stats(seqs: Seq[Sequence]) -> RequestStats:
+    """A finished request's stats from its sequences' timelines (index order, ``seqs[0]`` first)."""
+    first = seqs[0]
+    now = time.monotonic()
+
+    def earliest(values):
+        values = [v for v in values if v is not None]
+        return min(values) if values else None
+
+    itl: list[float] = []
+    chunks: list[tuple[float, float, int]] = []
+    preemptions: list[float] = []
+    decode_times = []
+    for s in seqs:
+        tl = s.timeline
+        itl.extend(tl.inter_token_latencies[:max(0, s.num_output_tokens - 1)])
+        chunks.extend(tl.prefill_chunks)
+        preemptions.extend(tl.preemptions)
+        if s.first_token_time is not None:
+            end = tl.last_token if tl.last_token is not None else (tl.finished or now)
+            decode_times.append((max(0.0, end - s.first_token_time), s.num_output_tokens))
+    return RequestStats(
+        arrival_time=first.arrival_time,
+        first_scheduled_time=earliest(s.timeline.first_scheduled for s in seqs),
+        first_token_time=earliest(s.first_token_time for s in seqs),
+        finished_time=max((s.timeline.finished or now) for s in seqs),
+        num_prompt_tokens=first.num_prompt_tokens,
+        num_cached_tokens=first.num_cached_tokens,
+        num_output_tokens=sum(s.num_output_tokens for s in seqs),
+        num_decode_steps=sum(s.timeline.num_decode_steps for s in seqs),
+        num_prefill_chunks=sum(s.timeline.num_prefill_chunks for s in seqs),
+        num_preemptions=sum(s.num_preemptions for s in seqs),
+        seed=first.params.seed,
+        prefill_chunks=tuple(sorted(chunks)),
+        preemption_times=tuple(sorted(preemptions)),
+        inter_token_latencies=tuple(itl),
+        decode_times=tuple(decode_times),
+    )

@@ -13,7 +13,7 @@ One writer per piece of state:
   ``Scheduler.update_draft_token_ids``);
 - ``block_table``: written only by ``backend/core/block_manager.py``;
 - ``timeline`` (step timestamps for metrics, logs and traces): written only by the engine loop
-  (``backend/core/timeline.py``).
+  (``backend/engine/step_timeline.py``), stamped ``finished`` by ``RequestState.emit``.
 Everyone else (runner, sampler, request state, metrics) only reads. Per-sequence sampler state
 (a seeded request's RNG) lives in the sampler, keyed by ``seq_id``.
 """
@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import enum
 import time
+from array import array
 from dataclasses import dataclass, field
 
 from backend.core.outputs import FinishReason
-from backend.core.timeline import SequenceTimeline
 from contracts.sampling_params import SamplingParams
 
 
@@ -32,6 +32,20 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"      # not admitted, or preempted and requeued (its KV was freed)
     RUNNING = "running"
     FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class SequenceTimeline:
+    """When things happened to a sequence (``time.monotonic()`` seconds), for metrics, logs and traces."""
+
+    first_scheduled: float | None = None   # first step that computed any of its tokens
+    last_token: float | None = None        # end of the step that produced its latest token
+    finished: float | None = None          # when the sequence ended (stamped by RequestState.emit)
+    num_decode_steps: int = 0              # steps that computed one token (+ drafts) after the first token
+    num_prefill_chunks: int = 0            # steps that computed prompt (or recomputed) tokens
+    prefill_chunks: list[tuple[float, float, int]] = field(default_factory=list)  # (start, end, tokens), bounded
+    preemptions: list[float] = field(default_factory=list)                        # times, bounded
+    inter_token_latencies: array = field(default_factory=lambda: array("d"))      # seconds, one per token after the first
 
 
 @dataclass(eq=False)

@@ -24,8 +24,8 @@ ALIGN_FLOATS = 16            # each tensor starts on a 64-byte cache line
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 MIN_HUGE_PAGE_BYTES = 16 * HUGE_PAGE   # below this, weights are moved to no arena: too few pages to matter
 # The native step's panels go to an arena once they fill a huge page: the demo target's 9.4 MB of panels (~2,400
-# 4 KiB pages, more than the core's L2 TLB holds) ran a batch-1 step ~3% faster on 5 huge pages, engine against
-# engine in one process (docs/benchmarks.md, session 15); the row-major weights stay on MIN_HUGE_PAGE_BYTES.
+# 4 KiB pages, more than the core's L2 TLB holds) run a batch-1 step ~3% faster on 5 huge pages, engine against
+# engine in one process (docs/benchmarks.md); the row-major weights stay on MIN_HUGE_PAGE_BYTES.
 MIN_PANEL_HUGE_PAGE_BYTES = HUGE_PAGE
 
 

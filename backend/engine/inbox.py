@@ -6,8 +6,13 @@ every step, so the scheduler is only ever touched by the loop.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from backend.core.outputs import FinishReason, RequestOutput
 from contracts.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # pragma: no cover
+    from backend.core.scheduler import Scheduler
 
 
 @dataclass(frozen=True)
@@ -26,3 +31,23 @@ class AbortRequest:
 
 
 InboxMessage = AddRequest | AbortRequest
+
+
+def apply_messages(messages: list[InboxMessage], scheduler: Scheduler) -> list[RequestOutput]:
+    """The drained messages applied to the scheduler in order; returns the outputs to dispatch (the final
+    output of an abort, or an error for a request the scheduler refused at enqueue)."""
+    outs: list[RequestOutput] = []
+    for msg in messages:
+        if isinstance(msg, AbortRequest):
+            outs.extend(scheduler.abort(msg.request_id))
+            continue
+        try:
+            seqs = scheduler.enqueue(msg.request_id, msg.prompt_token_ids, msg.params)
+        except ValueError as e:
+            outs.append(RequestOutput(msg.request_id, 0, [], finished=True, request_finished=True,
+                                      finish_reason=FinishReason.ERROR, error=str(e)))
+            continue
+        if msg.arrival_time is not None:
+            for seq in seqs:
+                seq.arrival_time = msg.arrival_time
+    return outs

@@ -12,7 +12,15 @@ forward of CPU. A sequence's first token and its last always go out at once. Wit
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from backend.core.plan import ModelRunnerOutput, SchedulerOutput
+from backend.engine.step_observer import StepObserver
+
+if TYPE_CHECKING:  # pragma: no cover
+    from backend.core.scheduler import Scheduler
 
 DECAY = 0.2   # weight of the newest step in the tokens-per-second average
 
@@ -42,3 +50,18 @@ class StreamPacer:
     def idle(self) -> None:
         """The engine went idle: the next step's rate is measured from its own start."""
         self._last = None
+
+
+class PacerObserver(StepObserver):
+    """Feeds each step's sampled tokens to the pacer and sets the scheduler's ``stream_interval`` before the
+    scheduler applies the step; an idle engine restarts the pacer's rate measurement."""
+
+    def __init__(self, pacer: StreamPacer, scheduler: Scheduler):
+        self.pacer, self.scheduler = pacer, scheduler
+
+    def sampled(self, plan: SchedulerOutput, output: ModelRunnerOutput) -> None:
+        new_tokens = sum(map(len, output.sampled_token_ids))
+        self.scheduler.stream_interval = self.pacer.observe(time.perf_counter(), new_tokens)
+
+    def idle(self) -> None:
+        self.pacer.idle()

@@ -10,11 +10,11 @@ thread's by ``MARGIN`` (otherwise the second core stays free for the rest of the
 
 A bucket probes at its first step and again after ``RETRY_EVERY`` steps of it, since costs drift with the
 machine's load. Each re-probe that confirms the choice doubles that interval (up to ``MAX_RETRY_EVERY``) and a
-changed choice resets it, so a steady machine stops paying for probes (a batch-1 probe's two-thread steps took
+changed choice resets it, so a steady machine stops paying for probes (a batch-1 probe's two-thread steps take
 twice a one-thread step: 3% of a 7-request run at 200 steps between probes). A bucket also re-probes at once
 when the median of its last ``PROBE_RUN`` steps exceeds the chosen count's probe median ``SLOWDOWN`` times
 while the choice is ``cpu_threads``: a second thread that loses its core to another process stalls every
-barrier (steps of 0.3 ms took 170 ms on this 2-core machine under a load of 5), so that choice must not last
+barrier (a step of 0.3 ms can take 170 ms on a 2-core machine under a load of 5), so that choice must not last
 once it goes wrong (the slow steps stand for its run of that probe). For the same reason a probe runs the
 current choice first and cuts the other count's run short at its second counted step slower than ``ABORT``
 times the choice's (keeping the choice: a count that slow could not have won).
@@ -23,12 +23,15 @@ times the choice's (keeping the choice: a count that slow could not have won).
 from __future__ import annotations
 
 import statistics
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
 from backend.core.buckets import bucket
+from backend.core.plan import ModelRunnerOutput, SchedulerOutput
+from backend.engine.step_observer import StepObserver, StepStart
 
 PROBE_RUN = 6        # steps per thread count in a probe; the first of each run is not counted
 RETRY_EVERY = 200    # steps of a bucket between probes, at first and after a probe that changed the choice
@@ -119,3 +122,19 @@ class ThreadPolicy:
                     statistics.median(b.recent) > SLOWDOWN * b.reference:
                 b.samples, b.plan = {b.choice: list(b.recent)}, probe_plan(1)   # a probe of one thread only
         b.pending = ""
+
+
+class ThreadObserver(StepObserver):
+    """Sets the step's threads before its forward (``ThreadPolicy.choose``) and reports what the whole
+    iteration took (``observe``): a second OpenMP thread that spins after the forward slows the Python
+    around it, so scheduling and emitting count too. ``threads``: the current step's count."""
+
+    def __init__(self, policy: ThreadPolicy):
+        self.policy = policy
+        self.threads = policy.max_threads
+
+    def before(self, plan: SchedulerOutput) -> None:
+        self.threads = self.policy.choose(plan.num_batched_tokens)
+
+    def after(self, plan: SchedulerOutput, output: ModelRunnerOutput, start: StepStart) -> None:
+        self.policy.observe(plan.num_batched_tokens, self.threads, time.perf_counter() - start.wall)

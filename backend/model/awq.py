@@ -10,11 +10,12 @@ Marlin layouts), ``zero_point`` false, a group size that does not divide a layer
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from backend.model.config import CheckpointError
-from backend.model.gptq import PROJECTIONS, concat_out, pack_cols, unpack_cols
+from backend.model.prequantized import PROJECTIONS, concat_out, pack_cols, unpack_cols
 from backend.model.quant import QuantizedWeight
 from backend.model.quant_pack import pack_int4
 
@@ -72,6 +73,14 @@ class AwqConfig:
         zeros = unpack_awq(hf[base + "qzeros"])                                # [groups, out]
         return QuantizedWeight("int4", pack_int4(n.t()), hf[base + "scales"].float().t().contiguous(),
                                self.group_size, zeros.t().float().contiguous(), f"AWQ 4-bit, {self.source}")
+
+
+def read_awq_config(folder: Path, raw: dict) -> AwqConfig | None:
+    """The checkpoint's AWQ settings (``config.json``'s quantization_config with quant_method "awq"), else None."""
+    q = raw.get("quantization_config")
+    if isinstance(q, dict) and q.get("quant_method") == "awq":
+        return AwqConfig.parse(q, str(folder / "config.json"))
+    return None
 
 
 def unpack_awq(packed: torch.Tensor) -> torch.Tensor:  # int32 [r, c / 8] -> [r, c] in [0, 15], natural order

@@ -18,23 +18,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from backend.model.config import CheckpointError
+from backend.model.prequantized import PROJECTIONS, concat_out, unpack_cols, unpack_rows
 from backend.model.quant import QuantizedWeight
 from backend.model.quant_pack import pack_int4
 
-if TYPE_CHECKING:
-    from backend.model.awq import AwqConfig
-
 GPTQ_BITS = (4, 8)
 FORMATS = {"gptq": 1, "gptq_v2": 0}    # checkpoint_format -> offset added to the stored zero points
-PROJECTIONS = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-               "self_attn.o_proj": ("self_attn.o_proj",),
-               "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
-               "mlp.down_proj": ("mlp.down_proj",)}
 
 
 @dataclass(frozen=True)
@@ -79,13 +72,11 @@ class GptqConfig:
         return gptq_weights(num_layers, hf, self)
 
 
-def read_gptq_config(folder: Path, raw: dict) -> GptqConfig | AwqConfig | None:
-    """The checkpoint's pre-quantization settings: ``config.json``'s quantization_config (GPTQ, or AWQ:
-    ``backend/model/awq.py``), else AutoGPTQ's ``quantize_config.json``; None for a float checkpoint."""
+def read_gptq_config(folder: Path, raw: dict) -> GptqConfig | None:
+    """The checkpoint's GPTQ settings: ``config.json``'s quantization_config, else AutoGPTQ's
+    ``quantize_config.json``; None without either. Another ``quant_method`` is refused naming it (the
+    loader asks ``read_awq_config`` first)."""
     q = raw.get("quantization_config")
-    if isinstance(q, dict) and q.get("quant_method") == "awq":
-        from backend.model.awq import AwqConfig
-        return AwqConfig.parse(q, str(folder / "config.json"))
     if q:
         return GptqConfig.parse(q, str(folder / "config.json"))
     legacy = folder / "quantize_config.json"
@@ -120,27 +111,6 @@ def gptq_tensor_shapes(shapes: dict[str, tuple[int, ...]], gcfg: GptqConfig) -> 
     return out_shapes, optional
 
 
-def unpack_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:  # int32 [n * bits / 32, m] -> [n, m] int32
-    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
-    v = (packed[:, None, :] >> shifts[None, :, None]) & ((1 << bits) - 1)
-    return v.reshape(-1, packed.shape[1])
-
-
-def unpack_cols(packed: torch.Tensor, bits: int) -> torch.Tensor:  # int32 [n, m * bits / 32] -> [n, m] int32
-    return unpack_rows(packed.t().contiguous(), bits).t()
-
-
-def pack_rows(values: torch.Tensor, bits: int) -> torch.Tensor:  # [n, m] in [0, 2^bits) -> int32 [n * bits / 32, m]
-    per = 32 // bits
-    v = values.to(torch.int64).reshape(-1, per, values.shape[1])
-    word = (v << torch.arange(0, 32, bits, dtype=torch.int64)[None, :, None]).sum(1)
-    return torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32)
-
-
-def pack_cols(values: torch.Tensor, bits: int) -> torch.Tensor:  # [n, m] -> int32 [n, m * bits / 32]
-    return pack_rows(values.t().contiguous(), bits).t().contiguous()
-
-
 def gptq_layer(hf: dict[str, torch.Tensor], base: str, gcfg: GptqConfig) -> QuantizedWeight:
     """One GPTQ layer (``base`` = "model.layers.0.self_attn.q_proj.") in our format."""
     for suffix in ("qweight", "qzeros"):
@@ -167,20 +137,6 @@ def gptq_layer(hf: dict[str, torch.Tensor], base: str, gcfg: GptqConfig) -> Quan
                               "(sym false) are not supported")
     return QuantizedWeight("int8", (n.t() - 128).to(torch.int8).contiguous(), scales.t().contiguous(), group,
                            origin=origin)
-
-
-def concat_out(parts: list[QuantizedWeight]) -> QuantizedWeight:
-    """Stack layers along the output (q, k, v -> qkv_proj): same mode and group size."""
-    first = parts[0]
-    if len(parts) == 1:
-        return first
-    if any(p.group_size != first.group_size or p.mode != first.mode for p in parts):
-        raise CheckpointError(f"{first.origin}: fused projections differ in format or group size")
-    zeros = None
-    if any(p.zeros is not None for p in parts):
-        zeros = torch.cat([p.zeros if p.zeros is not None else torch.full_like(p.scale, 8.0) for p in parts])
-    return QuantizedWeight(first.mode, torch.cat([p.qweight for p in parts]), torch.cat([p.scale for p in parts]),
-                           first.group_size, zeros, first.origin)
 
 
 def gptq_weights(num_layers: int, hf: dict[str, torch.Tensor], gcfg: GptqConfig) -> dict[str, QuantizedWeight]:

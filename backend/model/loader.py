@@ -14,8 +14,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from backend.model.awq import read_awq_config
 from backend.model.config import CheckpointError, ModelConfig
 from backend.model.gptq import read_gptq_config
+from backend.model.prequantized import PrequantizedConfig
 from backend.model.llama import LlamaForCausalLM
 from backend.model.quant import QuantizedWeight, QuantLinear, native_ops_for
 
@@ -164,7 +166,8 @@ def load_model(folder: str | Path, dtype: torch.dtype | None = None, device: str
     if vocab > cfg.vocab_size:
         raise CheckpointError(
             f"{folder / 'tokenizer.json'}: tokenizer has {vocab} ids but the embedding has {cfg.vocab_size} rows")
-    prequantized = read_gptq_config(folder, json.loads((folder / "config.json").read_text()))
+    raw = json.loads((folder / "config.json").read_text())
+    prequantized: PrequantizedConfig | None = read_awq_config(folder, raw) or read_gptq_config(folder, raw)
     quantized: dict[str, QuantizedWeight] = {}
     if prequantized is None:
         hf = read_hf_tensors(folder, cfg)

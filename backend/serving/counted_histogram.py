@@ -1,8 +1,8 @@
 """A Prometheus histogram kept as counters, for a metric observed many times per request.
 
 Triton's histogram (``pb_utils.MetricFamily.HISTOGRAM``) takes one value per ``observe``, and each call is
-a round trip to the server process (~20 us of CPU on this machine). For the inter-token latency, one
-observation per generated token, that was ~1.3 ms of CPU per 64-token request. ``CountedHistogram``
+a round trip to the server process (~20 us of CPU). For the inter-token latency, one
+observation per generated token, that is ~1.3 ms of CPU per 64-token request. ``CountedHistogram``
 instead counts values into its buckets locally (``add``: numpy, no round trip) and ``publish`` adds the
 accumulated counts to three counter families named as a histogram's series are:
 
@@ -61,11 +61,17 @@ class CountedHistogram:
             self._pending += counts
             self._pending_sum += total
 
+    def close(self) -> None:
+        """Release the metrics, then their families (what is counted afterwards is not published)."""
+        with self._lock:
+            self._buckets, self._sum, self._count = [], None, None
+            self.families = []
+
     def publish(self) -> int:
         """Add what was counted since the last call to the counters; returns how many values that was."""
         with self._lock:
             counts, total = self._pending, self._pending_sum
-            if not counts.any():
+            if not counts.any() or self._sum is None:
                 return 0
             self._pending = np.zeros_like(counts)
             self._pending_sum = 0.0

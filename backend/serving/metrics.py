@@ -21,6 +21,9 @@ What serves requests, as an info gauge (always 1; backend/engine/builder.py ``Se
 
 A small thread reads ``engine.stats()`` every ``interval_s`` and sets the gauges through Triton's
 custom metrics API (``pb_utils.MetricFamily``), passed in so the module is testable without a server.
+``close()`` releases the metrics and then their families: the model's ``finalize()`` calls it, because a
+family still alive at interpreter teardown clears its metrics through the stub's shared memory after the
+stub has released it (a segfault in ``Metric::Clear()`` on every shutdown).
 """
 from __future__ import annotations
 
@@ -102,7 +105,7 @@ class EngineMetrics:
             self._gauges.append((gen.Metric(labels={**base, "general_type": label}), read))
         self._max_seqs = req.Metric(labels={**base, "request_type": "max"})  # keep a reference: metrics die with it
         self._max_seqs.set(float(max_num_seqs))
-        self._info = None
+        self._info = self._info_family = None
         if model_info is not None:
             self._info_family = pb_utils.MetricFamily(
                 name=MODEL_INFO_FAMILY, kind=gauge,
@@ -127,8 +130,13 @@ class EngineMetrics:
         self._loop = [(self._loop_family.Metric(labels={**base, "state": state}), read)
                       for state, read in LOOP_COUNTERS.items()]
         self._loop_seen = [0.0] * len(self._loop)
+        self._families += [f for f in (self._info_family, self._per_pos_family, self._loop_family) if f is not None]
+        self._families += [fam for fam, _ in self._spec]   # every family, for close()
+        self._closed = False
 
     def update(self) -> None:
+        if self._closed:
+            return
         stats = self._stats_fn()
         for metric, read in self._gauges:
             metric.set(float(read(stats)))
@@ -179,3 +187,12 @@ class EngineMetrics:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+
+    def close(self) -> None:
+        """Stop publishing; release every metric, then every family (nothing is published afterwards)."""
+        self.stop()
+        self._closed = True
+        self._gauges, self._spec_metrics, self._per_pos, self._loop = [], [], [], []
+        self._max_seqs = self._info = None
+        self._spec, self._info_family, self._per_pos_family, self._loop_family = [], None, None, None
+        self._families = []

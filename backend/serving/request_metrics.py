@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.core.timeline import RequestStats
+from backend.core.outputs import RequestStats
 from backend.serving.counted_histogram import CountedHistogram
 
 PREFIX = "triton_llm_"
@@ -94,7 +94,9 @@ class RequestMetrics:
 
     def record(self, stats: RequestStats | None, finish_reason: str) -> None:
         """One finished request. ``stats`` is None for a request the engine never queued (an error)."""
-        success = self._success.get(finish_reason) or self._success["error"]
+        success = self._success.get(finish_reason) or self._success.get("error")
+        if success is None:   # closed
+            return
         success.increment(1)
         if stats is None:
             return
@@ -112,6 +114,12 @@ class RequestMetrics:
         if stats.time_per_output_token is not None:
             h["time_per_output_token_seconds"].observe(stats.time_per_output_token)
         self.inter_token.add(stats.inter_token_latencies)   # counted here, published by publish()
+
+    def close(self) -> None:
+        """Release the metrics, then their families (the llm model's finalize, through the telemetry's closers)."""
+        self._hist, self._count, self._success = {}, {}, {}
+        self.inter_token.close()
+        self._families = []
 
     def publish(self) -> None:
         """Publish the inter-token latencies counted since the last call (the telemetry thread's periodic work)."""

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from backend.core.timeline import RequestStats
+from backend.core.outputs import RequestStats
 from contracts.sampling_params import SamplingParams
 from tracing import trace_id_of
 

@@ -53,7 +53,7 @@ def repository_overrides(model: Path | None, sets: Sequence[str]) -> dict[str, d
 def engine_config(overrides: dict[str, dict[str, str]]):
     """The EngineConfig the ``llm`` model builds from its config.pbtxt (with the same overrides), and its parameters."""
     from backend.config import EngineConfig
-    from backend.serving.llm_serving import split_parameters
+    from backend.serving.llm_startup import split_parameters
     from contracts.triton_config import resolve_paths
 
     text = set_parameters((MODEL_REPOSITORY / "llm" / "config.pbtxt").read_text(), overrides.get("llm", {}))

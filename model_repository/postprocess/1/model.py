@@ -16,4 +16,5 @@ class TritonPythonModel:
         return self.serving.execute(requests)
 
     def finalize(self):
-        self.serving = None   # its metric family must go while the stub's shared memory still exists
+        self.serving.close()      # its metric, then the family, while the stub's shared memory still exists
+        self.serving = None

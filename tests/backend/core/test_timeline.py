@@ -1,4 +1,5 @@
-"""backend/core/timeline.py: per-step timestamps and the stats a finished request reports.
+"""Per-step timestamps (backend/engine/step_timeline.py) and the stats a finished request reports
+(backend/core/request_state.py).
 
 The real scheduler runs with a stub runner (always token 7) and a fake clock that advances one
 second per step, so every recorded time is an exact, known number.
@@ -8,10 +9,11 @@ from __future__ import annotations
 import pytest
 
 from backend.config import EngineConfig
-from backend.core.outputs import FinishReason
+from backend.core.outputs import FinishReason, RequestStats
 from backend.core.plan import ModelRunnerOutput
 from backend.core.scheduler import Scheduler
-from backend.core.timeline import MAX_CHUNK_RECORDS, RequestStats, mark_scheduled, mark_step_done, request_stats
+from backend.core.request_state import request_stats
+from backend.engine.step_timeline import MAX_CHUNK_RECORDS, mark_scheduled, mark_step_done
 from contracts.sampling_params import SamplingParams
 
 VOCAB, EOS, TOKEN = 64, 1, 7

@@ -1,4 +1,4 @@
-"""The engine's per-request stats and drawn seeds (backend/engine/llm_engine.py, backend/core/timeline.py)."""
+"""The engine's per-request stats and drawn seeds (backend/engine/llm_engine.py, backend/engine/step_timeline.py)."""
 from __future__ import annotations
 
 import pytest

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine, output_token_ids
 from backend.model.config import CheckpointError
-from backend.model.gptq import pack_cols, pack_rows, unpack_cols, unpack_rows
+from backend.model.prequantized import pack_cols, pack_rows, unpack_cols, unpack_rows
 from backend.model.loader import load_model, read_hf_tensors
 from backend.model.quant import QuantLinear, linear_targets, quantize_model
 from contracts.sampling_params import SamplingParams

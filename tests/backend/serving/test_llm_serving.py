@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from backend.core.outputs import FinishReason, RequestOutput, TokenLogprob
-from backend.serving.llm_serving import LLMServing, split_parameters
+from backend.serving.llm_serving import LLMServing
+from backend.serving.llm_startup import split_parameters
 from contracts import wire
 from contracts.sampling_params import GuideSpec, SamplingParams
 from contracts.triton_config import resolve_paths
@@ -172,7 +173,7 @@ def test_cancelled_request_is_aborted_by_the_watcher(setup):
 
 
 def test_the_watcher_asks_a_bounded_number_of_requests_per_sweep_oldest_first():
-    from backend.serving.llm_serving import CANCEL_CHECKS_PER_SWEEP
+    from backend.serving.cancel_watch import CANCEL_CHECKS_PER_SWEEP
 
     engine, pb = FakeEngine(), make_pb_utils()
     serving = LLMServing(engine, pb, cancel_poll_interval_s=3600)   # sweeps driven by hand below

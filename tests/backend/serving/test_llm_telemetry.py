@@ -13,7 +13,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from backend.core.outputs import FinishReason
-from backend.core.timeline import RequestStats
+from backend.core.outputs import RequestStats
 from backend.serving.llm_serving import LLMServing
 from backend.serving.request_log import RequestLog, log_record, parse_level, token_sha256
 from backend.serving.telemetry import FinishedRequest, RequestTelemetry

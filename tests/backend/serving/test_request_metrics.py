@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.core.timeline import RequestStats
+from backend.core.outputs import RequestStats
 from backend.serving.request_metrics import REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, RequestMetrics, build_1_2_5_buckets
 from tests.helpers.triton_fakes import make_pb_utils
 
