@@ -1,6 +1,6 @@
-"""The docs stay reference a newcomer can use: the README and docs/benchmarks.md within their sizes, one results
-table of at most 12 rows whose commands name real benchmark modules and flags, every repository path a doc names
-exists, and no doc speaks of the project's own work periods."""
+"""The docs stay reference a newcomer can use: one results table of at most 12 rows whose commands name real
+benchmark modules and flags, and every repository path a doc names exists. (Sizes and the search for work
+periods over every tracked file: tests/repo/test_house_rules.py.)"""
 from __future__ import annotations
 
 import re
@@ -10,8 +10,6 @@ import pytest
 from tests.helpers.api_docs import REPO
 
 README = REPO / "README.md"
-BENCHMARKS = REPO / "docs" / "benchmarks.md"
-HISTORY = re.compile(r"session [0-9]|this session|device time|is lent|other engineers", re.I)
 PATH = re.compile(r"(?<![A-Za-z0-9_./-])((?:backend|preprocess|postprocess|contracts|gateway|tools|bench|proto|helm|"
                   r"tests|cli|grammar|tracing)/[A-Za-z0-9_./-]+\.(?:py|proto|yaml|md|sh))")
 DOCS = sorted([README, *(REPO / "docs").glob("*.md"), REPO / "helm" / "README.md",
@@ -24,11 +22,6 @@ def results_rows() -> list[list[str]]:
     rows = [[c.strip() for c in line.strip().split("|")[1:-1]] for line in section.splitlines()
             if line.startswith("|")]
     return [r for r in rows[1:] if not set("".join(r)) <= set("- :")]
-
-
-def test_readme_and_benchmarks_fit_their_sizes():
-    assert len(README.read_text().splitlines()) <= 150
-    assert len(BENCHMARKS.read_text().splitlines()) <= 400
 
 
 def test_one_results_table_of_short_cells():
@@ -57,9 +50,7 @@ def test_results_commands_name_benchmark_modules_and_their_flags():
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(REPO)))
-def test_no_work_periods_and_no_missing_paths(path):
+def test_no_missing_paths(path):
     text = path.read_text()
-    for n, line in enumerate(text.splitlines(), 1):
-        assert not HISTORY.search(line), f"{path.name}:{n}: {line.strip()[:120]}"
     missing = sorted({p for p in PATH.findall(text) if not (REPO / p).exists()})
     assert not missing, f"{path.name} names paths that do not exist: {missing}"
