@@ -1,4 +1,4 @@
-"""The grammar layer of constrained decoding (xgrammar), a leaf of the postprocess package.
+"""The grammar layer of constrained decoding (xgrammar): a leaf package that preprocess, the engine and postprocess import.
 
 It imports xgrammar, torch and ``contracts`` only (``jsonschema`` lazily, for schema guides), so the
 engine loads it without postprocess's detokenizer or Triton glue, and preprocess uses it to check

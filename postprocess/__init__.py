@@ -1,7 +1,7 @@
 """Postprocess: incremental detokenization, text-level stop strings, finish reasons (pure Python).
 
-Nothing is imported eagerly: ``import grammar`` (the xgrammar layer the engine loads)
-must not pull in the detokenizer or the Triton glue. The names below load on first use.
+Nothing is imported eagerly: importing one module (``postprocess.detokenizer``, say) does not pull in
+the Triton glue. The names below load on first use.
 """
 from __future__ import annotations
 
