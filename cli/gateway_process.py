@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from cli.launcher import die_with_parent, stop_process
+from cli.child_process import ChildProcess, die_with_parent, stop_process
 
 from gateway.config import REPO
 
@@ -25,7 +25,7 @@ class GatewayError(RuntimeError):
     """The gateway exited or did not become ready."""
 
 
-class GatewayProcess:
+class GatewayProcess(ChildProcess):
     def __init__(self, listen: str, triton_url: str, *, extra_args: list[str] | None = None,
                  env: dict[str, str] | None = None, log_path: Path | None = None, python: str = sys.executable) -> None:
         self.listen = listen
@@ -106,15 +106,3 @@ class GatewayProcess:
             self._log.close()
             self._log = None
         return code
-
-    def __enter__(self) -> "GatewayProcess":
-        self.start()
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

@@ -21,7 +21,6 @@ inherit the environment, export their own spans there.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import re
 import shutil
@@ -37,46 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from cli.child_process import ChildProcess, die_with_parent, stop_process
 from tracing import TracingConfigError, TracingSettings
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_REPOSITORY = REPO / "model_repository"
 CACHE = REPO / ".cache"
-
-
-def stop_process(proc: subprocess.Popen, signum: int, timeout: float) -> int | None:
-    """``signum`` (a graceful stop), then SIGKILL of the process group after ``timeout`` seconds; the exit code."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signum)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-    return proc.returncode
-
-
-PR_SET_PDEATHSIG = 1   # linux/prctl.h
-
-
-def die_with_parent(signum: int = signal.SIGTERM):
-    """A ``preexec_fn``: the child gets ``signum`` when this process dies, SIGKILL included, so a killed launcher
-    leaves no tritonserver or gateway holding its ports; None off Linux. The kernel sends it when the thread that
-    started the child exits, so start children from one that lives as long as they should (the main thread)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)    # loaded before the fork: the child only calls into it
-    parent = os.getpid()
-
-    def preexec() -> None:
-        if libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-        if os.getppid() != parent:      # the parent died before prctl: nobody will send the signal
-            os.kill(os.getpid(), signum)
-
-    return preexec
 
 
 class LauncherError(RuntimeError):
@@ -266,7 +231,7 @@ def render_model_repository(dest: Path, overrides: dict[str, dict[str, str]] | N
     return dest
 
 
-class TritonServer:
+class TritonServer(ChildProcess):
     """A tritonserver child process: ``start()``, ``wait_ready()``, ``stop()``; a context manager."""
 
     def __init__(self, model_repository: Path = MODEL_REPOSITORY, ports: Ports | None = None, *,
@@ -385,15 +350,3 @@ class TritonServer:
             self._log_file.close()
             self._log_file = None
         return code
-
-    def __enter__(self) -> "TritonServer":
-        self.start()
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
