@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from bench.bench_spec import (
+from bench.harness.spec_matrix import (
     decode_speedup_for,
     geometric_accepted,
     goal_analysis,
