@@ -13,8 +13,9 @@ sequence. A sequence's share of a plain step is ``t(B) / B``; it drafts the ``k`
 
 The rules, each with its constant in ``AdaptiveConfig`` (0 or false switches it off):
 
-- ``probe_every``: every that many rounds, every candidate drafts its cap, so a sequence held at ``k = 0`` is seen
-  again when its drafts start paying, and the costs of the longest drafts are measured again;
+- ``probe_budget``: now and then every candidate drafts its cap (a probe), so a sequence held at ``k = 0`` is seen
+  again when its drafts start paying and the longest drafts' cost is measured again; probes are spaced so that
+  they cost at most that fraction of the plain step time (``probe_interval``);
 - ``plain_every``: after that many steps with drafts in a bucket, one step without, so ``t(B)`` follows the
   machine (a stale ``t`` makes drafts look cheaper and each saved step dearer);
 - ``cold_steps``: the decode steps right after a prefill chunk are not timed (caches still cold);
@@ -38,18 +39,20 @@ class AdaptiveConfig:
     prior_acceptance: float = 0.9   # a new evidence class's per-position acceptance
     acceptance_weight: float = 0.2  # exponential-mean weight of one verification
     cost_weight: float = 0.2        # exponential-mean weight of one step time
-    probe_every: int = 32           # rounds between probes (0: never)
+    probe_budget: float = 0.02      # fraction of the plain step time probes may cost (0: never probe)
     plain_every: int = 64           # steps with drafts per bucket between plain ones (0: only unforced ones)
     cold_steps: int = 2             # decode steps after a prefill chunk left untimed
     split_sampled: bool = True      # costs of steps with a sampled request apart
     skip_idle: bool = True          # no lookups for sampled sequences held at k = 0
 
     def __post_init__(self) -> None:
-        for name in ("prior_acceptance", "acceptance_weight", "cost_weight"):
+        for name in ("prior_acceptance", "acceptance_weight", "cost_weight", "probe_budget"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-                raise ValueError(f"{name}: expected a number in (0, 1], got {value!r}")
-        for name in ("probe_every", "plain_every", "cold_steps"):
+            lowest_open = name != "probe_budget"
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not \
+                    (0 < value <= 1 if lowest_open else 0 <= value <= 1):
+                raise ValueError(f"{name}: expected a number in {'(' if lowest_open else '['}0, 1], got {value!r}")
+        for name in ("plain_every", "cold_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}: expected an integer >= 0, got {value!r}")
@@ -80,6 +83,12 @@ def best_num_drafts(acceptance: list[float], share: float, extras: list[float]) 
     return best_k
 
 
+def probe_interval(num_seqs: int, plain: float, extra: float, budget: float) -> float:
+    """Rounds between probes of ``num_seqs`` sequences, each costing ``extra`` beyond a plain step of ``plain``
+    seconds, for the probes to cost at most ``budget`` of the plain step time."""
+    return num_seqs * extra / (budget * plain)
+
+
 def update(estimate: list[float], num_drafts: int, num_accepted: int, weight: float) -> None:
     """One verification into per-position acceptance: positions up to the first rejection are observed."""
     for j in range(min(num_drafts, num_accepted + 1, len(estimate))):
@@ -96,7 +105,8 @@ class AdaptiveDraftLength:
     _classes: dict[int, list[float]] = field(default_factory=dict)              # cls -> engine-wide acceptance
     _seqs: dict[tuple[int, int], list[float]] = field(default_factory=dict)     # (seq_id, cls) -> acceptance
     _held: set[int] = field(default_factory=set)                                # seq_ids chosen k = 0 on merit
-    _round: int = 0
+    _since_probe: int = 0                                                       # rounds since the last probe
+    _probe_next: bool = False                                                   # the next round probes
     _cold: int = 0
 
     def __post_init__(self) -> None:
@@ -114,21 +124,25 @@ class AdaptiveDraftLength:
             self._classes[cls] = [self.config.prior_acceptance] * self.max_k
         return self._classes[cls]
 
-    def _probe_round(self, r: int) -> bool:
-        return self.config.probe_every > 0 and r % self.config.probe_every == 0
-
     def choose(self, num_decoding: int, sampled: bool, candidates: list[Candidate]) -> list[int]:
-        self._round += 1
         caps = [min(c.k_max, self.max_k) for c in candidates]
         b = self.costs.at(num_decoding, sampled)
         every = self.config.plain_every
-        if b.plain is None or (every > 0 and b.since_plain >= every):
+        if not candidates or b.plain is None or (every > 0 and b.since_plain >= every):
             return [0] * len(candidates)                      # measure t(B)
-        if not b.extra or self._probe_round(self._round):
+        if not b.extra:
+            return caps                                       # measure x(B, k)
+        extras = extras_upto(b.extra, max(caps))
+        budget, self._since_probe = self.config.probe_budget, self._since_probe + 1
+        interval = probe_interval(num_decoding, b.plain, extras[-1], budget) if budget > 0 else None
+        probe = interval is not None and self._since_probe >= interval
+        if probe:
+            self._since_probe = 0
+        self._probe_next = interval is not None and self._since_probe + 1 >= interval
+        if probe:
             self._held.difference_update(c.seq_id for c in candidates)
-            return caps                                       # measure x(B, k), or probe
+            return caps                                       # a probe
         share = b.plain / num_decoding
-        extras = extras_upto(b.extra, max(caps, default=0))
         ks = []
         for c, cap in zip(candidates, caps):
             k = best_num_drafts(self.acceptance(c.seq_id, c.cls)[:cap], share, extras[:cap])
@@ -140,7 +154,7 @@ class AdaptiveDraftLength:
         return ks
 
     def idle(self, seq_id: int) -> bool:
-        return self.config.skip_idle and seq_id in self._held and not self._probe_round(self._round + 1)
+        return self.config.skip_idle and seq_id in self._held and not self._probe_next
 
     def observe(self, step: StepRecord) -> None:
         w = self.config.acceptance_weight

@@ -98,9 +98,9 @@ def test_turns_put_every_engine_in_every_position_and_after_every_other_equally(
 def test_a_method_can_change_the_adaptive_policys_constants():
     from bench.bench_spec import method_spec
     assert method_spec("ngram") == ({"speculative_method": "ngram"}, {})
-    assert method_spec("ngram/probe_every=0/skip_idle=false") == \
-        ({"speculative_method": "ngram"}, {"probe_every": 0, "skip_idle": False})
+    assert method_spec("ngram/probe_budget=0/skip_idle=false") == \
+        ({"speculative_method": "ngram"}, {"probe_budget": 0.0, "skip_idle": False})
     assert method_spec("draft/cost_weight=0.5")[1] == {"cost_weight": 0.5}
-    for bad in ("ngram/window=3", "ngram-fixed/probe_every=0", "none/probe_every=0", "nope"):
+    for bad in ("ngram/window=3", "ngram-fixed/probe_budget=0", "none/probe_budget=0", "nope"):
         with pytest.raises(ValueError, match="--methods"):
             method_spec(bad)

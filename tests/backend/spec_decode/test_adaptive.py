@@ -47,7 +47,7 @@ def test_the_literal_check_finds_a_new_constant():
 
 @pytest.mark.parametrize("field, value", [
     ("prior_acceptance", 0.0), ("prior_acceptance", 1.5), ("acceptance_weight", "x"), ("cost_weight", True),
-    ("probe_every", -1), ("plain_every", 1.5), ("cold_steps", None), ("split_sampled", 1), ("skip_idle", "yes"),
+    ("probe_budget", -0.5), ("plain_every", 1.5), ("cold_steps", None), ("split_sampled", 1), ("skip_idle", "yes"),
 ])
 def test_config_refuses_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -125,21 +125,25 @@ def test_a_bucket_measures_its_plain_step_then_its_drafts_then_chooses():
     assert not p.idle(1) and (1, 0) not in p._seqs
 
 
-def test_probes_leave_k_zero_and_switch_off():
-    for every in (4, 0):
-        p = AdaptiveDraftLength(4, AdaptiveConfig(cold_steps=0, probe_every=every, plain_every=0,
+def test_probes_leave_k_zero_within_their_budget_and_switch_off():
+    """A probe's extra (here as dear as a plain step) at budget 1/4: one round in 4."""
+    for budget in (0.25, 0.0):
+        p = AdaptiveDraftLength(4, AdaptiveConfig(cold_steps=0, probe_budget=budget, plain_every=0,
                                                   prior_acceptance=0.1))
         warm(p, extra=0.001)
-        p._round = 0
         ks = [p.choose(1, False, [Candidate(1, 0, 4)])[0] for _ in range(8)]
-        assert ks == ([0, 0, 0, 4, 0, 0, 0, 4] if every else [0] * 8)
-        assert p.idle(1) == (every == 0)                 # just probed: decided afresh next round
+        assert ks == ([0, 0, 0, 4, 0, 0, 0, 4] if budget else [0] * 8)
+        assert p.idle(1) == (budget == 0)                # just probed: decided afresh next round
         p.choose(1, False, [Candidate(1, 0, 4)])
         assert p.idle(1)
+        if budget:
+            p.choose(1, False, [Candidate(1, 0, 4)])
+            p.choose(1, False, [Candidate(1, 0, 4)])
+            assert not p.idle(1)                         # a probe is due: looked up
 
 
 def test_a_plain_step_every_plain_every_steps_with_drafts():
-    p = AdaptiveDraftLength(4, AdaptiveConfig(cold_steps=0, plain_every=3, probe_every=0))
+    p = AdaptiveDraftLength(4, AdaptiveConfig(cold_steps=0, plain_every=3, probe_budget=0))
     warm(p)
     seen = []
     for _ in range(8):
@@ -168,7 +172,7 @@ def test_acceptance_per_sequence_and_class_starts_from_the_class():
 
 
 def test_batch_size_changes_the_choice():
-    p = AdaptiveDraftLength(4, AdaptiveConfig(cold_steps=0, probe_every=0, plain_every=0, prior_acceptance=0.6))
+    p = AdaptiveDraftLength(4, AdaptiveConfig(cold_steps=0, probe_budget=0, plain_every=0, prior_acceptance=0.6))
     warm(p, n=1, plain=0.001, extra=0.0003)              # batch 1: drafts nearly free next to a step's share
     warm(p, n=32, plain=0.010, extra=0.0008)             # batch 32: a draft costs more than a share of the step
     assert p.choose(1, False, [Candidate(1, 0, 4)]) != [0]
