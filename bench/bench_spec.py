@@ -13,7 +13,7 @@ engine over a round's requests at once on this thread, in turns of ``--slice-ms`
 (``bench/harness/sliced.py``, turns in a balanced Latin square's order) and counts tokens per second of each
 engine's own CPU time, so a slow spell of the shared machine hits every engine alike; ``--drive turns`` lets
 started engines take turns every ``--chunk`` requests on wall time. ``none-again``, a second engine without
-speculation, is the A/A control: its ratio is the measurement's own noise. ``ngram/probe_every=0`` (any adaptive
+speculation, is the A/A control: its ratio is the measurement's own noise. ``ngram/probe_budget=0`` (any adaptive
 method, any ``AdaptiveConfig`` field) runs the policy with constants changed, for ablations. Writes
 bench/results/spec.json and spec.png.
 
@@ -60,7 +60,7 @@ METHODS = {  # name -> EngineConfig overrides
 
 def method_spec(name: str) -> tuple[dict, dict]:
     """``(EngineConfig overrides, AdaptiveConfig overrides)`` of a method: one of ``METHODS``, or an adaptive one
-    with some of its policy's constants changed, ``ngram/probe_every=0/skip_idle=false`` (an ablation)."""
+    with some of its policy's constants changed, ``ngram/probe_budget=0/skip_idle=false`` (an ablation)."""
     base, *changes = name.split("/")
     if base not in METHODS or (changes and not METHODS[base].get("speculative_adaptive", True)) or \
             (changes and base.startswith("none")):
@@ -152,8 +152,8 @@ def measured_row(engine: LLMEngine, before: tuple, records, seconds: float, samp
            "mean_accepted_length": 1 + accepted / verifies if verifies else 1.0, "errors": s["errors"],
            "verifies": verifies}
     policy = engine.speculator.policy if engine.speculator is not None else None
-    if isinstance(policy, AdaptiveDraftLength):   # the costs of the cell's kind of steps: sampled or greedy
-        plain, extra = policy.costs.snapshot(sampled)
+    if isinstance(policy, AdaptiveDraftLength):
+        plain, extra = policy.costs.snapshot()
         row["plain_step_ms"] = {b: 1e3 * v for b, v in plain.items()}
         row["extra_ms_per_seq"] = {b: {k: 1e3 * v for k, v in by_k.items()} for b, by_k in extra.items()}
     return row

@@ -19,7 +19,6 @@ The rules, each with its constant in ``AdaptiveConfig`` (0 or false switches it 
 - ``plain_every``: after that many steps with drafts in a bucket, one step without, so ``t(B)`` follows the
   machine (a stale ``t`` makes drafts look cheaper and each saved step dearer);
 - ``cold_steps``: the decode steps right after a prefill chunk are not timed (caches still cold);
-- ``split_sampled``: steps with a sampled request keep their own costs (a sampled verification costs more);
 - ``skip_idle``: a sampled sequence held at ``k = 0`` is not looked up between probes.
 
 Until a bucket's ``t`` is measured its steps run without drafts; until its ``x`` is, every candidate drafts its cap.
@@ -42,7 +41,6 @@ class AdaptiveConfig:
     probe_budget: float = 0.02      # fraction of the plain step time probes may cost (0: never probe)
     plain_every: int = 64           # steps with drafts per bucket between plain ones (0: only unforced ones)
     cold_steps: int = 2             # decode steps after a prefill chunk left untimed
-    split_sampled: bool = True      # costs of steps with a sampled request apart
     skip_idle: bool = True          # no lookups for sampled sequences held at k = 0
 
     def __post_init__(self) -> None:
@@ -56,9 +54,8 @@ class AdaptiveConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}: expected an integer >= 0, got {value!r}")
-        for name in ("split_sampled", "skip_idle"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}: expected a boolean, got {getattr(self, name)!r}")
+        if not isinstance(self.skip_idle, bool):
+            raise ValueError(f"skip_idle: expected a boolean, got {self.skip_idle!r}")
 
 
 def expected_accepted(acceptance: list[float], k: int) -> float:
@@ -110,7 +107,7 @@ class AdaptiveDraftLength:
     _cold: int = 0
 
     def __post_init__(self) -> None:
-        self.costs = StepCosts(self.config.cost_weight, self.config.split_sampled)
+        self.costs = StepCosts(self.config.cost_weight)
 
     def acceptance(self, seq_id: int, cls: int) -> list[float]:
         """The sequence's per-position acceptance for drafts of class ``cls``."""
@@ -124,9 +121,9 @@ class AdaptiveDraftLength:
             self._classes[cls] = [self.config.prior_acceptance] * self.max_k
         return self._classes[cls]
 
-    def choose(self, num_decoding: int, sampled: bool, candidates: list[Candidate]) -> list[int]:
+    def choose(self, num_decoding: int, candidates: list[Candidate]) -> list[int]:
         caps = [min(c.k_max, self.max_k) for c in candidates]
-        b = self.costs.at(num_decoding, sampled)
+        b = self.costs.at(num_decoding)
         every = self.config.plain_every
         if not candidates or b.plain is None or (every > 0 and b.since_plain >= every):
             return [0] * len(candidates)                      # measure t(B)
@@ -169,9 +166,9 @@ class AdaptiveDraftLength:
             return
         speculating = [v for v in step.verified if v.num_drafts]
         if not speculating:
-            self.costs.observe_plain(step.num_seqs, step.sampled, step.seconds)
+            self.costs.observe_plain(step.num_seqs, step.seconds)
         else:
-            self.costs.observe_speculative(step.num_seqs, step.sampled, len(speculating),
+            self.costs.observe_speculative(step.num_seqs, len(speculating),
                                            max(v.num_drafts for v in speculating), step.seconds)
 
     def free(self, seq_ids: list[int]) -> None:

@@ -2,7 +2,7 @@
 
 The speculator (``speculator.py``) calls four methods, in any order a step needs:
 
-- ``choose(num_decoding, sampled, candidates)``: once per proposal round, the ``k`` of every candidate (a decoding
+- ``choose(num_decoding, candidates)``: once per proposal round, the ``k`` of every candidate (a decoding
   sequence, its evidence class and its own cap ``k_max``); ``0`` drafts nothing;
 - ``observe(step)``: once per engine step, what it verified and what it cost (``StepRecord``);
 - ``idle(seq_id)``: whether a sequence would be held at ``k = 0`` this round, so a lookup for it can be skipped;
@@ -40,18 +40,17 @@ class Verified:
 @dataclass(frozen=True)
 class StepRecord:
     """One engine step: ``num_seqs`` scheduled sequences, ``seconds`` on the engine's step clock (the proposer's
-    time for the drafts it verified included), whether every sequence decoded (no prefill chunk), whether one
-    samples, and the verifications."""
+    time for the drafts it verified included), whether every sequence decoded (no prefill chunk), and the
+    verifications."""
 
     num_seqs: int
     seconds: float
     decode_only: bool
-    sampled: bool
     verified: list[Verified] = field(default_factory=list)
 
 
 class DraftLengthPolicy(Protocol):
-    def choose(self, num_decoding: int, sampled: bool, candidates: list[Candidate]) -> list[int]:
+    def choose(self, num_decoding: int, candidates: list[Candidate]) -> list[int]:
         """The ``k`` of each candidate, in order, each in ``[0, candidate.k_max]``."""
 
     def observe(self, step: StepRecord) -> None:
@@ -67,7 +66,7 @@ class DraftLengthPolicy(Protocol):
 class FixedK:
     """Every candidate proposes its cap; nothing is learnt."""
 
-    def choose(self, num_decoding: int, sampled: bool, candidates: list[Candidate]) -> list[int]:
+    def choose(self, num_decoding: int, candidates: list[Candidate]) -> list[int]:
         return [c.k_max for c in candidates]
 
     def observe(self, step: StepRecord) -> None:

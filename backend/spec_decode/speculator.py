@@ -51,18 +51,6 @@ def evidence_class(seq: Sequence, evidence: int) -> int:
     return 2 * evidence + is_sampled(seq)
 
 
-def step_kind(plan: SchedulerOutput) -> tuple[bool, bool]:
-    """(decode-only: every scheduled sequence computes its last token and its drafts, no prefill chunk; some
-    scheduled sequence samples), in one pass over the step."""
-    decode_only, sampled = True, False
-    for s in plan.scheduled:
-        if s.num_new_tokens != 1 + s.num_draft_tokens:
-            decode_only = False
-        if not sampled and is_sampled(s.seq):
-            sampled = True
-    return decode_only, sampled
-
-
 def cut_drafts(drafts: list[int], num_valid: int, sampled_from_q: bool) -> int:
     """How many drafts to verify when only the first ``num_valid`` are grammar-valid: all valid ones,
     plus the first invalid one when the draft was drawn from a distribution (module docstring)."""
@@ -114,10 +102,10 @@ class Speculator:
         self._propose(scheduler, clock)
 
     def _record(self, plan: SchedulerOutput, output: ModelRunnerOutput, seconds: float) -> StepRecord:
-        decode_only, sampled = step_kind(plan)
+        decode_only = all(s.num_new_tokens == 1 + s.num_draft_tokens for s in plan.scheduled)
         verified = [Verified(s.seq.seq_id, self._evidence.get(s.seq.seq_id, 0), s.num_draft_tokens, len(t) - 1)
                     for s, t in zip(plan.scheduled, output.sampled_token_ids) if s.num_draft_tokens]
-        return StepRecord(len(plan.scheduled), seconds, decode_only, sampled, verified)
+        return StepRecord(len(plan.scheduled), seconds, decode_only, verified)
 
     def _propose(self, scheduler: Scheduler, clock: Callable[[], float]) -> None:
         self.draft_probs, self._evidence, self._draft_seconds = {}, {}, 0.0
@@ -141,7 +129,6 @@ class Speculator:
         one the policy holds at ``k = 0``) and the policy cuts each proposal knowing its evidence; the lookup is a
         cost of every round, not of drafting, so it is not timed. A draft model costs ``k`` forwards: the policy
         chooses first, and the proposer's time joins the cost of the step that verifies its drafts."""
-        sampled = any(map(is_sampled, decoding))
         caps = {s.seq_id: self.seq_max_k(s, scheduler.max_model_len) for s in decoding}
         if self.proposer.looks_up:
             looked = [s for s in decoding if not (is_sampled(s) and self.policy.idle(s.seq_id))]
@@ -152,12 +139,12 @@ class Speculator:
                 proposal.evidence[sid] = evidence_class(by_id[sid], proposal.evidence.get(sid, 0))
             sids = list(proposal.draft_token_ids)
             cands = [Candidate(sid, proposal.evidence[sid], len(proposal.draft_token_ids[sid])) for sid in sids]
-            for sid, k in zip(sids, self.policy.choose(len(decoding), sampled, cands)):
+            for sid, k in zip(sids, self.policy.choose(len(decoding), cands)):
                 if k < len(proposal.draft_token_ids[sid]):
                     proposal.keep(sid, k)
             return proposal
         cands = [Candidate(s.seq_id, evidence_class(s, 0), caps[s.seq_id]) for s in decoding if caps[s.seq_id]]
-        ks = self.policy.choose(len(decoding), sampled, cands)
+        ks = self.policy.choose(len(decoding), cands)
         by_id = {s.seq_id: s for s in decoding}
         chosen = [(by_id[c.seq_id], k) for c, k in zip(cands, ks) if k > 0]
         if not chosen:

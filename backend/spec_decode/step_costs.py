@@ -58,37 +58,33 @@ class BucketCosts:
 
 @dataclass
 class StepCosts:
-    """Step costs keyed by ``(bucket(B), sampled)``; ``weight`` is the exponential mean's weight of a new step.
-    ``split_sampled`` false pools steps with and without a sampled request under one key."""
+    """Step costs per ``bucket(B)``; ``weight`` is the exponential mean's weight of a new step."""
 
     weight: float
-    split_sampled: bool = True
-    buckets: dict[tuple[int, bool], BucketCosts] = field(default_factory=dict)
+    buckets: dict[int, BucketCosts] = field(default_factory=dict)
 
-    def at(self, num_seqs: int, sampled: bool) -> BucketCosts:
-        key = (bucket(num_seqs), sampled and self.split_sampled)
-        found = self.buckets.get(key)
+    def at(self, num_seqs: int) -> BucketCosts:
+        found = self.buckets.get(bucket(num_seqs))
         if found is None:
-            found = self.buckets[key] = BucketCosts()
+            found = self.buckets[bucket(num_seqs)] = BucketCosts()
         return found
 
-    def observe_plain(self, num_seqs: int, sampled: bool, seconds: float) -> None:
-        b = self.at(num_seqs, sampled)
+    def observe_plain(self, num_seqs: int, seconds: float) -> None:
+        b = self.at(num_seqs)
         b.plain = ema(b.plain, seconds, self.weight)
         b.since_plain = 0
 
-    def observe_speculative(self, num_seqs: int, sampled: bool, num_speculating: int, max_drafts: int,
-                            seconds: float) -> None:
+    def observe_speculative(self, num_seqs: int, num_speculating: int, max_drafts: int, seconds: float) -> None:
         """A step over ``num_seqs`` sequences, ``num_speculating`` of them verifying at most ``max_drafts`` drafts,
         took ``seconds``; its extra is measured against the bucket's plain time once that is known."""
-        b = self.at(num_seqs, sampled)
+        b = self.at(num_seqs)
         b.since_plain += 1
         if b.plain is not None and num_speculating > 0:
             per_seq = max(0.0, seconds - b.plain) / num_speculating
             b.extra[max_drafts] = ema(b.extra.get(max_drafts), per_seq, self.weight)
 
-    def snapshot(self, sampled: bool) -> tuple[dict[int, float], dict[int, dict[int, float]]]:
-        """``({bucket: t}, {bucket: {k: x}})`` of steps with a sampled request or without (benchmarks, logs)."""
-        rows = {b: c for (b, s), c in sorted(self.buckets.items()) if s == (sampled and self.split_sampled)}
+    def snapshot(self) -> tuple[dict[int, float], dict[int, dict[int, float]]]:
+        """``({bucket: t}, {bucket: {k: x}})`` (benchmarks, logs)."""
+        rows = dict(sorted(self.buckets.items()))
         return ({b: c.plain for b, c in rows.items() if c.plain is not None},
                 {b: dict(sorted(c.extra.items())) for b, c in rows.items() if c.extra})

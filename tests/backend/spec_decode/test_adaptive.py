@@ -47,7 +47,7 @@ def test_the_literal_check_finds_a_new_constant():
 
 @pytest.mark.parametrize("field, value", [
     ("prior_acceptance", 0.0), ("prior_acceptance", 1.5), ("acceptance_weight", "x"), ("cost_weight", True),
-    ("probe_budget", -0.5), ("plain_every", 1.5), ("cold_steps", None), ("split_sampled", 1), ("skip_idle", "yes"),
+    ("probe_budget", -0.5), ("plain_every", 1.5), ("cold_steps", None), ("skip_idle", "yes"),
 ])
 def test_config_refuses_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -85,41 +85,38 @@ def test_interpolation_errs_cheap_and_no_length_is_dearer_than_a_longer_one():
     assert ema(None, 3.0, 0.5) == 3.0 and ema(3.0, 1.0, 0.5) == 2.0
 
 
-def test_step_costs_per_bucket_and_apart_for_sampled_steps():
+def test_step_costs_per_bucket():
     costs = StepCosts(weight=1.0)
-    costs.observe_speculative(3, False, 2, 4, 0.010)    # no plain time yet: nothing to measure against
-    assert costs.at(4, False).extra == {} and costs.at(4, False).since_plain == 1
-    costs.observe_plain(3, False, 0.002)                 # bucket 4
-    costs.observe_speculative(4, False, 2, 4, 0.010)
-    assert costs.at(3, False).extra == {4: pytest.approx(0.004)}
-    assert costs.at(4, True).plain is None               # sampled steps have their own costs
-    assert costs.snapshot(False) == ({4: 0.002}, {4: {4: pytest.approx(0.004)}})
-    pooled = StepCosts(weight=1.0, split_sampled=False)
-    pooled.observe_plain(1, True, 0.001)
-    assert pooled.at(1, False).plain == 0.001
+    costs.observe_speculative(3, 2, 4, 0.010)            # no plain time yet: nothing to measure against
+    assert costs.at(4).extra == {} and costs.at(4).since_plain == 1
+    costs.observe_plain(3, 0.002)                        # bucket 4
+    costs.observe_speculative(4, 2, 4, 0.010)
+    assert costs.at(3).extra == {4: pytest.approx(0.004)}
+    assert costs.at(8).plain is None                     # another bucket
+    assert costs.snapshot() == ({4: 0.002}, {4: {4: pytest.approx(0.004)}})
 
 
-def decode(policy, n=1, sampled=False, verified=(), seconds=0.001):
-    policy.observe(StepRecord(n, seconds, True, sampled, list(verified)))
+def decode(policy, n=1, verified=(), seconds=0.001):
+    policy.observe(StepRecord(n, seconds, True, list(verified)))
 
 
-def warm(policy, n=1, plain=0.001, extra=0.0002, k=4, sampled=False):
+def warm(policy, n=1, plain=0.001, extra=0.0002, k=4):
     """Measure the bucket's plain step and its k-draft steps (sequences and class of their own)."""
-    decode(policy, n, sampled, seconds=plain)
-    decode(policy, n, sampled, [Verified(1000 + i, 99, k, k) for i in range(n)], seconds=plain + n * extra)
+    decode(policy, n, seconds=plain)
+    decode(policy, n, [Verified(1000 + i, 99, k, k) for i in range(n)], seconds=plain + n * extra)
 
 
 def test_a_bucket_measures_its_plain_step_then_its_drafts_then_chooses():
     p = AdaptiveDraftLength(4, AdaptiveConfig(cold_steps=0))
     cands = [Candidate(1, 0, 4)]
-    assert p.choose(1, False, cands) == [0]              # t(1) unknown: a plain step
+    assert p.choose(1, cands) == [0]              # t(1) unknown: a plain step
     decode(p, seconds=0.001)
-    assert p.choose(1, False, cands) == [4]              # x(1, k) unknown: the cap
+    assert p.choose(1, cands) == [4]              # x(1, k) unknown: the cap
     decode(p, verified=[Verified(1, 0, 4, 4)], seconds=0.0012)
-    assert p.choose(1, False, cands) == [4]              # every draft accepted, cheap: the cap
+    assert p.choose(1, cands) == [4]              # every draft accepted, cheap: the cap
     for _ in range(10):                                  # rejected, and dearer
         decode(p, verified=[Verified(1, 0, 4, 0)], seconds=0.002)
-    assert p.choose(1, False, cands) == [0]              # drafts rejected: plain decoding
+    assert p.choose(1, cands) == [0]              # drafts rejected: plain decoding
     assert p.idle(1)
     p.free([1])
     assert not p.idle(1) and (1, 0) not in p._seqs
@@ -131,14 +128,14 @@ def test_probes_leave_k_zero_within_their_budget_and_switch_off():
         p = AdaptiveDraftLength(4, AdaptiveConfig(cold_steps=0, probe_budget=budget, plain_every=0,
                                                   prior_acceptance=0.1))
         warm(p, extra=0.001)
-        ks = [p.choose(1, False, [Candidate(1, 0, 4)])[0] for _ in range(8)]
+        ks = [p.choose(1, [Candidate(1, 0, 4)])[0] for _ in range(8)]
         assert ks == ([0, 0, 0, 4, 0, 0, 0, 4] if budget else [0] * 8)
         assert p.idle(1) == (budget == 0)                # just probed: decided afresh next round
-        p.choose(1, False, [Candidate(1, 0, 4)])
+        p.choose(1, [Candidate(1, 0, 4)])
         assert p.idle(1)
         if budget:
-            p.choose(1, False, [Candidate(1, 0, 4)])
-            p.choose(1, False, [Candidate(1, 0, 4)])
+            p.choose(1, [Candidate(1, 0, 4)])
+            p.choose(1, [Candidate(1, 0, 4)])
             assert not p.idle(1)                         # a probe is due: looked up
 
 
@@ -147,7 +144,7 @@ def test_a_plain_step_every_plain_every_steps_with_drafts():
     warm(p)
     seen = []
     for _ in range(8):
-        k = p.choose(1, False, [Candidate(1, 0, 4)])[0]
+        k = p.choose(1, [Candidate(1, 0, 4)])[0]
         seen.append(k)
         decode(p, verified=[Verified(1, 0, k, k)] if k else [], seconds=0.0012 if k else 0.001)
     assert seen == [4, 4, 0, 4, 4, 4, 0, 4]              # warm's step and two more, then a plain one
@@ -155,12 +152,12 @@ def test_a_plain_step_every_plain_every_steps_with_drafts():
 
 def test_steps_after_a_prefill_are_not_timed():
     p = AdaptiveDraftLength(4, AdaptiveConfig(cold_steps=2))
-    p.observe(StepRecord(1, 0.005, False, False))        # a prefill chunk
+    p.observe(StepRecord(1, 0.005, False))        # a prefill chunk
     decode(p, seconds=0.004)
     decode(p, seconds=0.003)
-    assert p.costs.at(1, False).plain is None
+    assert p.costs.at(1).plain is None
     decode(p, seconds=0.001)
-    assert p.costs.at(1, False).plain == 0.001
+    assert p.costs.at(1).plain == 0.001
 
 
 def test_acceptance_per_sequence_and_class_starts_from_the_class():
@@ -175,12 +172,12 @@ def test_batch_size_changes_the_choice():
     p = AdaptiveDraftLength(4, AdaptiveConfig(cold_steps=0, probe_budget=0, plain_every=0, prior_acceptance=0.6))
     warm(p, n=1, plain=0.001, extra=0.0003)              # batch 1: drafts nearly free next to a step's share
     warm(p, n=32, plain=0.010, extra=0.0008)             # batch 32: a draft costs more than a share of the step
-    assert p.choose(1, False, [Candidate(1, 0, 4)]) != [0]
-    assert p.choose(32, False, [Candidate(i, 0, 4) for i in range(32)]) == [0] * 32
+    assert p.choose(1, [Candidate(1, 0, 4)]) != [0]
+    assert p.choose(32, [Candidate(i, 0, 4) for i in range(32)]) == [0] * 32
 
 
 def test_fixed_k_always_proposes_the_cap():
     f = FixedK()
-    assert f.choose(8, True, [Candidate(1, 0, 3), Candidate(2, 1, 0)]) == [3, 0]
-    f.observe(StepRecord(1, 0.1, True, False))
+    assert f.choose(8, [Candidate(1, 0, 3), Candidate(2, 1, 0)]) == [3, 0]
+    f.observe(StepRecord(1, 0.1, True))
     assert not f.idle(1)
