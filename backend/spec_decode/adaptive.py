@@ -18,7 +18,6 @@ The rules, each with its constant in ``AdaptiveConfig`` (0 or false switches it 
   they cost at most that fraction of the plain step time (``probe_interval``);
 - ``plain_every``: after that many steps with drafts in a bucket, one step without, so ``t(B)`` follows the
   machine (a stale ``t`` makes drafts look cheaper and each saved step dearer);
-- ``cold_steps``: the decode steps right after a prefill chunk are not timed (caches still cold);
 - ``skip_idle``: a sampled sequence held at ``k = 0`` is not looked up between probes.
 
 Until a bucket's ``t`` is measured its steps run without drafts; until its ``x`` is, every candidate drafts its cap.
@@ -40,7 +39,6 @@ class AdaptiveConfig:
     cost_weight: float = 0.2        # exponential-mean weight of one step time
     probe_budget: float = 0.02      # fraction of the plain step time probes may cost (0: never probe)
     plain_every: int = 64           # steps with drafts per bucket between plain ones (0: only unforced ones)
-    cold_steps: int = 2             # decode steps after a prefill chunk left untimed
     skip_idle: bool = True          # no lookups for sampled sequences held at k = 0
 
     def __post_init__(self) -> None:
@@ -50,10 +48,9 @@ class AdaptiveConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not \
                     (0 < value <= 1 if lowest_open else 0 <= value <= 1):
                 raise ValueError(f"{name}: expected a number in {'(' if lowest_open else '['}0, 1], got {value!r}")
-        for name in ("plain_every", "cold_steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name}: expected an integer >= 0, got {value!r}")
+        value = self.plain_every
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"plain_every: expected an integer >= 0, got {value!r}")
         if not isinstance(self.skip_idle, bool):
             raise ValueError(f"skip_idle: expected a boolean, got {self.skip_idle!r}")
 
@@ -104,7 +101,6 @@ class AdaptiveDraftLength:
     _held: set[int] = field(default_factory=set)                                # seq_ids chosen k = 0 on merit
     _since_probe: int = 0                                                       # rounds since the last probe
     _probe_next: bool = False                                                   # the next round probes
-    _cold: int = 0
 
     def __post_init__(self) -> None:
         self.costs = StepCosts(self.config.cost_weight)
@@ -158,11 +154,7 @@ class AdaptiveDraftLength:
         for v in step.verified:
             update(self.acceptance(v.seq_id, v.cls), v.num_drafts, v.num_accepted, w)
             update(self._class(v.cls), v.num_drafts, v.num_accepted, w)
-        if not step.decode_only:
-            self._cold = self.config.cold_steps
-            return
-        if self._cold:
-            self._cold -= 1
+        if not step.decode_only:                             # a prefill chunk's time is no decode step's
             return
         speculating = [v for v in step.verified if v.num_drafts]
         if not speculating:

@@ -47,7 +47,7 @@ def test_the_literal_check_finds_a_new_constant():
 
 @pytest.mark.parametrize("field, value", [
     ("prior_acceptance", 0.0), ("prior_acceptance", 1.5), ("acceptance_weight", "x"), ("cost_weight", True),
-    ("probe_budget", -0.5), ("plain_every", 1.5), ("cold_steps", None), ("skip_idle", "yes"),
+    ("probe_budget", -0.5), ("plain_every", 1.5), ("skip_idle", "yes"),
 ])
 def test_config_refuses_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -107,7 +107,7 @@ def warm(policy, n=1, plain=0.001, extra=0.0002, k=4):
 
 
 def test_a_bucket_measures_its_plain_step_then_its_drafts_then_chooses():
-    p = AdaptiveDraftLength(4, AdaptiveConfig(cold_steps=0))
+    p = AdaptiveDraftLength(4, AdaptiveConfig())
     cands = [Candidate(1, 0, 4)]
     assert p.choose(1, cands) == [0]              # t(1) unknown: a plain step
     decode(p, seconds=0.001)
@@ -125,7 +125,7 @@ def test_a_bucket_measures_its_plain_step_then_its_drafts_then_chooses():
 def test_probes_leave_k_zero_within_their_budget_and_switch_off():
     """A probe's extra (here as dear as a plain step) at budget 1/4: one round in 4."""
     for budget in (0.25, 0.0):
-        p = AdaptiveDraftLength(4, AdaptiveConfig(cold_steps=0, probe_budget=budget, plain_every=0,
+        p = AdaptiveDraftLength(4, AdaptiveConfig(probe_budget=budget, plain_every=0,
                                                   prior_acceptance=0.1))
         warm(p, extra=0.001)
         ks = [p.choose(1, [Candidate(1, 0, 4)])[0] for _ in range(8)]
@@ -140,7 +140,7 @@ def test_probes_leave_k_zero_within_their_budget_and_switch_off():
 
 
 def test_a_plain_step_every_plain_every_steps_with_drafts():
-    p = AdaptiveDraftLength(4, AdaptiveConfig(cold_steps=0, plain_every=3, probe_budget=0))
+    p = AdaptiveDraftLength(4, AdaptiveConfig(plain_every=3, probe_budget=0))
     warm(p)
     seen = []
     for _ in range(8):
@@ -150,11 +150,9 @@ def test_a_plain_step_every_plain_every_steps_with_drafts():
     assert seen == [4, 4, 0, 4, 4, 4, 0, 4]              # warm's step and two more, then a plain one
 
 
-def test_steps_after_a_prefill_are_not_timed():
-    p = AdaptiveDraftLength(4, AdaptiveConfig(cold_steps=2))
-    p.observe(StepRecord(1, 0.005, False))        # a prefill chunk
-    decode(p, seconds=0.004)
-    decode(p, seconds=0.003)
+def test_steps_with_a_prefill_chunk_are_not_timed():
+    p = AdaptiveDraftLength(4)
+    p.observe(StepRecord(1, 0.005, False))               # a prefill chunk
     assert p.costs.at(1).plain is None
     decode(p, seconds=0.001)
     assert p.costs.at(1).plain == 0.001
@@ -169,7 +167,7 @@ def test_acceptance_per_sequence_and_class_starts_from_the_class():
 
 
 def test_batch_size_changes_the_choice():
-    p = AdaptiveDraftLength(4, AdaptiveConfig(cold_steps=0, probe_budget=0, plain_every=0, prior_acceptance=0.6))
+    p = AdaptiveDraftLength(4, AdaptiveConfig(probe_budget=0, plain_every=0, prior_acceptance=0.6))
     warm(p, n=1, plain=0.001, extra=0.0003)              # batch 1: drafts nearly free next to a step's share
     warm(p, n=32, plain=0.010, extra=0.0008)             # batch 32: a draft costs more than a share of the step
     assert p.choose(1, [Candidate(1, 0, 4)]) != [0]

@@ -9,7 +9,6 @@ import pytest
 
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
-from backend.spec_decode.adaptive import AdaptiveConfig
 from contracts.sampling_params import SamplingParams
 from tests.helpers.oracle import repeating_prompts
 
@@ -63,38 +62,6 @@ def test_step_seconds_cover_emitting_outputs(tiny_checkpoint):
     engine.generate(repeating_prompts(1, 3, stem_len=8, span_range=(4, 8), gap_range=(0, 4)),
                     SamplingParams(max_tokens=8, temperature=0.0))
     assert seen and min(seen) >= 0.005
-
-
-def test_steps_right_after_a_prefill_are_not_observed(tiny_checkpoint):
-    """The ``cold_steps`` decode steps after a step with a prefill chunk say nothing about speculation's costs
-    (caches still cold); later ones are timed."""
-    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", kv_cache_bytes=16 << 20,
-                                    speculative_method="ngram", cpu_threads=1))
-    spec = engine.speculator
-    steps = []                                    # (has a prefill chunk, timed)
-    after_step, observe = spec.after_step, spec.policy.observe
-    costs = spec.policy.costs
-
-    def record(scheduler, plan, output, seconds, clock=time.perf_counter):
-        prefill = any(s.num_new_tokens != 1 and not s.num_draft_tokens for s in plan.scheduled)
-        steps.append([prefill, False])
-        return after_step(scheduler, plan, output, seconds, clock)
-
-    def observed(step):
-        before = [(c.plain, dict(c.extra), c.since_plain) for c in costs.buckets.values()]
-        observe(step)
-        steps[-1][1] = before != [(c.plain, dict(c.extra), c.since_plain) for c in costs.buckets.values()]
-
-    spec.after_step, spec.policy.observe = record, observed
-    prompts = repeating_prompts(2, 3, stem_len=8, span_range=(4, 8), gap_range=(0, 4))
-    for prompt in prompts:                        # one after the other: a prefill, then decode steps
-        engine.generate([prompt], SamplingParams(max_tokens=12, temperature=0.0))
-    starts = [i for i, (prefill, _) in enumerate(steps) if prefill]
-    assert len(starts) == len(prompts) >= 2
-    cold = AdaptiveConfig().cold_steps
-    for i in starts:
-        assert [o for _, o in steps[i:i + 1 + cold]] == [False] * (1 + cold)
-        assert steps[i + 1 + cold][1]             # the next decode step is timed
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.05])   # sampled, near greedy: drafts are found
