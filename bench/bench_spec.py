@@ -123,14 +123,14 @@ def measure_sliced(engines: dict[str, LLMEngine], items: list[Item], concurrency
 
 
 def any_sampled(items: list[Item]) -> bool:
-    """Some item samples (temperature > 0): the cell's steps read the policy's sampled costs."""
+    """Some item samples (temperature > 0)."""
     return any(it.params.temperature > 0 for it in items)
 
 
 def measured_row(engine: LLMEngine, before: tuple, records, seconds: float, sampled: bool,
                  own_seconds: bool = False) -> dict:
-    """A measurement's row: tokens/s, TPOT, steps, drafts, acceptance and the policy's costs (of sampled steps
-    where ``sampled``). ``own_seconds``: the seconds are the engine's own CPU time (a sliced run), so they are its
+    """A measurement's row: tokens/s, TPOT, steps, drafts, acceptance and the adaptive policy's measured costs
+    (``sampled``: the items sample; kept for the caller's record). ``own_seconds``: the seconds are the engine's own CPU time (a sliced run), so they are its
     loop's CPU time too."""
     counters0, stats0 = before
     stats1 = engine.stats()
