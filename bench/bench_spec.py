@@ -130,8 +130,8 @@ def any_sampled(items: list[Item]) -> bool:
 def measured_row(engine: LLMEngine, before: tuple, records, seconds: float, sampled: bool,
                  own_seconds: bool = False) -> dict:
     """A measurement's row: tokens/s, TPOT, steps, drafts, acceptance and the adaptive policy's measured costs
-    (``sampled``: the items sample; kept for the caller's record). ``own_seconds``: the seconds are the engine's own CPU time (a sliced run), so they are its
-    loop's CPU time too."""
+    (``sampled``: the items sample; kept for the caller's record). ``own_seconds``: the seconds are the engine's
+    own CPU time (a sliced run), so they are its loop's CPU time too."""
     counters0, stats0 = before
     stats1 = engine.stats()
     s = summarize(records, seconds)
