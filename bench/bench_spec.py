@@ -1,33 +1,23 @@
-"""Speculative decoding benchmark: the same requests with none, ngram and draft (adaptive on and off),
-in-process, at 1, 8 and 32 concurrent requests, greedy and temperature 0.8, on two workloads from
-held-out code:
+"""Speculative decoding benchmark: the same requests with none, ngram and draft (adaptive and fixed k), in-process,
+at 1, 8 and 32 concurrent requests, greedy and temperature 0.8, on two workloads from held-out code:
 
-- ``repeat``: the output re-uses spans of the prompt, as in code editing or quoting: a snippet ``X``
-  of held-out code, the target's own greedy continuation ``Y`` of it, a blank line, then ``X`` again
-  (so the continuation the model is about to write is already in its context);
+- ``repeat``: the output re-uses spans of the prompt, as in code editing or quoting: a snippet ``X`` of held-out
+  code, the target's own greedy continuation ``Y`` of it, a blank line, then ``X`` again;
 - ``mixed``: ``bench_engine.py``'s mixed workload (prompts cut anywhere, no planted repetition).
 
-Prints, per cell, tokens/s and the ratio to ``none`` (with ``--rounds N``, every method runs N times, and the ratio
-is the median of the per-round ratios, their range in brackets, then ``ci``: a distribution-free 90% confidence
-interval of that median (``bench.harness.stats.median_interval``, from 5 rounds on; the goals are called met or not met only
-where it lies on one side of the target, else "within the noise"). How the engines share the machine
-(``--drive``): ``sliced`` (the default) runs every engine over the round's requests at once on this thread, in turns
-of ``--slice-ms`` (20) of CPU time each (``bench/harness/sliced.py``; a round's turns in the next row of a balanced Latin
-square), and counts tokens per second of each engine's own CPU time, so that a slow spell of the shared machine
-(its cores' speed moves by 30-50% within a second) hits every engine alike: two identical engines read 0.99-1.01
-per cell, against 0.92-1.11 with ``turns`` (docs/benchmarks.md, session 16); ``turns``: started engines (loop
-threads, wall time) take turns every ``--chunk`` requests, 2c by default, in the orders of a balanced Latin
-square (``turn_orders``: every method in every position and after every other equally often); ``--methods
-none,none-again,...`` adds a second engine without speculation, whose ratio is the measurement's own
-noise), the decode-speed ratio (median TPOT of ``none`` over the method's: the prompts' prefill, which speculation
-does not touch, left out), the mean accepted length (tokens per verified step), the acceptance rate, and the measured costs behind
-them (the adaptive policy's plain decode step time and extra seconds per speculating sequence for each
-draft length at the cell's batch-size bucket; CPU time of the engine loop's thread, since the engines run
-one thread, see backend/spec_decode/step_costs.py). For the draft model at batch 1 it also works out, from
-those costs and the fixed-k acceptance, the speed-up to expect and the acceptance that would reach the
-1.3x goal. Writes bench/results/spec.json and spec.png.
+Per cell: tokens/s and the ratio to ``none`` (with ``--rounds N`` the median of the per-round ratios, their range,
+and from 5 rounds a distribution-free 90% interval of that median; a goal is called met or not met only where the
+interval lies on one side of its target), the decode-speed ratio, the mean accepted length, the acceptance rate
+and the adaptive policy's measured costs at the cell's batch bucket. ``--drive sliced`` (the default) runs every
+engine over a round's requests at once on this thread, in turns of ``--slice-ms`` of CPU time
+(``bench/harness/sliced.py``, turns in a balanced Latin square's order) and counts tokens per second of each
+engine's own CPU time, so a slow spell of the shared machine hits every engine alike; ``--drive turns`` lets
+started engines take turns every ``--chunk`` requests on wall time. ``none-again``, a second engine without
+speculation, is the A/A control: its ratio is the measurement's own noise. ``ngram/probe_budget=0`` (any adaptive
+method, any ``AdaptiveConfig`` field) runs the policy with constants changed, for ablations. Writes
+bench/results/spec.json and spec.png.
 
-    .venv/bin/python bench/bench_spec.py [--quick] [--levels 1,8,32] [--rounds 5] [--workloads repeat] [--temperatures 0]
+    python -m bench.bench_spec --levels 1,8,32 --rounds 15 --requests 16 --methods none,none-again,ngram,ngram-fixed
 """
 from __future__ import annotations
 
@@ -35,7 +25,6 @@ import argparse
 import dataclasses
 import os
 import random
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -44,12 +33,15 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from backend.config import EngineConfig
-from backend.engine.llm_engine import LLMEngine, output_token_ids
 from backend.core.buckets import bucket
+from backend.engine.llm_engine import LLMEngine, output_token_ids
+from backend.spec_decode.adaptive import AdaptiveConfig, AdaptiveDraftLength
 from bench.harness.closed_loop import run_engine_level
-from bench.harness.report import git_commit, goal_verdict, machine, write_json
+from bench.harness.report import git_commit, machine, write_json
 from bench.harness.sliced import run_sliced
-from bench.harness.stats import median_interval, summarize
+from bench.harness.spec_matrix import (GOALS, cell_line, combine, goal_analysis, goal_verdicts, interval_text,
+                                       paired_rows, prefill_share, rounded, turn_orders)
+from bench.harness.stats import summarize
 from bench.harness.workload import corpus_ids, mixed_workload
 from contracts.sampling_params import SamplingParams
 
@@ -64,8 +56,25 @@ METHODS = {  # name -> EngineConfig overrides
     "draft": {"speculative_method": "draft"},
     "draft-fixed": {"speculative_method": "draft", "speculative_adaptive": False},
 }
-GOALS = {("ngram", "repeat", 1, "greedy"): 2.0, ("draft", "mixed", 1, "greedy"): 1.3}
-ADAPTIVE_FLOOR = 0.95
+
+
+def method_spec(name: str) -> tuple[dict, dict]:
+    """``(EngineConfig overrides, AdaptiveConfig overrides)`` of a method: one of ``METHODS``, or an adaptive one
+    with some of its policy's constants changed, ``ngram/probe_budget=0/skip_idle=false`` (an ablation)."""
+    base, *changes = name.split("/")
+    if base not in METHODS or (changes and not METHODS[base].get("speculative_adaptive", True)) or \
+            (changes and base.startswith("none")):
+        raise ValueError(f"--methods: unknown method {name!r} (of {', '.join(METHODS)}, an adaptive one with "
+                         "/field=value changes)")
+    fields = {f.name: f.type for f in dataclasses.fields(AdaptiveConfig)}
+    policy = {}
+    for change in changes:
+        key, _, value = change.partition("=")
+        if key not in fields:
+            raise ValueError(f"--methods: {key!r} is not an AdaptiveConfig field (of {', '.join(fields)})")
+        kind = {"bool": lambda v: v.lower() in ("1", "true", "on"), "int": int, "float": float}[fields[key]]
+        policy[key] = kind(value)
+    return METHODS[base], policy
 
 
 @dataclass(frozen=True)
@@ -114,15 +123,15 @@ def measure_sliced(engines: dict[str, LLMEngine], items: list[Item], concurrency
 
 
 def any_sampled(items: list[Item]) -> bool:
-    """Some item samples (temperature > 0): the cell's steps read the policy's sampled costs."""
+    """Some item samples (temperature > 0)."""
     return any(it.params.temperature > 0 for it in items)
 
 
 def measured_row(engine: LLMEngine, before: tuple, records, seconds: float, sampled: bool,
                  own_seconds: bool = False) -> dict:
-    """A measurement's row: tokens/s, TPOT, steps, drafts, acceptance and the policy's costs (of sampled steps
-    where ``sampled``). ``own_seconds``: the seconds are the engine's own CPU time (a sliced run), so they are its
-    loop's CPU time too."""
+    """A measurement's row: tokens/s, TPOT, steps, drafts, acceptance and the adaptive policy's measured costs
+    (``sampled``: the items sample; kept for the caller's record). ``own_seconds``: the seconds are the engine's
+    own CPU time (a sliced run), so they are its loop's CPU time too."""
     counters0, stats0 = before
     stats1 = engine.stats()
     s = summarize(records, seconds)
@@ -142,192 +151,17 @@ def measured_row(engine: LLMEngine, before: tuple, records, seconds: float, samp
            "acceptance_rate": accepted / drafts if drafts else None,
            "mean_accepted_length": 1 + accepted / verifies if verifies else 1.0, "errors": s["errors"],
            "verifies": verifies}
-    if engine.speculator is not None:
-        policy = engine.speculator.policy     # the costs of the cell's kind of steps: sampled or greedy
-        costs = policy.costs_for(sampled)
-        plain, extra = costs.snapshot()
+    policy = engine.speculator.policy if engine.speculator is not None else None
+    if isinstance(policy, AdaptiveDraftLength):
+        plain, extra = policy.costs.snapshot()
         row["plain_step_ms"] = {b: 1e3 * v for b, v in plain.items()}
         row["extra_ms_per_seq"] = {b: {k: 1e3 * v for k, v in by_k.items()} for b, by_k in extra.items()}
     return row
 
 
-def turn_orders(n: int) -> list[list[int]]:
-    """A balanced (Williams) Latin square of ``n`` engines' turns: over its rows every engine takes every position
-    equally often, and follows every other engine equally often (``n`` rows for an even ``n``, ``2n`` for an odd
-    one). Turn ``t`` of a cell takes row ``t % len(rows)``. Forward and backward in turn, as before, left two
-    engines always at the ends (the first followed itself at every round's turn, warm) and two always in the
-    middle, the n-gram engine always next to the fixed-k one; the matrices put a sampled batch-8 cell, where the
-    adaptive engine did ``none``'s work, at 0.84-0.94 against its A/A's 0.97-0.99 (docs/benchmarks.md, session 13)."""
-    if n < 1:
-        raise ValueError(f"turn_orders: need at least one engine, got {n}")
-    first, lo, hi = [0], 1, n - 1
-    while len(first) < n:                      # 0, 1, n-1, 2, n-2, ...
-        first.append(lo)
-        lo += 1
-        if len(first) < n:
-            first.append(hi)
-            hi -= 1
-    rows = [[(j + i) % n for j in first] for i in range(n)]
-    return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
-
-
 def request_chunks(items: list[Item], size: int) -> list[list[Item]]:
     """``items`` in consecutive chunks of ``size`` (the last one possibly shorter)."""
     return [items[i:i + size] for i in range(0, len(items), size)]
-
-
-def combine(rounds: list[dict]) -> dict:
-    """One row from measurements (rounds over the same items, or a round's chunks): tok/s over the total time,
-    counters and seconds summed, TPOT and TTFT their medians."""
-    row = dict(rounds[-1])
-    row["seconds"] = sum(r["seconds"] for r in rounds)
-    row["tok_per_s"] = sum(r["tok_per_s"] * r["seconds"] for r in rounds) / row["seconds"]
-    for key in ("tpot_ms_p50", "ttft_ms_p50"):
-        row[key] = statistics.median(r[key] for r in rounds)
-    for key in ("steps", "draft_tokens", "accepted_tokens", "errors", "output_tokens"):
-        row[key] = sum(r[key] for r in rounds)
-    cpu = [r["loop_cpu_s"] for r in rounds]
-    row["loop_cpu_s"] = None if None in cpu else sum(cpu)
-    row["cpu_tok_per_s"] = row["output_tokens"] / row["loop_cpu_s"] if row["loop_cpu_s"] else None
-    verifies = sum(r["verifies"] for r in rounds)
-    row["verifies"] = verifies
-    row["acceptance_rate"] = row["accepted_tokens"] / row["draft_tokens"] if row["draft_tokens"] else None
-    row["mean_accepted_length"] = 1 + row["accepted_tokens"] / verifies if verifies else 1.0
-    return row
-
-
-def cell_name(cell: dict) -> str:
-    return f"{cell['method']} {cell['workload']} T={cell['temperature']:g} c={cell['concurrency']}"
-
-
-def interval_text(ci: tuple[float, float] | None) -> str:
-    return "" if ci is None else f" [90% CI of the median {ci[0]:.2f}-{ci[1]:.2f}]"
-
-
-def goal_verdicts(cells: list[dict]) -> list[dict]:
-    """The goals (``GOALS``, ``ADAPTIVE_FLOOR``) against the cells' median ratios and their 90% confidence intervals
-    (``bench.harness.report.goal_verdict``: ``met`` / ``not met`` only where the interval lies on one side of the target). The
-    floor's row reads the lowest adaptive cell and lists the cells whose whole interval lies below the floor."""
-    verdicts = []
-
-    def row(goal: str, cell: dict, target: float) -> dict:
-        cpu = cell.get("cpu_ratio")
-        return {"goal": goal, "cell": cell_name(cell), "ratio": cell["ratio"], "ratio_ci": cell.get("ratio_ci"),
-                "target": target, "met": cell["ratio"] >= target,
-                "verdict": goal_verdict(cell["ratio"], cell.get("ratio_ci"), target),
-                "cpu_ratio": cpu, "cpu_ratio_ci": cell.get("cpu_ratio_ci"),
-                "cpu_verdict": None if cpu is None else goal_verdict(cpu, cell.get("cpu_ratio_ci"), target)}
-
-    for (m, wl, c, mode), goal in GOALS.items():
-        for cell in cells:
-            if (cell["method"], cell["workload"], cell["concurrency"], cell["temperature"] == 0.0) == \
-                    (m, wl, c, mode == "greedy"):
-                verdicts.append(row(f"{m} {wl} c={c} {mode} >= {goal}x", cell, goal))
-    adaptive = [c for c in cells if c["method"] in ("ngram", "draft") and c["ratio"] is not None]
-    if adaptive:
-        lowest = min(adaptive, key=lambda c: c["ratio"])
-        floor = row(f"adaptive >= {ADAPTIVE_FLOOR}x of none everywhere", lowest, ADAPTIVE_FLOOR)
-        on_cpu = [c["cpu_ratio"] for c in adaptive if c.get("cpu_ratio") is not None]
-        if on_cpu:   # the lowest cell on CPU time may be another one
-            low_cpu = min((c for c in adaptive if c.get("cpu_ratio") is not None), key=lambda c: c["cpu_ratio"])
-            floor.update(cpu_ratio=low_cpu["cpu_ratio"], cpu_ratio_ci=low_cpu.get("cpu_ratio_ci"),
-                         cpu_verdict=goal_verdict(low_cpu["cpu_ratio"], low_cpu.get("cpu_ratio_ci"), ADAPTIVE_FLOOR))
-        floor["clearly_below"] = [cell_name(c) for c in adaptive
-                                  if c.get("ratio_ci") is not None and c["ratio_ci"][1] < ADAPTIVE_FLOOR]
-        if not all(c.get("ratio_ci") for c in adaptive):   # a cell without an interval cannot be called clear
-            floor["verdict"] = goal_verdict(lowest["ratio"], None, ADAPTIVE_FLOOR)
-        elif floor["clearly_below"]:
-            floor["verdict"] = "not met"
-        else:   # met only if every cell's interval lies at or above the floor
-            lows = [c["ratio_ci"][0] for c in adaptive]
-            floor["verdict"] = "met" if min(lows) >= ADAPTIVE_FLOOR else \
-                goal_verdict(lowest["ratio"], None, ADAPTIVE_FLOOR)
-        verdicts.append(floor)
-    return verdicts
-
-
-def cost_summary(row: dict, bucket: int) -> str:
-    """``plain 2.1 ms, +k1 0.9 +k4 2.0 ms/seq`` for one batch bucket (adaptive policy's measurements)."""
-    plain = row.get("plain_step_ms", {}).get(bucket)
-    extra = row.get("extra_ms_per_seq", {}).get(bucket, {})
-    if plain is None:
-        return ""
-    return f"plain {plain:.2f} ms" + ("".join(f" +k{k} {v:.2f}" for k, v in extra.items()) + " ms/seq" if extra else "")
-
-
-def geometric_accepted(a: float, k: int) -> float:
-    """``E(k)`` with the same acceptance ``a`` at every position: ``a + a^2 + ... + a^k``."""
-    return sum(a ** i for i in range(1, k + 1))
-
-
-def solve_increasing(f, target: float) -> float | None:
-    """The ``a`` in [0, 1] with ``f(a) = target`` for ``f`` increasing on [0, 1]; None if out of reach."""
-    if f(1.0) < target:
-        return None
-    lo, hi = 0.0, 1.0
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
-    return hi
-
-
-def prefill_share(none_row: dict, max_tokens: int) -> float:
-    """The share of a batch-1 request's time that is its prompt's prefill, from ``none``'s medians: ``TTFT / (TTFT
-    + TPOT * (max_tokens - 1))``. Speculation does not shorten it."""
-    ttft, tpot = none_row.get("ttft_ms_p50"), none_row.get("tpot_ms_p50")
-    if not ttft or not tpot:
-        return 0.0
-    return ttft / (ttft + tpot * (max_tokens - 1))
-
-
-def overall_speedup(decode_speedup: float, prefill: float) -> float:
-    """Tokens/s ratio when decoding runs ``decode_speedup`` times faster and ``prefill`` of the time does not."""
-    return 1.0 / (prefill + (1.0 - prefill) / decode_speedup)
-
-
-def decode_speedup_for(goal: float, prefill: float) -> float | None:
-    """The decode speed-up that makes ``overall_speedup`` reach ``goal`` (None: the prefill alone forbids it)."""
-    return None if 1.0 / goal <= prefill else (1.0 - prefill) / (1.0 / goal - prefill)
-
-
-def goal_analysis(measured: dict, fixed: dict | None, k_max: int, goal: float, prefill: float = 0.0) -> dict | None:
-    """Why a batch-1 cell misses ``goal`` from its measured costs, acceptance and prefill share, and what would
-    reach it.
-
-    Costs at bucket 1 from ``measured`` (the fixed-k engine when there is one: it speculates every step, so its
-    costs rest on the most steps): ``r_k = x(1, k) / t(1)``, the extra seconds of speculating with ``k``
-    drafts (proposer included) per plain step; the decode speed-up with per-position acceptance ``a`` is
-    ``(1 + E(k)) / (1 + r_k)``, and tokens/s also pay the prompts' prefill (``prefill`` of ``none``'s time,
-    ``overall_speedup``). Acceptance ``a`` from the fixed-k engine's mean accepted length.
-    """
-    plain = measured.get("plain_step_ms", {}).get(1)
-    extra = measured.get("extra_ms_per_seq", {}).get(1, {})
-    if not plain or not extra:
-        return None
-    ratio = {k: x / plain for k, x in extra.items()}
-    need = decode_speedup_for(goal, prefill)
-    out: dict = {"plain_step_ms": plain, "extra_per_plain_step": ratio, "prefill_share": prefill,
-                 "decode_speedup_for_goal": need}
-    if fixed is not None and fixed["draft_tokens"]:
-        a = solve_increasing(lambda v: geometric_accepted(v, k_max), fixed["mean_accepted_length"] - 1) or 1.0
-        out["per_position_acceptance"] = a
-        out["predicted_speedup"] = {k: overall_speedup((1 + geometric_accepted(a, k)) / (1 + r), prefill)
-                                    for k, r in ratio.items()}
-        out["max_extra_for_goal"] = {k: max(0.0, (1 + geometric_accepted(a, k)) / need - 1) if need else None
-                                     for k in ratio}
-    out["acceptance_for_goal"] = {k: solve_increasing(lambda v, k=k: 1 + geometric_accepted(v, k), need * (1 + r))
-                                  if need else None for k, r in ratio.items()}
-    out["best_with_every_draft_accepted"] = max(overall_speedup((1 + k) / (1 + r), prefill) for k, r in ratio.items())
-    return out
-
-
-def rounded(value):
-    """``value`` with its floats to 2 decimals (dicts and lists walked), for printing."""
-    if isinstance(value, float):
-        return round(value, 2)
-    if isinstance(value, dict):
-        return {k: rounded(v) for k, v in value.items()}
-    return value
 
 
 def plot(cells: list[dict], path: Path) -> None:
@@ -360,7 +194,7 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default=",".join(m for m in METHODS if m != "none-again"),
                     help="of " + ", ".join(METHODS) + " (none-again: a second engine without speculation, the A/A "
                          "control)")
-    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens (shipped: 8)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--fast-decode", choices=("on", "off"), default="on", help="EngineConfig.fast_decode (shipped: on)")
     ap.add_argument("--quick", action="store_true", help="fewer and shorter requests")
@@ -394,17 +228,18 @@ def main(argv=None) -> int:
     max_tokens = 48 if args.quick else 96
     # the repeat workload's continuations come from an engine of their own: generating them in the `none`
     # engine would leave the prompts' prefixes in its prefix cache, a head start on prefill over the others.
-    # It is built first: the first engine a process builds ran slower than identical ones built after it (A/A with
-    # `none` first 1.02 / 1.12 at T=0.8 batch 1 / 8, with `none-again` first 0.97 / 0.94, with the writer first
-    # 1.00 / 1.00; docs/benchmarks.md, session 14), and built after the engines it had left `none` that handicap
+    # It is built first: the first engine a process builds runs slower than identical ones built after it
     writer = LLMEngine(EngineConfig(model_path=args.model, device="cpu", fast_decode=args.fast_decode == "on")).start()
     engines = {}
     for m in args.methods.split(","):
+        overrides, policy = method_spec(m)
         cfg = dict(model_path=args.model, device="cpu", cpu_threads=args.threads, kv_cache_bytes=256 << 20,
-                   num_speculative_tokens=args.k, fast_decode=args.fast_decode == "on", **METHODS[m])
+                   num_speculative_tokens=args.k, fast_decode=args.fast_decode == "on", **overrides)
         if "draft" in m:
             cfg["draft_model_path"] = args.draft
         engines[m] = LLMEngine(EngineConfig(**cfg))
+        if policy:
+            engines[m].speculator.policy = AdaptiveDraftLength(args.k, AdaptiveConfig(**policy))
         if args.drive == "turns":
             engines[m].start()
     builders = {"repeat": lambda: repeat_workload(tok, writer, 64, 1, max_tokens),
@@ -443,38 +278,10 @@ def main(argv=None) -> int:
                                     turns[names[j]].append(measure(engines[names[j]], chunk, c))
                             for m, measured in turns.items():
                                 runs[m].append(combine(measured))
-                    rows = {m: combine(rs) for m, rs in runs.items()}
-                    base = rows["none"]["tok_per_s"] if "none" in rows else None
-                    for m, r in rows.items():
-                        # per round, the ratio to none measured next to it (the same round); their median
-                        # is robust to another process slowing one run down
-                        paired = [x["tok_per_s"] / b["tok_per_s"] for x, b in zip(runs[m], runs.get("none", []))]
-                        # decode speed alone (the prompts' prefill left out): the ratio of median TPOTs
-                        decode = [b["tpot_ms_p50"] / x["tpot_ms_p50"] for x, b in zip(runs[m], runs.get("none", []))]
-                        # the same on the loop thread's CPU time (one thread: the whole step), which time another
-                        # process took the core from the engine does not enter
-                        cpu_paired = [x["cpu_tok_per_s"] / b["cpu_tok_per_s"]
-                                      for x, b in zip(runs[m], runs.get("none", []))
-                                      if x["cpu_tok_per_s"] and b["cpu_tok_per_s"]] if args.threads == 1 else []
-                        r.update(method=m, workload=wl, temperature=temp, concurrency=c,
-                                 ratio=statistics.median(paired) if paired else None, round_ratios=paired,
-                                 cpu_ratio=statistics.median(cpu_paired) if cpu_paired else None,
-                                 cpu_round_ratios=cpu_paired,
-                                 ratio_ci=median_interval(paired) if paired else None,
-                                 cpu_ratio_ci=median_interval(cpu_paired) if cpu_paired else None,
-                                 decode_ratio=statistics.median(decode) if decode else None,
-                                 pooled_ratio=r["tok_per_s"] / base if base else None)
+                    for m, r in paired_rows(runs, one_thread=args.threads == 1).items():
+                        r.update(method=m, workload=wl, temperature=temp, concurrency=c)
                         cells.append(r)
-                        acc = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
-                        spread = f"[{min(r['round_ratios']):.2f}-{max(r['round_ratios']):.2f}]" if r["round_ratios"] else ""
-                        ci = r["ratio_ci"]
-                        spread += f" ci {ci[0]:.2f}-{ci[1]:.2f}" if ci and m != "none" else ""
-                        on_cpu = f"cpu x{r['cpu_ratio']:4.2f} [{min(cpu_paired):.2f}-{max(cpu_paired):.2f}]" \
-                            if cpu_paired else ""
-                        print(f"{wl:6s} T={temp:.1f} c={c:<3d} {m:12s} {r['tok_per_s']:8.1f} tok/s  "
-                              f"x{(r['ratio'] or 0):5.2f} {spread:21s} {on_cpu:22s} decode x{(r['decode_ratio'] or 0):4.2f}  accepted len {r['mean_accepted_length']:.2f}  "
-                              f"acceptance {acc}  steps {r['steps']}  {cost_summary(r, bucket(c))}",
-                              flush=True)
+                        print(cell_line(r, bucket(c)), flush=True)
     finally:
         for eng in engines.values():
             eng.shutdown()
@@ -498,8 +305,8 @@ def main(argv=None) -> int:
             if method not in at1:
                 continue
             goal = next(g for (m, *_), g in GOALS.items() if m == method)   # the method's batch-1 goal
-            fixed = at1.get(f"{method}-fixed")
-            found = goal_analysis(fixed or at1[method], fixed, args.k, goal, prefill)
+            fixed = at1.get(f"{method}-fixed")      # its acceptance, with the adaptive engine's measured costs
+            found = goal_analysis(at1[method], fixed, args.k, goal, prefill)
             if found:
                 analysis[f"{method} {wl} T={temp:g} c=1"] = found
                 print(f"{method} {wl} T={temp:g} c=1 (goal {goal}x): {rounded(found)}")

@@ -65,7 +65,7 @@ class SpecDecodeCounters:
     num_draft_tokens: int = 0            # draft tokens verified
     num_accepted_tokens: int = 0         # of which accepted
     accepted_per_pos: list[int] = field(default_factory=list)   # [j]: drafts accepted at position j (0-based)
-    num_standby_steps: int = 0           # engine steps in the speculation governor's epochs without speculation
+    num_standby_steps: int = 0           # decode rounds for which the draft-length policy drafted nothing
 
     def record(self, num_drafts: int, num_accepted: int) -> None:
         self.num_drafts += 1

@@ -218,10 +218,12 @@ def build_speculator(config: EngineConfig, target_folder: Path, target: ModelCon
     if config.speculative_method == "ngram":
         proposer = NgramProposer(config.ngram_min, config.ngram_max)
     else:
+        from backend.engine.native_decode import NativeDecodeStep
         from backend.spec_decode.draft_model import DraftModelProposer
         proposer = DraftModelProposer.load(Path(config.draft_model_path), target_folder, target, config,
                                            num_blocks=num_blocks, device=device, dtype=dtype,
-                                           max_model_len=max_model_len)
+                                           max_model_len=max_model_len,
+                                           native_step=NativeDecodeStep.build if config.fast_decode else None)
     return Speculator(proposer, config.num_speculative_tokens, config.speculative_adaptive, grammar=grammar)
 
 

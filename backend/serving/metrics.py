@@ -8,8 +8,8 @@ Speculative decoding, as counters (vLLM's names with a ``triton_llm_`` prefix):
 ``triton_llm_spec_decode_num_drafts_total``, ``triton_llm_spec_decode_num_draft_tokens_total``,
 ``triton_llm_spec_decode_num_accepted_tokens_total``,
 ``triton_llm_spec_decode_num_accepted_tokens_per_pos_total{position="0".."k-1"}``, and
-``triton_llm_spec_decode_num_standby_steps_total`` (engine steps in the speculation governor's epochs without
-speculation, backend/spec_decode/governor.py).
+``triton_llm_spec_decode_num_standby_steps_total`` (decode rounds for which the draft-length policy drafted nothing,
+backend/spec_decode/policy.py).
 
 The engine loop thread's time (backend/engine/loop_clock.py), a counter of seconds per state:
 ``triton_llm_engine_loop_seconds_total{state=busy|cpu|runqueue|blocked}`` (busy: inside steps; cpu: on a

@@ -79,12 +79,13 @@ class DraftForward:
         self._inputs = TokenBuffers(64)                                 # grows for a long catch-up
 
     @classmethod
-    def build(cls, model: LlamaForCausalLM, kv_cache: KVCache, windows, fast: bool) -> DraftForward:
-        """Native steps when ``fast`` and the op serves this draft, else eager (``native_reason`` says why)."""
-        if not fast:
+    def build(cls, model: LlamaForCausalLM, kv_cache: KVCache, windows, native_step=None) -> DraftForward:
+        """Native steps when ``native_step`` (the engine's ``NativeDecodeStep.build``, passed down so that this
+        package does not import the engine; None: fast_decode is off) serves this draft, else eager
+        (``native_reason`` says why)."""
+        if native_step is None:
             return cls(model, kv_cache, windows, None, "off (fast_decode is off)")
-        from backend.engine.native_decode import NativeDecodeStep
-        step = NativeDecodeStep.build(model, kv_cache, windows, scale=None)
+        step = native_step(model, kv_cache, windows, scale=None)
         if isinstance(step, str):
             return cls(model, kv_cache, windows, None, f"off ({step})")
         return cls(model, kv_cache, windows, step)

@@ -110,7 +110,10 @@ class DraftModelProposer(Proposer):
 
     @classmethod
     def load(cls, folder: Path, target_folder: Path, target: ModelConfig, config: EngineConfig, *, num_blocks: int,
-             device: torch.device, dtype: torch.dtype, max_model_len: int) -> DraftModelProposer:
+             device: torch.device, dtype: torch.dtype, max_model_len: int,
+             native_step=None) -> DraftModelProposer:
+        """The draft checkpoint at ``folder`` beside the target's; ``native_step`` builds its fast decode step
+        (``DraftForward.build``; None: eager)."""
         if not (folder / "config.json").is_file():
             raise CheckpointError(f"draft_model_path: {folder} has no config.json")
         dcfg = ModelConfig.from_file(folder / "config.json")
@@ -125,7 +128,7 @@ class DraftModelProposer(Proposer):
                           cache_key="draft:" + key)
         sampler = Sampler(dcfg.vocab_size, device=device, seed=config.seed ^ 0x5DEECE66D, seq_seed_salt=DRAFT_SEED_SALT)
         windows = serving_windows(dcfg.sliding_windows, dcfg.num_hidden_layers, max_model_len)
-        forward = DraftForward.build(model, kv, windows, fast=config.fast_decode)
+        forward = DraftForward.build(model, kv, windows, native_step)
         return cls(model, kv, bm, sampler, windows, forward)
 
     # ---- per-sequence state --------------------------------------------------------------------

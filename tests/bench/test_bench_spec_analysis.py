@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from bench.bench_spec import (
+from bench.harness.spec_matrix import (
     decode_speedup_for,
     geometric_accepted,
     goal_analysis,
@@ -93,3 +93,14 @@ def test_turns_put_every_engine_in_every_position_and_after_every_other_equally(
     assert len(follows) == (n * (n - 1) if n > 1 else 0) and len(set(follows.values())) <= 1
     with pytest.raises(ValueError, match="turn_orders"):
         turn_orders(0)
+
+
+def test_a_method_can_change_the_adaptive_policys_constants():
+    from bench.bench_spec import method_spec
+    assert method_spec("ngram") == ({"speculative_method": "ngram"}, {})
+    assert method_spec("ngram/probe_budget=0/skip_idle=false") == \
+        ({"speculative_method": "ngram"}, {"probe_budget": 0.0, "skip_idle": False})
+    assert method_spec("draft/cost_weight=0.5")[1] == {"cost_weight": 0.5}
+    for bad in ("ngram/window=3", "ngram-fixed/probe_budget=0", "none/probe_budget=0", "nope"):
+        with pytest.raises(ValueError, match="--methods"):
+            method_spec(bad)

@@ -13,6 +13,7 @@ import torch
 from backend.config import EngineConfig
 from backend.core.sequence import Sequence
 from backend.engine.llm_engine import LLMEngine, output_token_ids
+from backend.engine.native_decode import NativeDecodeStep
 from backend.model.config import ModelConfig
 from backend.spec_decode.draft_model import DraftModelProposer
 from contracts.sampling_params import SamplingParams
@@ -26,7 +27,7 @@ def load_proposer(target, draft, fast: bool) -> DraftModelProposer:
                           fast_decode=fast, device="cpu")
     return DraftModelProposer.load(draft, target, ModelConfig.from_file(target / "config.json"), config,
                                    num_blocks=128, device=torch.device("cpu"), dtype=torch.float32,
-                                   max_model_len=512)
+                                   max_model_len=512, native_step=NativeDecodeStep.build if fast else None)
 
 
 def counting_native_calls(proposer: DraftModelProposer) -> list[int]:
