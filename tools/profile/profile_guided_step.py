@@ -1,8 +1,8 @@
 """Where a guided step's extra time goes: µs per engine step, per call, guided requests against unguided
 twins of the same length (bench_guided.py's workload), steps run on this thread (no loop thread).
 
-    python tools/profile/profile_guided_step.py                    # batch 1, fast decode step on
-    python tools/profile/profile_guided_step.py --concurrency 32 --fast-decode off
+    python -m tools.profile.profile_guided_step                    # batch 1, fast decode step on
+    python -m tools.profile.profile_guided_step --concurrency 32 --fast-decode off
 
 Each phase is a wrapped method (the wrapper adds ~0.3 µs per call); medians and means over the decode steps
 of every round. The grammar phases: ``begin_fill`` (before the forward), ``PendingFill.result`` (the wait for,

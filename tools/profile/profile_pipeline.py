@@ -1,9 +1,9 @@
 """Where a streamed response's CPU time goes: CPU seconds per process of the pipeline, per response and per token.
 
-    .venv/bin/python tools/profile/profile_pipeline.py                        # 1 stream, shipped config, 12 requests
-    .venv/bin/python tools/profile/profile_pipeline.py --concurrency 32 --requests 64
-    .venv/bin/python tools/profile/profile_pipeline.py --py-spy               # + sampled Python stacks of the stubs
-    .venv/bin/python tools/profile/profile_pipeline.py --set llm.stream_responses_per_s=0 --set llm.stream_interval=1
+    .venv/bin/python -m tools.profile.profile_pipeline                        # 1 stream, shipped config, 12 requests
+    .venv/bin/python -m tools.profile.profile_pipeline --concurrency 32 --requests 64
+    .venv/bin/python -m tools.profile.profile_pipeline --py-spy               # + sampled Python stacks of the stubs
+    .venv/bin/python -m tools.profile.profile_pipeline --set llm.stream_responses_per_s=0 --set llm.stream_interval=1
 
 Starts tritonserver (as ``bench_pipeline.py`` does: the shipped ``model_repository/`` plus ``--set``), warms
 it up, then sends the pipeline benchmark's requests through the ensemble in a closed loop, and reads each
