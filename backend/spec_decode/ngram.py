@@ -2,8 +2,8 @@
 sequence's last ``n`` tokens in its own prompt + output (the longest ``n`` in ``ngram_min..ngram_max``
 first, the latest occurrence among those). Where that occurrence ends less than ``k`` tokens before the
 context does (the context is in a loop: ``a b c a b c a b``), the copy runs on around the loop instead of
-stopping at the context's end (``continuation``): a greedy model stuck in a loop of period 2 had every step
-draft 1 token where it now drafts the full ``k``, all of them accepted.
+stopping at the context's end (``continuation``): a greedy model in a loop of period 2 drafts the full ``k``
+each step, not 1.
 
 Indexed incrementally, no scan of the context per step: each sequence keeps an ``NgramIndex``, per ``n`` a
 hash table from every ``n``-gram of its tokens to the latest position where it ends. A lookup tries at most
@@ -11,12 +11,10 @@ hash table from every ``n``-gram of its tokens to the latest position where it e
 n-grams completed since it last did (one dictionary write per new token; many at once, as for a prompt, by
 ``dict.update`` over zipped slices): ~5 us per step at any context length, against ~15 us for a numpy scan of a
 1,000-token context. The tables of shorter ``n`` are read only when the longer suffixes do not recur, so while
-the output copies a span (every lookup matched at ``ngram_max``) a step writes one table, not four. In the engine,
-where the caches are cold after each native forward, a ``propose`` call had taken 20 us at 900-1,000 tokens of
-context against a 478 us plain decode step of the demo target (4.2%; docs/benchmarks.md); on greedy ``repeat``
-at batch 1 it took 19-21 us with one table for every ``n`` and takes 12.5 us with the tables read lazily (loop
-thread CPU time). The n-grams ending at the last token are indexed one step late, so a
-lookup never finds the suffix itself.
+the output copies a span (every lookup matched at ``ngram_max``) a step writes one table, not four: on greedy
+``repeat`` at batch 1 a ``propose`` call takes about 12.5 us of loop-thread CPU time, against a ~480 us plain
+decode step of the demo target. The n-grams ending at the last token are indexed one step late, so a lookup
+never finds the suffix itself.
 """
 from __future__ import annotations
 
