@@ -55,25 +55,29 @@ class AdaptiveConfig:
             raise ValueError(f"skip_idle: expected a boolean, got {self.skip_idle!r}")
 
 
-def expected_accepted(acceptance: list[float], k: int) -> float:
-    """``E(k)``: the expected accepted drafts of ``k`` with per-position conditional acceptance ``acceptance``."""
-    total, run = 0.0, 1.0
-    for a in acceptance[:k]:
+def expected_accepted_by_length(acceptance: list[float]) -> list[float]:
+    """``[E(1), E(2), ...]``: the expected accepted drafts of each length, with per-position conditional
+    acceptance ``acceptance`` (each a running sum of running products)."""
+    totals, total, run = [], 0.0, 1.0
+    for a in acceptance:
         run *= a
         total += run
-    return total
+        totals.append(total)
+    return totals
+
+
+def expected_accepted(acceptance: list[float], k: int) -> float:
+    """``E(k)``: the expected accepted drafts of ``k`` with per-position conditional acceptance ``acceptance``."""
+    return expected_accepted_by_length(acceptance[:k])[-1] if k > 0 and acceptance else 0.0
 
 
 def best_num_drafts(acceptance: list[float], share: float, extras: list[float]) -> int:
     """The ``k`` in ``[0, len(extras)]`` maximising ``(1 + E(k)) / (share + extras[k - 1])``, ``0`` unless that
     beats a plain step's ``1 / share``; ties go to the smaller ``k``."""
     best_k, best_rate = 0, 1 / share if share > 0 else 0.0
-    tokens, run = 1.0, 1.0
-    for k, (a, x) in enumerate(zip(acceptance, extras), 1):
-        run *= a
-        tokens += run
-        if share + x > 0 and tokens / (share + x) > best_rate:
-            best_k, best_rate = k, tokens / (share + x)
+    for k, (accepted, x) in enumerate(zip(expected_accepted_by_length(acceptance), extras), 1):
+        if share + x > 0 and (1 + accepted) / (share + x) > best_rate:
+            best_k, best_rate = k, (1 + accepted) / (share + x)
     return best_k
 
 
