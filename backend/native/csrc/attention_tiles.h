@@ -41,7 +41,10 @@ template <int D16, int M>
 void span_scores(const float* q, const f32x16* kt, int64_t tiles, int64_t first_key, const int64_t* qpos,
                  float* scores, int64_t stride) {
   constexpr int HD = 16 * D16;
-  constexpr int kChains = M <= 8 ? 2 : 1;  // independent FMA chains per query: enough in flight at small M
+  // Two independent FMA chains per query (even and odd dimensions, added at the end) at every M: a score's
+  // rounding must not depend on how many queries share its chunk (a decode step's G queries, a prefill chunk's
+  // count x G), or a token's logits would change with the batch and the chunking (seeded replay, docs/sampling.md).
+  constexpr int kChains = 2;
   const i32x16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const f32x16 neg_inf = f32x16{} - INFINITY;
   for (int64_t tt = 0; tt < tiles; ++tt) {

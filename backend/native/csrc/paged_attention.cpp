@@ -8,7 +8,9 @@
 // online softmax (running max and sum per query, exp16) and PV with the accumulators of a chunk of queries in
 // registers, each V row loaded once per chunk (the kernels: attention_tiles.h). The queries go through in chunks
 // of at most max_chunk(D16) (chunk x head_dim / 16 accumulators). Head dims that are not 16, 32, ..., 128 take
-// the per-token loop.
+// the per-token loop. A query's scores, softmax and PV sums round the same whatever chunk or group it falls in and
+// whatever else the step holds (spans start at key 0, every chunk size runs the same FMA chains): its output does
+// not depend on the batch, the prefill chunking or a verify step's drafts.
 // Split over torch's threads by (group, KV head) when the step is large enough.
 #include "paged_attention.h"
 
@@ -43,8 +45,9 @@ constexpr int64_t kMaxGroupTokens = 16;
 constexpr int64_t kSpanFloats = 4096;  // K^T of one span (16 KiB) stays in L1 beside the chunk's scores
 constexpr int kMaxD16 = 8;             // head_dim up to 128 on the tiled path
 
-// The queries of one chunk: at most max_chunk(D16), so that chunk x D16 accumulators fit the registers.
-constexpr int max_chunk(int d16) { return std::min(16, 24 / d16); }
+// The queries of one chunk: at most max_chunk(D16), so that chunk x D16 accumulators (and 2 x chunk score chains) fit
+// the registers.
+constexpr int max_chunk(int d16) { return std::min(8, 24 / d16); }
 
 // What one work item reads: the step's arrays and its (group, KV head).
 struct Step {
