@@ -19,6 +19,7 @@ from contracts.validation import check_int as _check_int
 DEVICES = ("auto", "cpu", "cuda")          # plus "cuda:N"
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 SPECULATIVE_METHODS = ("none", "ngram", "draft")
+DRAFT_COUPLINGS = ("gumbel", "rejection")
 MAX_SPECULATIVE_TOKENS = 16
 MAX_NGRAM = 64
 SWITCH_INTERVAL_MS = (0.01, 1000.0)         # python_switch_interval_ms when not 0 (CPython counts whole microseconds)
@@ -49,6 +50,8 @@ class EngineConfig:
     ngram_min: int = 1                         # ngram: shortest suffix matched against the context
     ngram_max: int = 4                         # ngram: longest suffix matched (tried first)
     speculative_adaptive: bool = True          # choose k per request from measured acceptance and step costs
+    draft_coupling: str = "gumbel"             # draft: gumbel (shared noise: seeded output replays exactly) |
+                                               # rejection (standard speculative sampling with the draft's q)
     quantization: str = "none"                 # weight-only: none | int8 | int4 | fp8 (CUDA); backend/model/quant.py
     quantization_group_size: int = 128         # int4: input columns per scale
     kv_cache_dtype: str = "auto"               # KV storage: auto (compute dtype) | int8 | fp8 (CUDA); + fp16 scales
@@ -97,6 +100,10 @@ class EngineConfig:
             raise ValueError(f"ngram_min: {self.ngram_min} exceeds ngram_max ({self.ngram_max})")
         if not isinstance(self.speculative_adaptive, bool):
             raise ValueError(f"speculative_adaptive: expected a boolean, got {self.speculative_adaptive!r}")
+        if self.draft_coupling not in DRAFT_COUPLINGS:
+            raise ValueError(f"draft_coupling: expected one of {DRAFT_COUPLINGS}, got {self.draft_coupling!r}")
+        if self.draft_coupling != "gumbel" and self.speculative_method != "draft":
+            raise ValueError(f"draft_coupling: {self.draft_coupling!r} applies to speculative_method 'draft' only")
         if self.speculative_method == "draft" and self.draft_model_path is None:
             raise ValueError("draft_model_path: required when speculative_method is 'draft'")
         if self.quantization not in QUANTIZATION_MODES:
@@ -218,7 +225,8 @@ _PARSERS = {
     "max_model_len": _optional(_parse_int), "enable_prefix_caching": _parse_bool, "watermark": _parse_float,
     "stream_interval": _parse_int, "stream_responses_per_s": _parse_float, "device": _parse_str, "dtype": _parse_str,
     "num_speculative_tokens": _parse_int, "speculative_method": _parse_str, "ngram_min": _parse_int,
-    "ngram_max": _parse_int, "speculative_adaptive": _parse_bool, "seed": _parse_int, "cpu_threads": _parse_int,
+    "ngram_max": _parse_int, "speculative_adaptive": _parse_bool,
+    "draft_coupling": _parse_str, "seed": _parse_int, "cpu_threads": _parse_int,
     "quantization": _parse_str, "quantization_group_size": _parse_int, "kv_cache_dtype": _parse_str,
     "guided_compile_timeout_s": _parse_float, "guided_compile_workers": _parse_int, "guided_jump_forward": _parse_bool,
     "fast_decode": _parse_bool, "python_switch_interval_ms": _parse_float,

@@ -55,6 +55,11 @@ METHODS = {  # name -> EngineConfig overrides
     "ngram-fixed": {"speculative_method": "ngram", "speculative_adaptive": False},
     "draft": {"speculative_method": "draft"},
     "draft-fixed": {"speculative_method": "draft", "speculative_adaptive": False},
+    # standard rejection sampling with the draft's q instead of the Gumbel coupling (docs/sampling.md): their
+    # sampled acceptance side by side
+    "draft-rejection": {"speculative_method": "draft", "draft_coupling": "rejection"},
+    "draft-fixed-rejection": {"speculative_method": "draft", "speculative_adaptive": False,
+                              "draft_coupling": "rejection"},
 }
 
 

@@ -22,6 +22,7 @@ from backend.model.llama import LlamaForCausalLM
 from backend.model.loader import load_model
 from backend.model.quant import quantize_model
 from backend.sampling.bitmask_kernels import TORCH_KERNELS, BitmaskKernels
+from backend.sampling.keyed_draw import DrawKernels, DrawRule
 from backend.sampling.sampler import Sampler
 from backend.spec_decode.ngram import NgramProposer
 from backend.spec_decode.speculator import Speculator
@@ -135,7 +136,8 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     attn = make_attention_backend(kv_cache, windows=windows)
     fast = build_fast_decode(config, model, kv_cache, windows, max_model_len)
     sampler = Sampler(vocab_size=mcfg.vocab_size, device=device, seed=config.seed, eos_token_ids=sorted(eos),
-                      bitmask_kernels=native_bitmask_kernels(fast, device))
+                      bitmask_kernels=native_bitmask_kernels(fast, device), draws=DrawKernels.for_device(device),
+                      rule=DrawRule.of(config.speculative_method, config.draft_coupling))
     runner = ModelRunner(model, kv_cache, attn, sampler, device, fast_decode=fast.step)
     structured = StructuredOutputManager(
         lambda: xgrammar_backend(folder, mcfg.vocab_size, eos, device), vocab_size=mcfg.vocab_size,

@@ -18,7 +18,7 @@ from backend.core.plan import ForwardOutput, ModelRunnerOutput, SchedulerOutput
 from backend.model.llama import LlamaForCausalLM
 from backend.sampling.batch import is_plain_greedy
 from backend.sampling.ops import row_argmax
-from backend.sampling.rejection import greedy_verify
+from backend.sampling.rejection import coupled_verify
 from backend.sampling.sampler import Sampler
 
 
@@ -105,7 +105,7 @@ class ModelRunner:
         seqs = [sched[i].seq for i in order]
         drafts = [sched[i].seq.draft_token_ids[:sched[i].num_draft_tokens] for i in order]
         if all(is_plain_greedy(s) for s in seqs):   # no batch, no probabilities
-            for i, tokens in zip(order, greedy_verify(self._argmax(forward.logits, grammar_bitmask), drafts)):
+            for i, tokens in zip(order, coupled_verify(self._argmax(forward.logits, grammar_bitmask), drafts)):
                 sampled[i] = tokens
             return ModelRunnerOutput(sampled, logprobs)
         qs = [draft_probs.get(s.seq_id) for s in seqs] if draft_probs else None

@@ -12,6 +12,7 @@ from typing import Sequence as Seq
 import torch
 
 from backend.core.sequence import Sequence
+from backend.sampling.keyed_draw import DrawKeys
 
 GREEDY_EPS = 1e-5  # temperatures below this are greedy (dividing by them would overflow)
 
@@ -34,7 +35,7 @@ class SamplingBatch:
     bad_word_bans: tuple[torch.Tensor, torch.Tensor] | None = None   # (rows [n], tokens [n]) int64
     min_tokens_bans: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows [n], tokens [n]) int64
     grammar_bitmask: torch.Tensor | None = None     # [num_rows, ceil(vocab / 32)] int32; filled by the guide
-    generators: list[torch.Generator | None] = field(default_factory=list)  # per row; None: the engine's
+    keys: DrawKeys = field(default_factory=lambda: DrawKeys([], [], []))   # per row: what its draw is keyed by
     num_logprobs: list[int | None] = field(default_factory=list)            # per row; None: no logprobs
 
     @property
@@ -115,7 +116,7 @@ def build_sampling_batch(
     device: torch.device | str = "cpu",
     output_token_ids: Seq[list[int]] | None = None,  # per row, overrides seq.output_token_ids (speculative rows)
     grammar_bitmask: torch.Tensor | None = None,     # [num_rows, ceil(vocab / 32)] int32
-    generators: Seq[torch.Generator | None] | None = None,  # per row, the seeded RNG (None: the engine's)
+    keys: DrawKeys | None = None,                    # per row; None: seed 0, position = the row's output length
 ) -> SamplingBatch:
     """One row per entry of ``seqs``; tensors only for the features some row uses."""
     n = len(seqs)
@@ -129,7 +130,7 @@ def build_sampling_batch(
         greedy=torch.tensor(greedy_rows, dtype=torch.bool, device=device),
         greedy_rows=greedy_rows,
         grammar_bitmask=grammar_bitmask,
-        generators=list(generators) if generators is not None else [None] * n,
+        keys=keys if keys is not None else DrawKeys([0] * n, [s.seq_index for s in seqs], [len(o) for o in outputs]),
         num_logprobs=[p.logprobs for p in params],
     )
     if any(0 < p.top_k < vocab_size for p in params):

@@ -7,7 +7,6 @@ and return it; callers pass a copy when they need the input kept.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 NEG_INF = float("-inf")
@@ -218,39 +217,6 @@ def logits_to_probs(logits: torch.Tensor) -> torch.Tensor:  # [num_rows, vocab] 
     return logits.float().softmax(dim=-1)
 
 
-def draw_uniforms(
-    n: int,
-    generators: list[torch.Generator | None],     # per row; None: use default_generator
-    default_generator: torch.Generator | None,
-    skip_rows: list[bool] | None,                 # rows that consume no RNG (greedy)
-    device: torch.device | str,
-) -> torch.Tensor:                                # [n, 1] float64 in [0, 1)
-    """The uniforms of one ``inverse_cdf_draw``, drawn exactly as it draws them (so that a caller that knows
-    the tokens without drawing still advances every RNG as the draw would)."""
-    u = torch.rand(n, 1, dtype=torch.float64, generator=default_generator, device=device) \
-        if any(g is None for g in generators) else torch.zeros(n, 1, dtype=torch.float64, device=device)
-    for i, g in enumerate(generators):
-        if g is not None and not (skip_rows and skip_rows[i]):
-            u[i] = torch.rand(1, dtype=torch.float64, generator=g, device=device)
-    return u
-
-
-def inverse_cdf_draw(
-    probs: torch.Tensor,                          # [num_rows, vocab]
-    generators: list[torch.Generator | None],     # per row; None: use default_generator
-    default_generator: torch.Generator | None,
-    skip_rows: list[bool] | None = None,          # rows whose draw is not needed (greedy): no RNG consumed
-) -> torch.Tensor:                                # [num_rows] int64
-    """One draw per row: the first token whose cumulative probability exceeds ``u ~ U[0, 1)``.
-
-    Each row consumes exactly one uniform, from its own generator when it has one, so seeded
-    requests reproduce regardless of batch composition. One uniform per row (not one per
-    token, as an exponential race needs) is what makes this cheap on CPU.
-    """
-    u = draw_uniforms(probs.shape[0], generators, default_generator, skip_rows, probs.device)
-    return cdf_draw_host(probs, u) if probs.device.type == "cpu" else cdf_draw(probs, u)
-
-
 def cdf_draw(probs: torch.Tensor,      # [num_rows, vocab] unnormalised, >= 0
              uniforms: torch.Tensor,   # [num_rows, 1] float64 in [0, 1)
              ) -> torch.Tensor:        # [num_rows] int64
@@ -263,20 +229,15 @@ def cdf_draw(probs: torch.Tensor,      # [num_rows, vocab] unnormalised, >= 0
     return torch.where(ok, ids, probs.argmax(dim=-1, keepdim=True)).squeeze(1)
 
 
-def cdf_draw_host(probs: torch.Tensor,      # [num_rows, vocab] on the CPU
-                  uniforms: torch.Tensor,   # [num_rows, 1] float64
-                  ) -> torch.Tensor:        # [num_rows] int64
-    """``cdf_draw`` on the CPU: the same tokens, bit for bit, with the search done per row on the host. The
-    tensor ops after the running sum (search, clamp, gather, compare, argmax, select) cost ~25 us of a
-    ~550 us sampled decode step of the demo target at batch 1, and a verify step draws again."""
-    cdf = probs.cumsum(dim=-1, dtype=torch.float64).numpy()
-    p, us = probs.numpy(), uniforms.numpy()[:, 0]
-    last = probs.shape[-1] - 1
-    out = np.empty(len(us), dtype=np.int64)
-    for i, u in enumerate(us):
-        t = min(int(np.searchsorted(cdf[i], u * cdf[i, -1], side="right")), last)
-        out[i] = t if p[i, t] > 0 else int(p[i].argmax())
-    return torch.from_numpy(out)
+def race_draw(probs: torch.Tensor,     # [num_rows, vocab] >= 0, unnormalised allowed
+              uniforms: torch.Tensor,  # [num_rows, vocab] float64 in (0, 1), one per token id
+              ) -> torch.Tensor:       # [num_rows] int64
+    """The exponential race: per row, ``argmax_v log(u_v) / p(v)`` over tokens with ``p(v) > 0`` (the first of equal
+    maxima), i.e. the token whose exponential clock ``-log(u_v) / p(v)`` rings first. It is distributed as ``p``
+    normalised, and it is Gumbel-max (``argmax log p + g`` with ``g = -log(-log u)``) with one logarithm per token."""
+    p = probs.to(torch.float64)
+    score = torch.where(p > 0, uniforms.log() / p, torch.full_like(p, NEG_INF))
+    return score.argmax(dim=-1)
 
 
 def gather_logprobs(

@@ -1,6 +1,12 @@
-"""Speculative verification's rejection rule, as pure functions (terms: backend/core/plan.py).
+"""Speculative verification's rules, as pure functions (terms: backend/core/plan.py).
 
-For a sequence with drafts ``d_1..d_k`` (``d_j`` drawn from ``q_j``; a point mass for n-gram drafts
+*Coupled* verification (``coupled_verify``): every verified row draws its token with the keyed draw of its
+position (``keyed_draw.py``); draft ``d_{j+1}`` is accepted iff it equals the draw at row ``j``, and the first
+draw that differs, or the bonus row's draw, is emitted. For a deterministic draft this accepts with probability
+``p_j(d)``, as the standard rule does, and the tokens are those of steps without drafts; a greedy target's draw
+is its argmax. The engine verifies n-gram drafts and Gumbel-coupled draft-model drafts this way.
+
+*Standard rejection sampling*, for drafts drawn from a distribution ``q``: for a sequence with drafts ``d_1..d_k`` (``d_j`` drawn from ``q_j``; a point mass for n-gram drafts
 and for greedy ones) and the target's distributions ``p_0..p_k`` (``p_j`` at the position after
 ``d_j``, computed with every sampling filter exactly as plain sampling would), draft ``d_{j+1}`` is
 *accepted* with probability ``min(1, p_j(d) / q_j(d))``, left to right until one is rejected. At the
@@ -103,16 +109,16 @@ def host_rejection_rule(
     return accepted, last
 
 
-def greedy_verify(argmax: list[int],         # the argmax of every row: a sequence's k + 1 rows, then the next's
-                  drafts: list[list[int]],   # per sequence, its k drafts
-                  ) -> list[list[int]]:
-    """The rejection rule for a greedy target (one-hot at its argmax, whatever the draft distribution): the
-    drafts that equal the argmax before them are accepted, then the argmax after the last accepted one."""
+def coupled_verify(draws: list[int],          # the token drawn at every row: a sequence's k + 1 rows, then the next's
+                   drafts: list[list[int]],   # per sequence, its k drafts
+                   ) -> list[list[int]]:
+    """Per sequence, the drafts that equal the draw at the row before them, then the draw after the last accepted
+    one (the recovered token, or the bonus one when every draft was accepted)."""
     out, row = [], 0
     for d in drafts:
         a = 0
-        while a < len(d) and d[a] == argmax[row + a]:
+        while a < len(d) and d[a] == draws[row + a]:
             a += 1
-        out.append(d[:a] + [argmax[row + a]])
+        out.append(d[:a] + [draws[row + a]])
         row += len(d) + 1
     return out

@@ -2,37 +2,45 @@
 
 Order (docs/engine-design.md): grammar bitmask → bad words → min_tokens (EOS/stop ids
 masked) → repetition, presence, frequency penalties → temperature → top-k → top-p → min-p →
-draw (per-request seeded generator, else the engine's). Temperature 0 is greedy: the argmax
-of the masked, penalised logits. Logprobs are of the raw model distribution.
+keyed draw (``keyed_draw.py``: a pure function of the distribution and the row's seed, sequence
+index and output position). Temperature 0 is greedy: the argmax of the masked, penalised logits.
+Logprobs are of the raw model distribution.
 
 ``process_logits`` / ``compute_probs`` expose the processed distribution of arbitrary rows so
-speculative decoding's rejection sampler applies exactly the same filters.
+speculative verification applies exactly the same filters.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Sequence as Seq
 
+import random
+
 import numpy as np
 import torch
 
 from backend.core.outputs import TokenLogprob
 from backend.core.sequence import Sequence
-from backend.sampling.batch import SamplingBatch, build_sampling_batch, is_sampled, reads_output_ids
+from backend.sampling.batch import GREEDY_EPS, SamplingBatch, build_sampling_batch, reads_output_ids
 from backend.sampling.bitmask_kernels import TORCH_KERNELS, BitmaskKernels
+from backend.sampling.keyed_draw import TORCH_DRAWS, DrawKernels, DrawKeys, DrawRule
+from backend.sampling.keyed_noise import NoiseStream
 from backend.sampling.ops import (
     apply_bans,
     apply_min_p,
     apply_penalties,
     apply_temperature,
     apply_top_k_top_p,
-    draw_uniforms,
     gather_logprobs,
-    inverse_cdf_draw,
     logits_to_probs,
-    row_argmax,
 )
-from backend.sampling.rejection import acceptance_probs, host_rejection_rule, num_accepted, recovery_probs
+from backend.sampling.rejection import (
+    acceptance_probs,
+    coupled_verify,
+    host_rejection_rule,
+    num_accepted,
+    recovery_probs,
+)
 
 
 @dataclass
@@ -108,7 +116,8 @@ def compute_probs(
 def sample_tokens(
     logits: torch.Tensor,                    # [num_rows, vocab] raw (not modified)
     batch: SamplingBatch,
-    generator: torch.Generator | None = None,  # the engine's RNG for unseeded rows (None: torch's default)
+    draws: DrawKernels = TORCH_DRAWS,
+    rule: DrawRule = DrawRule.INVERSE_CDF,
     kernels: BitmaskKernels = TORCH_KERNELS,   # how the grammar bitmask is applied
 ) -> torch.Tensor:                           # [num_rows] int64
     if batch.all_greedy and batch.bad_word_bans is None and batch.min_tokens_bans is None \
@@ -118,16 +127,14 @@ def sample_tokens(
     if batch.grammar_bitmask is not None and batch.grammar_bitmask.is_cpu and batch.bad_word_bans is None \
             and batch.min_tokens_bans is None:   # (on CUDA the check would cost a sync; the draw is cheap there)
         forced = kernels.all_forced(batch.grammar_bitmask, logits.shape[-1])
-        if forced is not None:                 # every row's grammar allows one token: no draw returns another
-            if not batch.all_greedy:   # the RNGs advance as the draw would advance them
-                draw_uniforms(len(forced), batch.generators, generator, batch.greedy_rows, logits.device)
+        if forced is not None:                 # every row's grammar allows one token: every draw returns it
             return torch.tensor(forced, dtype=torch.int64, device=logits.device)
     penalised = mask_and_penalise(logits, batch, kernels)
     if batch.all_greedy:
         return penalised.argmax(dim=-1)
     greedy_ids = penalised.argmax(dim=-1) if batch.any_greedy else None
     probs = logits_to_probs(filter_logits(penalised, batch))
-    drawn = inverse_cdf_draw(probs, batch.generators, generator, skip_rows=batch.greedy_rows)
+    drawn = draws.draw(probs, batch.keys, rule)
     return drawn if greedy_ids is None else torch.where(batch.greedy, greedy_ids, drawn)
 
 
@@ -156,51 +163,57 @@ def build_logprobs(
 
 
 class Sampler:
-    """Owns the RNGs (the engine's, for requests without a seed, and one per seeded sequence) and
-    the vocabulary facts. A seeded sequence's RNG is created on its first sample, seeded with
-    ``seed + seq_index`` (so the ``n`` sequences of a seeded request differ), and kept until
-    ``drop`` (the runner drops the sequences each plan reports finished)."""
+    """Owns the vocabulary facts and the draw: its rule (one per engine configuration) and kernels. A row's key
+    is its request's seed, its sequence index and its output position (``keyed_draw.py``); a sequence whose
+    request has no seed (the engine gives every sampled request one; direct callers may not) takes a seed
+    drawn from ``seed`` on first use, kept until ``drop``."""
 
     def __init__(self, vocab_size: int, device: torch.device | str = "cpu", seed: int | None = None,
-                 eos_token_ids: Seq[int] = (), seq_seed_salt: int = 0,
-                 bitmask_kernels: BitmaskKernels = TORCH_KERNELS):
+                 eos_token_ids: Seq[int] = (), bitmask_kernels: BitmaskKernels = TORCH_KERNELS,
+                 draws: DrawKernels = TORCH_DRAWS, rule: DrawRule = DrawRule.INVERSE_CDF):
         self.vocab_size = vocab_size
         self.bitmask_kernels = bitmask_kernels   # the grammar mask: native on the CPU with the native step
-        self.seq_seed_salt = seq_seed_salt    # another sampler of the same requests (a draft model) needs another
+        self.draws = draws                       # the keyed draws: native on the CPU when built
+        self.rule = rule
         self.device = torch.device(device)
         self.eos_token_ids = tuple(eos_token_ids)
-        self.generator = torch.Generator(device=self.device)
-        if seed is not None:
-            self.generator.manual_seed(seed)
-        else:
-            self.generator.seed()
-        self._seq_generators: dict[int, torch.Generator] = {}   # seq_id -> its seeded RNG
+        self._seed_source = random.Random(seed)
+        self._drawn_seeds: dict[int, int] = {}   # seq_id -> the seed drawn for a sequence without one
 
-    def generator_for(self, seq: Sequence) -> torch.Generator | None:
-        """The sequence's own RNG when its request has a seed (created on first use), else None."""
-        if seq.params.seed is None:
-            return None
-        gen = self._seq_generators.get(seq.seq_id)
-        if gen is None:
-            seed = (seq.params.seed + seq.seq_index + self.seq_seed_salt) % 2**64
-            gen = torch.Generator(device=self.device).manual_seed(seed)
-            self._seq_generators[seq.seq_id] = gen
-        return gen
+    def seed_for(self, seq: Sequence) -> int:
+        """The seed the sequence's draws are keyed by."""
+        if seq.params.seed is not None:
+            return seq.params.seed
+        if seq.params.temperature < GREEDY_EPS:
+            return 0                             # greedy rows draw nothing
+        seed = self._drawn_seeds.get(seq.seq_id)
+        if seed is None:
+            seed = self._drawn_seeds[seq.seq_id] = self._seed_source.getrandbits(64)
+        return seed
+
+    def keys(self, seqs: Seq[Sequence], offsets: Seq[int] | None = None) -> DrawKeys:
+        """Each sequence's key at its next output position, ``offsets[i]`` positions on."""
+        positions = [len(s.output_token_ids) for s in seqs]
+        if offsets is not None:
+            positions = [p + o for p, o in zip(positions, offsets)]
+        return DrawKeys([self.seed_for(s) for s in seqs], [s.seq_index for s in seqs], positions)
 
     def drop(self, seq_ids: Seq[int]) -> None:
-        """Forget the RNGs of sequences that ended."""
+        """Forget the drawn seeds of sequences that ended."""
         for seq_id in seq_ids:
-            self._seq_generators.pop(seq_id, None)
+            self._drawn_seeds.pop(seq_id, None)
 
     @property
-    def num_seq_generators(self) -> int:
-        return len(self._seq_generators)
+    def num_drawn_seeds(self) -> int:
+        return len(self._drawn_seeds)
 
     def build_batch(self, seqs: Seq[Sequence], output_token_ids: Seq[list[int]] | None = None,
-                    grammar_bitmask: torch.Tensor | None = None) -> SamplingBatch:
+                    grammar_bitmask: torch.Tensor | None = None, offsets: Seq[int] | None = None) -> SamplingBatch:
+        """One row per sequence; ``offsets``: each row's position past its sequence's output (a verify step's rows,
+        a draft's proposals)."""
         return build_sampling_batch(seqs, self.vocab_size, eos_token_ids=self.eos_token_ids, device=self.device,
                                     output_token_ids=output_token_ids, grammar_bitmask=grammar_bitmask,
-                                    generators=[self.generator_for(s) for s in seqs])
+                                    keys=self.keys(seqs, offsets))
 
     def sample(
         self,
@@ -213,7 +226,7 @@ class Sampler:
         if logits.shape != (batch.num_rows, batch.vocab_size):
             raise ValueError(f"logits {tuple(logits.shape)} do not match the batch "
                              f"({batch.num_rows} rows, vocab {batch.vocab_size})")
-        token_ids = sample_tokens(logits, batch, self.generator, self.bitmask_kernels)
+        token_ids = sample_tokens(logits, batch, self.draws, self.rule, self.bitmask_kernels)
         logprobs = build_logprobs(logits, token_ids, batch.num_logprobs) \
             if batch.max_num_logprobs is not None else None
         return SamplerOutput(token_ids, logprobs)
@@ -223,49 +236,40 @@ class Sampler:
         logits: torch.Tensor,                          # [sum(1 + k_i), vocab] fp32: rows of seq i, then seq i+1...
         seqs: Seq[Sequence],                           # B sequences
         drafts: Seq[list[int]],                        # per sequence, its k_i drafts (may be empty)
-        draft_probs: Seq[torch.Tensor | None] | None = None,   # per sequence [k_i, vocab] q, None: point masses
+        draft_probs: Seq[torch.Tensor | None] | None = None,   # per sequence [k_i, vocab] q, None: coupled drafts
         grammar_bitmask: torch.Tensor | None = None,   # [sum(1 + k_i), ceil(vocab / 32)] int32
     ) -> VerifyOutput:
-        """Speculative verification: the rejection rule over every sequence's drafts at once.
+        """Speculative verification over every sequence's drafts at once.
 
-        Row ``j`` of sequence ``i`` is the target at the position after its ``j``-th draft, with the
-        sampling filters of plain sampling at that position (penalties and bans see the drafts
-        before it as output). A sequence without drafts gets exactly a plain sample.
+        Row ``j`` of sequence ``i`` is the target at the position after its ``j``-th draft, with the sampling
+        filters of plain sampling at that position (penalties and bans see the drafts before it as output). Drafts
+        without ``q`` (n-gram drafts; a draft model's drafts drawn with the target's keyed noise) are *coupled*:
+        each row draws its keyed token, a draft is accepted iff it equals the draw at its row, and the first draw
+        that differs (or the bonus row's) is emitted, so the tokens are exactly those of plain steps. Drafts with
+        ``q`` take standard rejection sampling (``rejection.py``), with keyed uniforms.
         """
         counts = [len(d) for d in drafts]
         rows_seqs = [s for s, k in zip(seqs, counts) for _ in range(k + 1)]
+        offsets = [j for k in counts for j in range(k + 1)]
         outputs = [s.output_token_ids + d[:j] for s, d, k in zip(seqs, drafts, counts) for j in range(k + 1)] \
             if any(map(reads_output_ids, seqs)) else None       # (else no filter reads them)
-        batch = self.build_batch(rows_seqs, output_token_ids=outputs, grammar_bitmask=grammar_bitmask)
-        probs = compute_probs(logits, batch, self.bitmask_kernels)             # [R, vocab]
-        b, k_max, dev = len(seqs), max(counts), logits.device
-        gens = [self.generator_for(s) for s in seqs]
-        greedy = [not is_sampled(s) for s in seqs]
-        u = None
-        if k_max:
-            u = torch.rand(b, k_max, generator=self.generator, device=dev)      # unseeded rows
-            for i, g in enumerate(gens):
-                if g is not None and counts[i] and not greedy[i]:
-                    u[i] = torch.rand(k_max, generator=g, device=dev)
+        batch = self.build_batch(rows_seqs, output_token_ids=outputs, grammar_bitmask=grammar_bitmask,
+                                 offsets=offsets)
+        probs = compute_probs(logits, batch, self.bitmask_kernels)             # [R, vocab]; greedy rows one-hot
         qs = None if draft_probs is None or all(q is None for q in draft_probs) else list(draft_probs)
-        if self.host_rule(probs) and all(q is None or self.host_rule(q) for q in qs or ()):
-            acc, last_np = host_rejection_rule(
-                probs.numpy(), _row_starts(counts), list(drafts),
-                u.numpy() if u is not None else np.empty((b, 0), dtype=np.float32),
-                [q if q is None else q.numpy() for q in qs] if qs is not None else None)
-            last = torch.from_numpy(last_np)                                   # [B, vocab]
+        if qs is None:
+            token_ids = coupled_verify(self.draws.draw(probs, batch.keys, self.rule).tolist(), list(drafts))
+            acc = [len(t) - 1 for t in token_ids]
         else:
-            acc, last = self._rejection_rule(probs, drafts, counts, qs, u)
-        fin = inverse_cdf_draw(last, gens, self.generator, skip_rows=greedy).tolist()
-        if any(greedy):
-            fin = [a if g else t for a, g, t in zip(row_argmax(last), greedy, fin)]
-        token_ids = [d[:a] + [f] for d, a, f in zip(drafts, acc, fin)]
-        logprobs: list[list[TokenLogprob] | None] = [None] * b
+            acc, fin = self._standard_rejection(probs, seqs, drafts, counts, qs)
+            token_ids = [d[:a] + [f] for d, a, f in zip(drafts, acc, fin)]
+        logprobs: list[list[TokenLogprob] | None] = [None] * len(seqs)
         if any(s.params.logprobs is not None for s in seqs):
             starts = _row_starts(counts)
             rows = [starts[i] + j for i, t in enumerate(token_ids) for j in range(len(t))]
             flat = [t for ts in token_ids for t in ts]
             nlp = [seqs[i].params.logprobs for i, t in enumerate(token_ids) for _ in t]
+            dev = logits.device
             lps = build_logprobs(logits[torch.tensor(rows, device=dev)], torch.tensor(flat, device=dev), nlp)
             pos = 0
             for i, t in enumerate(token_ids):
@@ -273,6 +277,30 @@ class Sampler:
                     logprobs[i] = lps[pos:pos + len(t)]
                 pos += len(t)
         return VerifyOutput(token_ids, logprobs, acc)
+
+    def _standard_rejection(
+        self,
+        probs: torch.Tensor,                   # [R, vocab] p of every row
+        seqs: Seq[Sequence],
+        drafts: Seq[list[int]],
+        counts: list[int],
+        qs: list[torch.Tensor | None],         # per sequence [k_i, vocab] q, None: a point mass
+    ) -> tuple[list[int], list[int]]:          # (accepted drafts per sequence, the recovered or bonus token)
+        """Leviathan et al.'s rule: draft ``j`` is accepted when the keyed uniform of its position (stream
+        ``ACCEPT``) is below ``min(1, p/q)``; the last token is drawn from the residual or ``p_k`` (``RESIDUAL``)."""
+        b, k_max = len(seqs), max(counts)
+        u = torch.empty(b, 0, dtype=torch.float32)
+        if k_max:
+            keys = self.keys([s for s in seqs for _ in range(k_max)], [j for _ in seqs for j in range(k_max)])
+            u = self.draws.uniforms(keys, NoiseStream.ACCEPT, probs.device).view(b, k_max).to(torch.float32)
+        if self.host_rule(probs) and all(q is None or self.host_rule(q) for q in qs):
+            acc, last_np = host_rejection_rule(probs.numpy(), _row_starts(counts), list(drafts), u.numpy(),
+                                               [q if q is None else q.numpy() for q in qs])
+            last = torch.from_numpy(last_np)                                   # [B, vocab]
+        else:
+            acc, last = self._rejection_rule(probs, drafts, counts, qs, u)
+        fin = self.draws.draw(last.contiguous(), self.keys(seqs, acc), DrawRule.INVERSE_CDF, NoiseStream.RESIDUAL)
+        return acc, fin.tolist()
 
     @staticmethod
     def host_rule(t: torch.Tensor) -> bool:

@@ -11,8 +11,12 @@ an unverified draft). Each call runs, for all proposing sequences at once:
 3. ``k - 1`` one-token forwards, each feeding the previous draft.
 No scheduler round trip and no per-token allocation: blocks for all ``k`` positions are taken up
 front. The forwards run through the native decode op when the fast decode step is on and the op
-serves the draft (``draft_forward.py``), else eagerly. Drafts of sampled requests are drawn from ``q`` (the draft's logits under the request's own
-sampling filters), which the rejection rule needs; greedy requests take the draft's argmax.
+serves the draft (``draft_forward.py``), else eagerly. Drafts of sampled requests are drawn from ``q`` (the
+draft's logits under the request's own sampling filters); greedy requests take the draft's argmax. With
+``draft_coupling`` gumbel a draft is the exponential race over ``q`` with the target's keyed noise at its
+position (``DrawRule.GUMBEL``), so the verifier accepts it iff the target's draw there equals it and needs no
+``q``; with rejection it is an inverse-CDF draw of the draft's own noise (``NoiseStream.DRAFT``) and ``q`` goes
+to standard rejection sampling.
 """
 from __future__ import annotations
 
@@ -33,13 +37,12 @@ from backend.model.fused import fused_ops
 from backend.model.llama import LlamaForCausalLM
 from backend.model.loader import load_model
 from backend.sampling.batch import GREEDY_EPS, SamplingBatch, is_plain_greedy
-from backend.sampling.ops import inverse_cdf_draw, row_argmax
+from backend.sampling.keyed_draw import DrawKernels, DrawRule
+from backend.sampling.keyed_noise import NoiseStream
+from backend.sampling.ops import row_argmax
 from backend.sampling.sampler import Sampler, compute_probs
 from backend.spec_decode.draft_forward import DraftForward
 from backend.spec_decode.proposer import DraftGrammar, DraftMasks, Proposal, Proposer
-
-DRAFT_SEED_SALT = 0x9E3779B97F4A7C15   # seeded requests: the draft's RNG stream differs from the target's
-
 
 CATCH_UP_AHEAD = 8   # known tokens missing from a draft cache above which ``catch_up`` feeds them untimed
 
@@ -126,7 +129,8 @@ class DraftModelProposer(Proposer):
                              + (tokenizer_identity(folder) or "").encode()).hexdigest()[:32]
         bm = BlockManager(num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching,
                           cache_key="draft:" + key)
-        sampler = Sampler(dcfg.vocab_size, device=device, seed=config.seed ^ 0x5DEECE66D, seq_seed_salt=DRAFT_SEED_SALT)
+        sampler = Sampler(dcfg.vocab_size, device=device, seed=config.seed, draws=DrawKernels.for_device(device),
+                          rule=DrawRule.of(config.speculative_method, config.draft_coupling))
         windows = serving_windows(dcfg.sliding_windows, dcfg.num_hidden_layers, max_model_len)
         forward = DraftForward.build(model, kv, windows, native_step)
         return cls(model, kv, bm, sampler, windows, forward)
@@ -243,7 +247,7 @@ class DraftModelProposer(Proposer):
         for i, (st, _) in enumerate(active):
             self.bm.commit_full_blocks(st.shadow)
             out.draft_token_ids[st.shadow.seq_id] = drafts[i]
-            if st.shadow.params.temperature >= GREEDY_EPS:
+            if self.sampler.rule is not DrawRule.GUMBEL and st.shadow.params.temperature >= GREEDY_EPS:
                 out.draft_probs[st.shadow.seq_id] = torch.stack(run.probs[i])
 
     def _forward_and_draw(self, run: _Run, rows: list[int], starts: list[int], news: list[int], ids: list[int]
@@ -261,13 +265,14 @@ class DraftModelProposer(Proposer):
                 masks.advance(rows, tokens)
             return
         batch = self._sampling_batch(run, rows, bitmask)
-        greedy = batch.greedy_rows
-        q = compute_probs(logits, batch)                                          # [len(rows), vocab]
-        drawn = inverse_cdf_draw(q, batch.generators, self.sampler.generator, skip_rows=greedy)
-        tokens = (torch.where(batch.greedy, q.argmax(dim=-1), drawn) if batch.any_greedy else drawn).tolist()
+        q = compute_probs(logits, batch)                  # [len(rows), vocab]; greedy rows one-hot at their argmax
+        keys = self.sampler.keys([run.active[i][0].shadow for i in rows], [len(drafts[i]) for i in rows])
+        coupled = self.sampler.rule is DrawRule.GUMBEL
+        tokens = self.sampler.draws.draw(q, keys, self.sampler.rule,
+                                         NoiseStream.TOKEN if coupled else NoiseStream.DRAFT).tolist()
         for j, i in enumerate(rows):
             drafts[i].append(tokens[j])
-            if not greedy[j]:
+            if not coupled and not batch.greedy_rows[j]:
                 run.probs[i].append(q[j])
         if masks is not None:
             masks.advance(rows, tokens)

@@ -1,17 +1,17 @@
-"""The runner's greedy verification shortcut equals the sampler's rejection rule for greedy targets."""
+"""The runner's greedy verification shortcut (``coupled_verify`` over argmaxes) equals the sampler's verify for greedy targets."""
 from __future__ import annotations
 
 import torch
 
 from backend.core.sequence import Sequence
-from backend.sampling.rejection import greedy_verify
+from backend.sampling.rejection import coupled_verify
 from backend.sampling.sampler import Sampler
 from contracts.sampling_params import SamplingParams
 
 VOCAB = 50
 
 
-def test_greedy_verify_matches_the_sampler():
+def test_coupled_verify_matches_the_sampler():
     gen = torch.Generator().manual_seed(0)
     sampler = Sampler(vocab_size=VOCAB, device=torch.device("cpu"), seed=0, eos_token_ids=[1])
     for trial in range(40):
@@ -29,4 +29,4 @@ def test_greedy_verify_matches_the_sampler():
         if trial % 2:   # sampled drafts: their distributions do not matter to a greedy target
             q = [torch.softmax(torch.randn(k, VOCAB, generator=gen), -1) if k else None for k in counts]
         expected = sampler.verify(logits, seqs, drafts, q).token_ids
-        assert greedy_verify(argmax, drafts) == expected, (counts, drafts)
+        assert coupled_verify(argmax, drafts) == expected, (counts, drafts)

@@ -16,9 +16,8 @@ from backend.sampling.ops import (
     apply_top_p,
     bitmask_penalty,
     cdf_draw,
-    cdf_draw_host,
     gather_logprobs,
-    inverse_cdf_draw,
+    race_draw,
     row_argmax,
     token_counts,
     unpack_bitmask,
@@ -161,24 +160,22 @@ def test_gather_logprobs():
     assert gather_logprobs(logits, torch.tensor([0, 2]), 0)[1] is None
 
 
-def test_inverse_cdf_draw_seeded_rows_ignore_the_batch():
-    probs = torch.softmax(torch.randn(3, 50), -1)
-    g = lambda: torch.Generator().manual_seed(123)  # noqa: E731
-    alone = [inverse_cdf_draw(probs[1:2], [g()], None).item()]
-    gen = g()
-    in_batch = inverse_cdf_draw(probs, [None, gen, None], torch.Generator().manual_seed(9))
-    assert in_batch[1].item() == alone[0]
-    # a skipped row consumes nothing from its generator
-    gen2 = g()
-    inverse_cdf_draw(probs[1:2], [gen2], None, skip_rows=[True])
-    assert torch.equal(gen2.get_state(), g().get_state())
-
-
-def test_inverse_cdf_draw_never_draws_zero_probability_tokens():
+def test_cdf_draw_follows_p_and_never_draws_zero_probability_tokens():
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.5]]).repeat(2000, 1)
-    drawn = inverse_cdf_draw(probs, [None] * 2000, torch.Generator().manual_seed(0))
+    u = torch.rand(2000, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    drawn = cdf_draw(probs, u)
     assert set(drawn.tolist()) == {1, 3}
     assert math.isclose((drawn == 1).float().mean().item(), 0.5, abs_tol=0.06)
+    top = torch.full((1, 1), 1.0 - 2.0 ** -53, dtype=torch.float64)     # rounding past the last token: its argmax
+    assert cdf_draw(torch.tensor([[0.25, 0.75, 0.0]]), top).item() == 1
+
+
+def test_race_draw_follows_p_and_never_draws_zero_probability_tokens():
+    p = torch.tensor([0.1, 0.0, 0.6, 0.3])
+    u = torch.rand(20000, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    drawn = race_draw(p.repeat(20000, 1) * 7.0, u)                      # unnormalised rows: the same law
+    freq = torch.bincount(drawn, minlength=4).double() / 20000
+    assert freq[1] == 0 and torch.allclose(freq, p.double(), atol=0.015)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 33])
@@ -197,18 +194,3 @@ def test_row_argmax_is_torch_argmax_ties_nan_and_inf_included(rows):
     assert row_argmax(logits.to(torch.float64)) == logits.argmax(dim=-1).tolist()   # other dtypes: torch's
 
 
-def test_the_host_draw_equals_the_tensor_ops_bit_for_bit():
-    """``cdf_draw_host`` (the CPU's) gives the tokens ``cdf_draw`` (other devices') gives for the same uniforms:
-    seeded requests draw the same whichever way, including zero-probability tails, one-hot rows, unnormalised
-    rows and uniforms at the top of [0, 1)."""
-    gen = torch.Generator().manual_seed(5)
-    for trial in range(50):
-        probs = torch.rand(6, 4096, generator=gen) ** 8
-        probs[0, 100:] = 0.0                                   # a tail of zeros
-        probs[1] = 0.0
-        probs[1, 7] = 1.0                                      # one-hot
-        probs[2] *= 3.0                                        # unnormalised
-        probs = probs.softmax(dim=-1) if trial % 2 else probs
-        u = torch.rand(6, 1, dtype=torch.float64, generator=gen)
-        u[3] = 1.0 - 2.0 ** -53
-        assert torch.equal(cdf_draw_host(probs, u), cdf_draw(probs, u))

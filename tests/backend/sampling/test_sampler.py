@@ -153,17 +153,29 @@ def test_seeded_request_is_reproducible_in_any_batch():
     assert [sampler.sample(s[None], [other]).token_ids.item() for s in steps] != a
 
 
-def test_seed_generator_created_once_and_offset_by_seq_index():
-    s0, s1 = seq(seed=5), seq(seed=5, seq_index=1, seq_id=1)
+def test_keys_are_seed_sequence_index_and_position():
+    s0, s1 = seq(seed=5, output=[1, 2]), seq(seed=5, seq_index=1, seq_id=1)
     sampler = Sampler(10, seed=0)
-    batch = sampler.build_batch([s0, s1])
-    g0, g1 = sampler.generator_for(s0), sampler.generator_for(s1)
-    assert batch.generators == [g0, g1] and g0 is not None
-    assert sampler.build_batch([s0]).generators[0] is g0
-    assert g0.initial_seed() == 5 and g1.initial_seed() == 6
-    assert sampler.generator_for(seq(seq_id=2)) is None            # unseeded: the engine's RNG
-    sampler.drop([s0.seq_id, s1.seq_id])                             # finished sequences leave no RNG behind
-    assert sampler.num_seq_generators == 0
+    keys = sampler.build_batch([s0, s1]).keys
+    assert (keys.seeds, keys.seq_indices, keys.positions) == ([5, 5], [0, 1], [2, 0])
+    assert sampler.build_batch([s0], offsets=[3]).keys.positions == [5]
+    # sequence 1 of seed 5 is not sequence 0 of seed 6 (as a seed offset by the index would make it)
+    probs = torch.full((64, 10), 0.1)
+    s6 = seq(seed=6, seq_id=2)
+    a = [sampler.sample(probs[:1].log(), [s1]).token_ids.item()]
+    b = [sampler.sample(probs[:1].log(), [s6]).token_ids.item()]
+    for t in range(1, 12):
+        s1.output_token_ids.append(a[-1])
+        s6.output_token_ids.append(b[-1])
+        a.append(sampler.sample(probs[:1].log(), [s1]).token_ids.item())
+        b.append(sampler.sample(probs[:1].log(), [s6]).token_ids.item())
+    assert a != b
+    unseeded = seq(seq_id=3, temperature=1.0)
+    first = sampler.seed_for(unseeded)
+    assert sampler.seed_for(unseeded) == first and sampler.num_drawn_seeds == 1   # drawn once, kept
+    assert sampler.seed_for(seq(seq_id=4, temperature=0.0)) == 0 and sampler.num_drawn_seeds == 1   # greedy: none
+    sampler.drop([3])                                                  # finished sequences leave nothing behind
+    assert sampler.num_drawn_seeds == 0
 
 
 def test_logprobs_are_of_the_raw_distribution():

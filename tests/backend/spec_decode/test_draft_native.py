@@ -22,9 +22,9 @@ from tests.helpers.checkpoints import DEMO_DRAFT, make_random_checkpoint
 VOCAB = 4096
 
 
-def load_proposer(target, draft, fast: bool) -> DraftModelProposer:
+def load_proposer(target, draft, fast: bool, coupling: str = "gumbel") -> DraftModelProposer:
     config = EngineConfig(model_path=str(target), speculative_method="draft", draft_model_path=str(draft),
-                          fast_decode=fast, device="cpu")
+                          fast_decode=fast, device="cpu", draft_coupling=coupling)
     return DraftModelProposer.load(draft, target, ModelConfig.from_file(target / "config.json"), config,
                                    num_blocks=128, device=torch.device("cpu"), dtype=torch.float32,
                                    max_model_len=512, native_step=NativeDecodeStep.build if fast else None)
@@ -48,10 +48,10 @@ def draft_checkpoint(request, tmp_path_factory):
                                   kv_heads=kv_heads, intermediate=96, seed=11)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_native_draft_steps_equal_the_eager_ones(draft_checkpoint, temperature):
+@pytest.mark.parametrize("temperature,coupling", [(0.0, "gumbel"), (0.9, "gumbel"), (0.9, "rejection")])
+def test_native_draft_steps_equal_the_eager_ones(draft_checkpoint, temperature, coupling):
     rng = random.Random(5)
-    native, eager = (load_proposer(draft_checkpoint, draft_checkpoint, fast) for fast in (True, False))
+    native, eager = (load_proposer(draft_checkpoint, draft_checkpoint, fast, coupling) for fast in (True, False))
     assert native.forward.native is not None, native.forward.native_reason
     assert eager.forward.native is None
     calls = counting_native_calls(native)
@@ -76,7 +76,7 @@ def test_native_draft_steps_equal_the_eager_ones(draft_checkpoint, temperature):
             extra = [rng.randrange(VOCAB) for _ in range(1 if rng.random() < 0.8 else rng.randint(2, 12))]
             seq.output_token_ids.extend(accepted + extra)     # sometimes several tokens the draft never saw
     assert sum(len(d) for d in a.draft_token_ids.values()) > 0
-    assert (compared > 0) == (temperature > 0)
+    assert (compared > 0) == (temperature > 0 and coupling == "rejection")   # coupled drafts need no q
     assert calls and max(calls) > len(seqs), "no multi-token catch-up went through the native op"
     if native.forward.native.prefills:   # a tiled head dim: the prompts' catch-up too (else it runs eagerly)
         assert calls[0] == sum(lengths), "the prompts' catch-up did not go through the native op"
@@ -140,7 +140,7 @@ def test_q_is_the_drafts_distribution_under_each_requests_filters(draft_checkpoi
     from tests.helpers.oracle import dense_logits
 
     rng = random.Random(8)
-    proposer = load_proposer(draft_checkpoint, draft_checkpoint, fast=True)
+    proposer = load_proposer(draft_checkpoint, draft_checkpoint, fast=True, coupling="rejection")
     seqs = [Sequence(seq_id=i, request_id=str(i), seq_index=0, prompt_token_ids=[rng.randrange(VOCAB) for _ in
                      range(rng.randint(4, 30))], params=SamplingParams(max_tokens=100, **kw))
             for i, kw in enumerate(FILTERS)]

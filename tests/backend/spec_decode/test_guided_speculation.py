@@ -48,18 +48,20 @@ def tokenizer(demo_target):
 class DraftAudit:
     """Wraps the runner's ``sample``: records, for every guided sequence verifying drafts, how many it
     verifies and how many its grammar admits (checked before the sampler, with the matcher at the
-    accepted state), and whether they were drawn from a distribution ``q``."""
+    accepted state), and whether they were drawn from a draft model's distribution ``q`` (sampled requests:
+    with ``q`` passed for standard rejection sampling, or coupled by the keyed noise without it)."""
 
     def __init__(self, engine: LLMEngine):
         self.records: list[tuple[int, int, bool]] = []
         sample, so = engine.runner.sample, engine.structured
+        drafts_from_q = engine.speculator is not None and engine.speculator.proposer.method == "draft"
 
         def audited(plan, forward, grammar_bitmask=None, draft_probs=None):
             for s in plan.scheduled:
                 if s.num_draft_tokens and s.seq.params.guide is not None:
                     drafts = s.seq.draft_token_ids[:s.num_draft_tokens]
                     self.records.append((len(drafts), so.valid_draft_prefix(s.seq, drafts),
-                                         bool(draft_probs) and s.seq.seq_id in draft_probs))
+                                         drafts_from_q and s.seq.params.temperature > 0))
             return sample(plan, forward, grammar_bitmask=grammar_bitmask, draft_probs=draft_probs)
         engine.runner.sample = audited
 

@@ -160,8 +160,17 @@ def test_point_mass_drafts_reproduce_the_target_distribution(drafts, rule_path):
     assert chi2(torch.bincount(second[sel], minlength=VOCAB).float(), p[1]) < chi2_critical(VOCAB - 1)
 
 
+def accept_every_draft(draws, drafts):
+    """A wrong coupled rule: every draft accepted, then the bonus row's draw."""
+    out, row = [], 0
+    for d in drafts:
+        out.append(list(d) + [draws[row + len(d)]])
+        row += len(d) + 1
+    return out
+
+
 def test_the_point_mass_fit_test_catches_a_wrong_rule(monkeypatch):
-    monkeypatch.setattr(sampler_module, "host_rejection_rule", argmax_host_rule)
+    monkeypatch.setattr(sampler_module, "coupled_verify", accept_every_draft)
     first, _ = run_point_mass_verify(N, 5, [0, 1])
     assert chi2(torch.bincount(first, minlength=VOCAB).float(), P_LOGITS.softmax(-1)[0]) > chi2_critical(VOCAB - 1)
 

@@ -114,7 +114,7 @@ def test_abort_in_the_middle_of_speculation_frees_every_block(setup, method):
         while (engine.stats().kv_blocks_used or draft_blocks_used(engine)) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert engine.stats().kv_blocks_used == 0 and draft_blocks_used(engine) == 0
-        assert engine.runner.sampler.num_seq_generators == 0
+        assert engine.runner.sampler.num_drawn_seeds == 0
     finally:
         engine.shutdown()
 

@@ -1,0 +1,166 @@
+"""Seeded sampling replays exactly: the same tokens, and bit-identical logits at every position, whatever the
+speculation, the batch, preemption or the prefix cache (docs/sampling.md, "Replay").
+
+100 seeded requests x 128 tokens on the demo target through the native fast step (fp32), sampled at temperatures
+0.7-1.3 with top-k / top-p: alone (one sequence at a time) without speculation is the reference; then among 31
+others, with n-gram speculation at fixed k 1, 4 (among 7) and 8 and adaptive (among 31 and alone), with preemption (a KV pool too small for 32),
+and a second time in one engine (prompt blocks from the prefix cache). A draft model's configuration uses the
+Gumbel rule: its outputs equal the same configuration with speculation off per request. Every logits row the
+runner samples is recorded by (request, position) where its drafts were then accepted, and must be bit-equal in
+every run that computed it.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from backend.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine, output_token_ids
+from contracts.sampling_params import SamplingParams
+from tests.helpers.checkpoints import DEMO_DRAFT
+
+SEEDS = 100
+TOKENS = 128
+TEXTS = ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+         "The cat sat on the mat. The dog sat on the log. The bird sat on the",
+         'config = {"name": "demo", "size": 3, "tags": ["a", "b"]}\nother = {"name": ',
+         "for i in range(10):\n    print(i)\nfor j in range(10):\n    print(j)\nfor k in range(",
+         "Once upon a time there was a small town by the sea. Every morning the"]
+
+
+def params(i: int, num_speculative_tokens: int | None = None) -> SamplingParams:
+    return SamplingParams(max_tokens=TOKENS, ignore_eos=True, seed=7919 * i + 3, temperature=(0.7, 1.0, 1.3)[i % 3],
+                          top_p=(1.0, 0.95)[i % 2], top_k=(0, 50, 0, 200)[i % 4],
+                          num_speculative_tokens=num_speculative_tokens)
+
+
+class LogitsRecorder:
+    """Wraps the runner's ``sample``: hashes every logits row by (draw rule, prompt index, output position),
+    keeping a verify row only if the drafts before it are then accepted (the row's context is the real output)."""
+
+    def __init__(self):
+        self.rows: dict[tuple[str, str, int], set[str]] = {}
+
+    def attach(self, engine: LLMEngine) -> None:
+        rule = engine.runner.sampler.rule.value
+        sample = engine.runner.sample
+
+        def recorded(plan, forward, grammar_bitmask=None, draft_probs=None):
+            out = sample(plan, forward, grammar_bitmask=grammar_bitmask, draft_probs=draft_probs)
+            if forward.logits is not None:
+                logits = forward.logits.numpy()
+                row = 0
+                for i in dict.fromkeys(forward.rows):
+                    s = plan.scheduled[i]
+                    drafts = s.seq.draft_token_ids[:s.num_draft_tokens]
+                    accepted = len(out.sampled_token_ids[i]) - 1 if drafts else 0
+                    for j in range(accepted + 1):
+                        key = (rule, s.seq.request_id.rsplit("-", 1)[1], len(s.seq.output_token_ids) + j)
+                        self.rows.setdefault(key, set()).add(hashlib.sha1(logits[row + j].tobytes()).hexdigest())
+                    row += s.num_draft_tokens + 1
+            return out
+        engine.runner.sample = recorded
+
+    def check(self) -> int:
+        differ = [k for k, v in self.rows.items() if len(v) > 1]
+        assert not differ, f"{len(differ)} positions got different logits, e.g. {differ[:3]}"
+        return len(self.rows)
+
+
+@pytest.fixture(scope="module")
+def prompts(demo_target):
+    from preprocess.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(demo_target)
+    return [tok.encode(TEXTS[i % len(TEXTS)] + " " * (i % 3), add_special_tokens=True) for i in range(SEEDS)]
+
+
+@pytest.fixture(scope="module")
+def recorder():
+    rec = LogitsRecorder()
+    yield rec
+    assert rec.check() > SEEDS * TOKENS // 2
+
+
+def engine(demo_target, recorder, **kw) -> LLMEngine:
+    cfg = dict(model_path=str(demo_target), device="cpu", fast_decode=True, kv_cache_bytes=32 << 20,
+               max_num_seqs=32, speculative_adaptive=False, cpu_threads=1)
+    cfg.update(kw)
+    eng = LLMEngine(EngineConfig(**cfg))
+    recorder.attach(eng)
+    return eng
+
+
+def run(eng: LLMEngine, prompts, plist) -> list[list[int]]:
+    outs = eng.generate(prompts, plist)
+    for o in outs:
+        assert o[-1].error is None, o[-1].error
+    return [output_token_ids(o) for o in outs]
+
+
+def assert_same(got, want, what):
+    bad = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
+    assert not bad, f"{what}: {len(bad)} of {len(want)} seeds differ (first: {bad[:5]})"
+
+
+@pytest.fixture(scope="module")
+def reference(demo_target, prompts, recorder):
+    """Alone, without speculation."""
+    eng = engine(demo_target, recorder, max_num_seqs=1)
+    try:
+        return run(eng, prompts, [params(i) for i in range(SEEDS)])
+    finally:
+        eng.shutdown()
+
+
+def test_among_31_others_and_again_from_the_prefix_cache(demo_target, prompts, recorder, reference):
+    eng = engine(demo_target, recorder)
+    try:
+        assert_same(run(eng, prompts, [params(i) for i in range(SEEDS)]), reference, "among 31")
+        before = eng.stats().prefix_cache_hits
+        assert_same(run(eng, prompts, [params(i) for i in range(SEEDS)]), reference, "prefix-cache hit")
+        assert eng.stats().prefix_cache_hits > before
+    finally:
+        eng.shutdown()
+
+
+def test_after_preemption(demo_target, prompts, recorder, reference):
+    eng = engine(demo_target, recorder, kv_cache_bytes=None, num_kv_blocks=96, enable_prefix_caching=False)
+    try:
+        assert_same(run(eng, prompts, [params(i) for i in range(SEEDS)]), reference, "preempted")
+        assert eng.stats().num_preemptions > 0
+    finally:
+        eng.shutdown()
+
+
+@pytest.mark.parametrize("k,adaptive,batch", [(1, False, 32), (4, False, 8), (8, False, 32), (8, True, 32),
+                                              (8, True, 1)])
+def test_ngram_speculation(demo_target, prompts, recorder, reference, k, adaptive, batch):
+    """``batch``: the most sequences running at once (1: alone; 8: among 7 others; 32: among 31)."""
+    eng = engine(demo_target, recorder, speculative_method="ngram", num_speculative_tokens=k,
+                 speculative_adaptive=adaptive, max_num_seqs=batch)
+    try:
+        assert_same(run(eng, prompts, [params(i) for i in range(SEEDS)]), reference, f"ngram k={k}")
+        assert eng.scheduler.spec_counters.num_accepted_tokens > 0
+    finally:
+        eng.shutdown()
+
+
+def test_draft_model_with_the_gumbel_rule(demo_target, prompts, recorder):
+    """Speculation off per request (k = 0) against k = 4 among 31, and adaptive alone, in one configuration."""
+    kw = dict(speculative_method="draft", draft_model_path=str(DEMO_DRAFT), num_speculative_tokens=4)
+    n = SEEDS // 2
+    off = engine(demo_target, recorder, max_num_seqs=1, **kw)
+    try:
+        plain = run(off, prompts[:n], [params(i, num_speculative_tokens=0) for i in range(n)])
+        assert off.scheduler.spec_counters.num_draft_tokens == 0
+    finally:
+        off.shutdown()
+    for adaptive, alone in ((False, False), (True, True)):
+        eng = engine(demo_target, recorder, max_num_seqs=1 if alone else 32, **dict(kw, speculative_adaptive=adaptive))
+        try:
+            assert_same(run(eng, prompts[:n], [params(i) for i in range(n)]), plain, f"draft adaptive={adaptive}")
+            assert eng.scheduler.spec_counters.num_accepted_tokens > 0
+        finally:
+            eng.shutdown()
