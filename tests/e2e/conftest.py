@@ -17,11 +17,10 @@ from cli.launcher import REPO, LauncherError, Ports, TritonServer, render_model_
 DEMO_TARGET = REPO / "models" / "demo-target"
 KV_CACHE_BYTES = "8MiB"       # a few hundred blocks: enough for 32 short streams, small enough to stay fast
 MAX_NUM_SEQS = "48"
-# Every e2e test runs with n-gram speculation on (the reference engine runs without it), so each greedy
-# comparison also checks that speculation is lossless through the whole pipeline.
-# Adaptive k is off so that a seeded sampled request replays exactly (with it on, k follows measured
-# timings and only greedy output is reproducible: docs/engine.md).
-SPECULATIVE = {"speculative_method": "ngram", "num_speculative_tokens": "4", "speculative_adaptive": "false"}
+# Every e2e test runs with the shipped speculation (n-gram, at most 8 drafts, adaptive; the reference engine runs
+# without it), so each greedy comparison also checks that speculation is lossless through the whole pipeline, and
+# seeded sampled requests replay exactly with it (docs/sampling.md).
+SPECULATIVE = {"speculative_method": "ngram", "num_speculative_tokens": "8", "speculative_adaptive": "true"}
 GUIDED_COMPILE_TIMEOUT_S = "1.0"   # the shared guides compile in milliseconds; test_guided's slow one in seconds
 
 

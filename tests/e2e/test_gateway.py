@@ -111,7 +111,7 @@ def test_tokenize_and_model_info_agree_with_generate(stub, model_path):
     info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
     assert info.name == model_path.name and info.triton_model == "ensemble"
     assert info.vocab_size > 0 and info.max_context_tokens > 0 and info.architecture.endswith("ForCausalLM")
-    assert info.speculative_method == pb.SPECULATIVE_METHOD_NGRAM and info.num_speculative_tokens == 4  # e2e server
+    assert info.speculative_method == pb.SPECULATIVE_METHOD_NGRAM and info.num_speculative_tokens == 8  # e2e server
     assert sorted(info.supported_guide_types) == sorted(  # the engine constrains every guide type
         [pb.GUIDE_TYPE_JSON_SCHEMA, pb.GUIDE_TYPE_ANY_JSON, pb.GUIDE_TYPE_REGEX, pb.GUIDE_TYPE_EBNF_GRAMMAR])
     tok = stub.Tokenize(pb.TokenizeRequest(text=PROMPTS[2]), timeout=30)
