@@ -214,8 +214,8 @@ def test_every_documented_query_answers_through_a_real_prometheus(server, promet
 
     queries = documented_queries(OBSERVABILITY.read_text()) + dashboard_queries(json.loads(DASHBOARD.read_text()))
     for q in queries:
-        answer = prometheus.query(q)
-        assert len(answer) == expected_series(q, direct), f"{q}: {answer}"
+        answer, want = prometheus.query(q), expected_series(q, direct)
+        assert len(answer) == want, f"{q}: {len(answer)} series, expected {want}: {answer}"
         assert all(math.isfinite(v) for _, v in answer), f"{q}: {answer}"
 
 
