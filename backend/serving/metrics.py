@@ -53,13 +53,14 @@ SPEC_COUNTERS: dict[str, Callable[[Any], int]] = {     # family suffix -> cumula
 }
 SPEC_PER_POS = SPEC_PREFIX + "num_accepted_tokens_per_pos_total"
 LOOP_FAMILY = "triton_llm_engine_loop_seconds_total"
-ITL_FAMILY = PREFIX + "inter_token_latency_seconds"
 LOOP_COUNTERS: dict[str, Callable[[Any], float | None]] = {   # state -> seconds in EngineStats.loop (a LoopTime)
     "busy": lambda t: t.busy_s,
     "cpu": lambda t: t.cpu_s,
     "runqueue": lambda t: t.runqueue_s,
     "blocked": lambda t: t.blocked_s,
 }
+ITL_FAMILY = PREFIX + "inter_token_latency_seconds"
+
 
 def used_fraction(used: int, total: int) -> float:
     """``used / total`` blocks, 0.0 for an empty cache (no blocks at all)."""
