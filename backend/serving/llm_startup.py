@@ -7,6 +7,7 @@ import os
 
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
+from backend.serving.decode_gaps import DecodeGaps
 from backend.serving.llm_serving import LLMServing
 from backend.serving.metrics import EngineMetrics
 from backend.serving.request_log import RequestLog
@@ -37,11 +38,14 @@ def build_llm_serving(model_config: dict, pb_utils, *, model_version: str = "1")
     engine = LLMEngine(EngineConfig.from_parameters(engine_params))
     if engine.structured is not None:
         engine.structured.warm_up()    # the grammar layer at load time, not on the first guided request
+    gaps = DecodeGaps()                # the inter-token latency, one value per decode step (after the timeline's)
+    engine.observers.observers.append(gaps)
     engine.start()
     name = model_config.get("name", "llm")
     formats = engine.parts.formats.labels()     # weight / KV / compute formats: /metrics and the log line
     metrics = EngineMetrics(pb_utils, engine.stats, max_num_seqs=engine.config.max_num_seqs,
-                            model=name, version=model_version, interval_s=interval, model_info=formats).start()
+                            model=name, version=model_version, interval_s=interval, model_info=formats,
+                            decode_gaps=gaps.drain).start()
     telemetry, tracer = build_telemetry(pb_utils, max_model_len=engine.scheduler.max_model_len, model=name,
                                         version=model_version, log_level=serving["request_log_level"],
                                         formats=formats)
@@ -70,8 +74,7 @@ def build_telemetry(pb_utils, *, max_model_len: int, model: str, version: str, l
         sinks.append(LLMSpans(tracer))
     closers = ([tracer.shutdown] if tracer is not None else []) + [metrics.close]
     # the metric families live as long as the telemetry that observes them (until metrics.close)
-    telemetry = RequestTelemetry(sinks, closers=closers, periodic=[metrics.publish],
-                                 resources=(metrics, request_log, tracer)).start()
+    telemetry = RequestTelemetry(sinks, closers=closers, resources=(metrics, request_log, tracer)).start()
     return telemetry, tracer
 
 

@@ -1,6 +1,7 @@
 """Engine gauges on Triton's metrics port, named as TensorRT-LLM's backend names them.
 
-``nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=max|free|used|tokens_per|reused}``
+``nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=max|free|used|tokens_per|reused|fraction}``
+(``fraction``: used over max, the KV utilisation the Gateway API Inference Extension's picker reads)
 ``nv_trt_llm_request_metrics{request_type=active|max|scheduled|context|waiting}``
 ``nv_trt_llm_general_metrics{general_type=iteration_counter|num_preemptions|prefix_cache_queries|prefix_cache_hits}``
 
@@ -15,6 +16,9 @@ The engine loop thread's time (backend/engine/loop_clock.py), a counter of secon
 ``triton_llm_engine_loop_seconds_total{state=busy|cpu|runqueue|blocked}`` (busy: inside steps; cpu: on a
 core; runqueue: waiting for a core; blocked: asleep inside steps, mostly waiting for the GIL). The share of
 ``blocked`` in ``busy`` is what other Python threads cost the steps.
+
+The inter-token latency, a histogram (``triton_llm_inter_token_latency_seconds``, vLLM's buckets): the gaps
+``DecodeGaps`` (backend/serving/decode_gaps.py) recorded, one per decode step, observed at each update.
 
 What serves requests, as an info gauge (always 1; backend/engine/builder.py ``ServedFormats``):
 ``triton_llm_model_info{quantization="int8",kv_cache_dtype="int8",dtype="float32"} 1``.
@@ -31,6 +35,8 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from backend.serving.request_metrics import PREFIX, TOKEN_LATENCY_BUCKETS
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +59,13 @@ LOOP_COUNTERS: dict[str, Callable[[Any], float | None]] = {   # state -> seconds
     "runqueue": lambda t: t.runqueue_s,
     "blocked": lambda t: t.blocked_s,
 }
+ITL_FAMILY = PREFIX + "inter_token_latency_seconds"
+
+
+def used_fraction(used: int, total: int) -> float:
+    """``used / total`` blocks, 0.0 for an empty cache (no blocks at all)."""
+    return used / total if total > 0 else 0.0
+
 
 # label value -> how to read it from the engine's stats (and from constants such as max_num_seqs)
 KV_GAUGES: dict[str, Callable[[Any], float]] = {
@@ -61,6 +74,7 @@ KV_GAUGES: dict[str, Callable[[Any], float]] = {
     "used": lambda s: s.kv_blocks_used,
     "tokens_per": lambda s: s.tokens_per_block,
     "reused": lambda s: s.kv_blocks_reused,
+    "fraction": lambda s: used_fraction(s.kv_blocks_used, s.kv_blocks_max),
 }
 REQUEST_GAUGES: dict[str, Callable[[Any], float]] = {
     "active": lambda s: s.num_running + s.num_waiting,
@@ -80,8 +94,10 @@ class EngineMetrics:
     """Publishes ``stats_fn()`` as gauges; ``update()`` once, or ``start()`` a periodic thread."""
 
     def __init__(self, pb_utils, stats_fn: Callable[[], Any], *, max_num_seqs: int, model: str = "llm",
-                 version: str = "1", interval_s: float = 1.0, model_info: Mapping[str, str] | None = None):
-        """``model_info``: the labels of ``triton_llm_model_info`` (the formats serving requests), or None."""
+                 version: str = "1", interval_s: float = 1.0, model_info: Mapping[str, str] | None = None,
+                 decode_gaps: Callable[[], list[float]] | None = None):
+        """``model_info``: the labels of ``triton_llm_model_info`` (the formats serving requests), or None.
+        ``decode_gaps``: returns the inter-token gaps (seconds) recorded since its last call (``DecodeGaps.drain``)."""
         self._stats_fn = stats_fn
         self._interval = interval_s
         self._stop = threading.Event()
@@ -130,7 +146,13 @@ class EngineMetrics:
         self._loop = [(self._loop_family.Metric(labels={**base, "state": state}), read)
                       for state, read in LOOP_COUNTERS.items()]
         self._loop_seen = [0.0] * len(self._loop)
-        self._families += [f for f in (self._info_family, self._per_pos_family, self._loop_family) if f is not None]
+        self._gaps = decode_gaps
+        self._itl_family = pb_utils.MetricFamily(
+            name=ITL_FAMILY, kind=pb_utils.MetricFamily.HISTOGRAM,
+            description="Time between consecutive token steps of a sequence (one observation per decode step)")
+        self._itl = self._itl_family.Metric(labels=base, buckets=TOKEN_LATENCY_BUCKETS)
+        self._families += [f for f in (self._info_family, self._per_pos_family, self._loop_family, self._itl_family)
+                           if f is not None]
         self._families += [fam for fam, _ in self._spec]   # every family, for close()
         self._closed = False
 
@@ -143,6 +165,10 @@ class EngineMetrics:
         self._update_spec(stats.spec)
         if stats.loop is not None:
             self._update_loop(stats.loop)
+        if self._gaps is not None:
+            observe = self._itl.observe
+            for gap in self._gaps():
+                observe(gap)
 
     def _update_loop(self, loop) -> None:
         """Counters only go up: add the seconds since the last update (a state the kernel does not report
@@ -193,6 +219,7 @@ class EngineMetrics:
         self.stop()
         self._closed = True
         self._gauges, self._spec_metrics, self._per_pos, self._loop = [], [], [], []
-        self._max_seqs = self._info = None
+        self._max_seqs = self._info = self._itl = None
         self._spec, self._info_family, self._per_pos_family, self._loop_family = [], None, None, None
+        self._itl_family = None
         self._families = []

@@ -4,10 +4,8 @@ Named after vLLM's (``vllm:`` becomes ``triton_llm_``) with vLLM's bucket bounda
 and alerts carry over. Observed once per finished request through Triton's custom metrics API
 (``pb_utils.MetricFamily``, passed in so this is testable without a server). Each ``observe`` /
 ``increment`` is a round trip to the server process (~20 us of CPU), so ``RequestMetrics.record`` runs
-on the llm model's telemetry thread, never on the engine loop. The inter-token latency, one value per
-token, is the exception: its values are counted locally and published as a histogram's
-``_bucket``/``_sum``/``_count`` counters in batches (``publish``, at most every half second), a few
-round trips per batch instead of one per token (``counted_histogram.py``).
+on the llm model's telemetry thread, never on the engine loop. The inter-token latency, a value per decode
+step rather than per request, is observed by ``EngineMetrics`` (backend/serving/decode_gaps.py).
 
 Labels: ``model``, ``version`` (and ``finish_reason`` on ``triton_llm_request_success_total``).
 """
@@ -16,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 from backend.core.outputs import RequestStats
-from backend.serving.counted_histogram import CountedHistogram
 
 PREFIX = "triton_llm_"
 
@@ -49,9 +46,6 @@ TIME_HISTOGRAMS = {
                                     REQUEST_LATENCY_BUCKETS),
     "request_queue_time_seconds": ("Time from arrival at the engine to first scheduling", REQUEST_LATENCY_BUCKETS),
 }
-# Observed once per token: kept as counters, published in batches (backend/serving/counted_histogram.py).
-INTER_TOKEN_LATENCY = ("inter_token_latency_seconds",
-                       "Time between consecutive output tokens of a sequence (one per token after the first)")
 TOKEN_HISTOGRAMS = {
     "request_prompt_tokens": "Prompt tokens of a finished request",
     "request_generation_tokens": "Generated tokens of a finished request (all its sequences)",
@@ -88,9 +82,6 @@ class RequestMetrics:
             self._count[name] = family(name, description, kinds.COUNTER).Metric(labels=labels)
         success = family(SUCCESS_COUNTER, "Finished requests by finish reason", kinds.COUNTER)
         self._success = {r: success.Metric(labels={**labels, "finish_reason": r}) for r in FINISH_REASONS}
-        name, description = INTER_TOKEN_LATENCY
-        self.inter_token = CountedHistogram(pb_utils, PREFIX + name, description, labels, TOKEN_LATENCY_BUCKETS)
-        self._families += self.inter_token.families
 
     def record(self, stats: RequestStats | None, finish_reason: str) -> None:
         """One finished request. ``stats`` is None for a request the engine never queued (an error)."""
@@ -113,14 +104,8 @@ class RequestMetrics:
             h["time_to_first_token_seconds"].observe(stats.time_to_first_token)
         if stats.time_per_output_token is not None:
             h["time_per_output_token_seconds"].observe(stats.time_per_output_token)
-        self.inter_token.add(stats.inter_token_latencies)   # counted here, published by publish()
 
     def close(self) -> None:
         """Release the metrics, then their families (the llm model's finalize, through the telemetry's closers)."""
         self._hist, self._count, self._success = {}, {}, {}
-        self.inter_token.close()
         self._families = []
-
-    def publish(self) -> None:
-        """Publish the inter-token latencies counted since the last call (the telemetry thread's periodic work)."""
-        self.inter_token.publish()

@@ -4,7 +4,7 @@ The llm model's engine callback builds a ``FinishedRequest`` for each request's 
 hands it to ``RequestTelemetry.submit`` (a non-blocking put). One telemetry thread then records the
 metrics (each observation is a round trip to the server process), writes the JSON log line and,
 when the request was traced, makes its spans; and, at most every ``period_s`` while requests finish,
-it runs the periodic work (publishing the inter-token histogram's accumulated counts). The queue is
+it runs the periodic work it was given (none in the llm model). The queue is
 bounded: if the thread ever falls that far behind, records are dropped and counted (``dropped``)
 rather than slowing the engine.
 """

@@ -17,15 +17,7 @@ def published() -> dict[str, str]:
     pb = make_pb_utils()
     RequestMetrics(pb, max_model_len=1024)
     EngineMetrics(pb, lambda: None, max_num_seqs=8)
-    kinds = {f.name: f.kind for f in pb.families}
-    # a counted histogram (backend/serving/counted_histogram.py) publishes a histogram's three series as counters
-    parts = ("_bucket", "_sum", "_count")
-    for base in [n.removesuffix("_bucket") for n in kinds if n.endswith("_bucket")]:
-        if all(kinds.get(base + p) == "counter" for p in parts):
-            for p in parts:
-                del kinds[base + p]
-            kinds[base] = "histogram"
-    return kinds
+    return {f.name: f.kind for f in pb.families}
 
 
 def exprs(dash) -> list[str]:

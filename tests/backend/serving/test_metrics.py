@@ -37,7 +37,7 @@ def test_gauges_follow_engine_stats():
     m = EngineMetrics(pb, lambda: current[0], max_num_seqs=64, model="llm", version="1")
     m.update()
     assert values(pb, KV_FAMILY, "kv_cache_block_type") == {"max": 100, "free": 70, "used": 30, "tokens_per": 16,
-                                                             "reused": 5}
+                                                             "reused": 5, "fraction": 0.3}
     assert values(pb, REQUEST_FAMILY, "request_type") == {"active": 5, "scheduled": 3, "context": 1, "waiting": 2,
                                                           "max": 64}
     assert values(pb, GENERAL_FAMILY, "general_type")["num_preemptions"] == 1
@@ -103,3 +103,47 @@ def test_loop_seconds_counters_add_what_the_loop_thread_spent():
     current[0] = stats(loop=LoopTime(busy_s=4.0, cpu_s=3.5, runqueue_s=None))   # the kernel stops saying
     m.update()
     assert seconds() == {"busy": 4.0, "cpu": 3.5, "runqueue": 0.5, "blocked": 0.5}   # blocked 0.5: not lower
+
+
+def test_fraction_is_used_over_max_and_zero_for_an_empty_cache():
+    pb = make_pb_utils()
+    current = [stats(kv_blocks_max=200, kv_blocks_used=50)]
+    m = EngineMetrics(pb, lambda: current[0], max_num_seqs=8)
+    m.update()
+    assert values(pb, KV_FAMILY, "kv_cache_block_type")["fraction"] == 0.25
+    current[0] = stats(kv_blocks_max=0, kv_blocks_used=0)
+    m.update()
+    assert values(pb, KV_FAMILY, "kv_cache_block_type")["fraction"] == 0.0
+
+
+def test_router_gauges_equal_the_engines_own_counts(tiny_checkpoint):
+    """What the Gateway API Inference Extension's picker reads (request_type waiting|scheduled,
+    kv_cache_block_type fraction|tokens_per|max), step by step, against the scheduler and block manager."""
+    from backend.config import EngineConfig
+    from backend.engine.llm_engine import LLMEngine
+    from contracts.sampling_params import SamplingParams
+
+    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), kv_cache_bytes=1 << 20, max_model_len=128,
+                                    max_num_seqs=2, block_size=16))
+    pb = make_pb_utils()
+    m = EngineMetrics(pb, engine.stats, max_num_seqs=2)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    for i in range(5):
+        engine.add_request(f"r{i}", list(range(3, 3 + 20 + i)), params, lambda out: None)
+    seen = set()
+    try:
+        while engine.has_work():
+            engine.step()
+            m.update()
+            sched, bm = engine.scheduler, engine.scheduler.block_manager
+            req = values(pb, REQUEST_FAMILY, "request_type")
+            kv = values(pb, KV_FAMILY, "kv_cache_block_type")
+            assert req["waiting"] == len(sched.waiting)
+            assert req["scheduled"] == sched.num_scheduled_last_step
+            assert kv["max"] == bm.num_blocks and kv["tokens_per"] == 16
+            assert kv["fraction"] == bm.num_used_blocks / bm.num_blocks
+            seen.add((req["waiting"] > 0, req["scheduled"], kv["fraction"] > 0))
+    finally:
+        engine.shutdown()
+    assert (True, 2, True) in seen                        # at some step: a queue, a full batch, blocks in use
+    assert values(pb, KV_FAMILY, "kv_cache_block_type")["fraction"] == 0.0   # all finished: every block back

@@ -4,7 +4,13 @@ from __future__ import annotations
 import pytest
 
 from backend.core.outputs import RequestStats
-from backend.serving.request_metrics import REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, RequestMetrics, build_1_2_5_buckets
+from backend.serving.request_metrics import (
+    REQUEST_LATENCY_BUCKETS,
+    TOKEN_LATENCY_BUCKETS,
+    TTFT_BUCKETS,
+    RequestMetrics,
+    build_1_2_5_buckets,
+)
 from tests.helpers.triton_fakes import make_pb_utils
 
 
@@ -35,9 +41,6 @@ def test_families_kinds_labels_and_buckets(pb):
     assert kinds == {
         "triton_llm_time_to_first_token_seconds": "histogram",
         "triton_llm_time_per_output_token_seconds": "histogram",
-        "triton_llm_inter_token_latency_seconds_bucket": "counter",
-        "triton_llm_inter_token_latency_seconds_sum": "counter",
-        "triton_llm_inter_token_latency_seconds_count": "counter",
         "triton_llm_e2e_request_latency_seconds": "histogram",
         "triton_llm_request_queue_time_seconds": "histogram",
         "triton_llm_request_prompt_tokens": "histogram",
@@ -48,6 +51,7 @@ def test_families_kinds_labels_and_buckets(pb):
     }
     assert metric(pb, "triton_llm_time_to_first_token_seconds").buckets == TTFT_BUCKETS
     assert metric(pb, "triton_llm_e2e_request_latency_seconds").buckets == REQUEST_LATENCY_BUCKETS
+    assert metric(pb, "triton_llm_time_per_output_token_seconds").buckets == TOKEN_LATENCY_BUCKETS
     assert metric(pb, "triton_llm_request_prompt_tokens").buckets == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
     assert metric(pb, "triton_llm_prompt_tokens_total").labels == {"model": "llm", "version": "3"}
     reasons = {m.labels["finish_reason"] for f in pb.families if f.name == "triton_llm_request_success_total"
@@ -70,13 +74,6 @@ def test_record_observes_each_histogram_once_and_counts_tokens(pb):
     assert metric(pb, "triton_llm_request_queue_time_seconds").observations == [0.5, 0.5]
     assert metric(pb, "triton_llm_e2e_request_latency_seconds").observations == [4.0, 4.0]
     assert metric(pb, "triton_llm_time_per_output_token_seconds").observations == [1.0, 0.5]
-    assert metric(pb, "triton_llm_inter_token_latency_seconds_count").value is None   # counted, not published yet
-    m.publish()
-    assert metric(pb, "triton_llm_inter_token_latency_seconds_count").value == 4       # one per gap
-    assert metric(pb, "triton_llm_inter_token_latency_seconds_sum").value == 3.5
-    assert metric(pb, "triton_llm_inter_token_latency_seconds_bucket", le="0.5").value == 1
-    assert metric(pb, "triton_llm_inter_token_latency_seconds_bucket", le="1.0").value == 4
-    assert metric(pb, "triton_llm_inter_token_latency_seconds_bucket", le="+Inf").value == 4
     assert metric(pb, "triton_llm_request_prompt_tokens").observations == [12, 3]
     assert metric(pb, "triton_llm_request_generation_tokens").observations == [4, 2]
     assert metric(pb, "triton_llm_prompt_tokens_total").value == 15
