@@ -42,6 +42,7 @@ from bench.harness.sliced import run_sliced
 from bench.harness.spec_matrix import (GOALS, cell_line, combine, goal_analysis, goal_verdicts, interval_text,
                                        paired_rows, prefill_share, rounded, turn_orders)
 from bench.harness.stats import summarize
+from bench.harness.stream_draws import StreamDraws
 from bench.harness.workload import corpus_ids, mixed_workload
 from contracts.sampling_params import SamplingParams
 
@@ -51,6 +52,9 @@ METHODS = {  # name -> EngineConfig overrides
     # a second engine without speculation (not in the default methods): its ratio to `none` is the measurement's
     # own noise, the yardstick for the others' (an A/A test)
     "none-again": {},
+    # without speculation, each sampled row's uniform the next of its sequence's own generator stream
+    # (bench/harness/stream_draws.py): the keyed draw's speed baseline (sampled TPOT, docs/sampling.md)
+    "none-stream-draw": {},
     "ngram": {"speculative_method": "ngram"},
     "ngram-fixed": {"speculative_method": "ngram", "speculative_adaptive": False},
     "draft": {"speculative_method": "draft"},
@@ -61,6 +65,8 @@ METHODS = {  # name -> EngineConfig overrides
     "draft-fixed-rejection": {"speculative_method": "draft", "speculative_adaptive": False,
                               "draft_coupling": "rejection"},
 }
+
+OPTIONAL_METHODS = ("none-again", "none-stream-draw", "draft-rejection", "draft-fixed-rejection")   # not by default
 
 
 def method_spec(name: str) -> tuple[dict, dict]:
@@ -196,7 +202,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=str(ROOT / "models/demo-target"))
     ap.add_argument("--draft", default=str(ROOT / "models/demo-draft"))
     ap.add_argument("--levels", default="1,8,32")
-    ap.add_argument("--methods", default=",".join(m for m in METHODS if m != "none-again"),
+    ap.add_argument("--methods", default=",".join(m for m in METHODS if m not in OPTIONAL_METHODS),
                     help="of " + ", ".join(METHODS) + " (none-again: a second engine without speculation, the A/A "
                          "control)")
     ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens (shipped: 8)")
@@ -245,6 +251,8 @@ def main(argv=None) -> int:
         engines[m] = LLMEngine(EngineConfig(**cfg))
         if policy:
             engines[m].speculator.policy = AdaptiveDraftLength(args.k, AdaptiveConfig(**policy))
+        if m == "none-stream-draw":
+            engines[m].runner.sampler.draws = StreamDraws()
         if args.drive == "turns":
             engines[m].start()
     builders = {"repeat": lambda: repeat_workload(tok, writer, 64, 1, max_tokens),
