@@ -36,7 +36,7 @@ def reference_uniforms(keys: torch.Tensor, stream: int) -> torch.Tensor:   # [n,
 
 
 def rows_of_every_kind(n: int, vocab: int, seed: int) -> torch.Tensor:   # -> [n, vocab] float32 >= 0
-    """Softmax rows at several temperatures, rows with zeros, one-hot rows (the hot token first, last, anywhere),
+    """Softmax rows at several temperatures, rows with half or 90% zeros, one-hot rows (the hot token first, last, anywhere),
     top-k-like rows (1 to 64 tokens), unnormalised rows (scaled by 1e-30 to 1e30), denormal entries, all-zero rows."""
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(n, vocab, generator=gen) * torch.tensor([0.3, 1.0, 3.0, 10.0]).repeat(n)[:n, None]
@@ -44,7 +44,7 @@ def rows_of_every_kind(n: int, vocab: int, seed: int) -> torch.Tensor:   # -> [n
     for r in range(n):
         kind = r % 9
         if kind == 1:
-            probs[r, torch.rand(vocab, generator=gen) < 0.5] = 0.0
+            probs[r, torch.rand(vocab, generator=gen) < (0.5, 0.9)[r % 2]] = 0.0
         elif kind == 2:
             hot = [0, vocab - 1, int(torch.randint(vocab, (1,), generator=gen))][r % 3]
             probs[r] = 0.0
