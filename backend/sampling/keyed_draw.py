@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from backend.sampling.keyed_noise import NoiseStream, key_words, position_uniforms, token_uniforms
+from backend.sampling.keyed_noise import MASK32, NoiseStream, position_uniforms, token_uniforms
 from backend.sampling.ops import cdf_draw, race_draw
 
 NATIVE_OPS = ("keyed_cdf_draw", "keyed_race_draw", "keyed_uniforms")
@@ -56,9 +56,9 @@ class DrawKeys:
 
     def packed(self, device: torch.device | str = "cpu") -> torch.Tensor:   # -> [n, 4] int64
         """(seed low word, seed high word, sequence index, position): the native ops' layout."""
-        key = key_words(self.seeds, device)
-        rest = torch.tensor([self.seq_indices, self.positions], dtype=torch.int64, device=device).T
-        return torch.cat((key, rest.reshape(len(self), 2)), dim=1)
+        return torch.tensor([[s & MASK32, s >> 32, i, p] for s, i, p in zip(self.seeds, self.seq_indices,
+                                                                          self.positions)],
+                            dtype=torch.int64, device=device).reshape(len(self), 4)
 
 
 def keyed_uniforms_reference(keys: DrawKeys, stream: NoiseStream,

@@ -118,6 +118,26 @@ def test_log_line_replays_an_unseeded_sampled_request(server, tokenizer):
     assert again["output_sha256"] == line["output_sha256"] and not again["seed_drawn"]
 
 
+def test_log_line_replays_a_sampled_speculated_request(server, tokenizer):
+    """A repeating prompt at a low temperature: the adaptive n-gram policy drafts and some drafts are accepted, so
+    the replay goes through other verify steps (other draft lengths, a server in another state) than the original."""
+    prompt = "x = [1, 2, 3]\ny = [1, 2, 3]\nz = [1, 2, 3]\nw = [1, 2, 3]\nv ="
+    options = dict(temperature=0.3, exclude_input_in_output=True, return_perf_metrics=True)
+    with Stream(server.grpc_url) as s:
+        rid = s.send(build_inputs(prompt, 48, **options), request_id="replay-speculated")
+        original = s.wait([rid], 60)[rid]
+    assert original.error is None, original.error
+    assert max(c.total_accepted_draft_tokens for c in original.chunks) > 0, "no draft was accepted"
+    line, = log_lines(server, "replay-speculated")
+    assert line["seed_drawn"]
+    with Stream(server.grpc_url) as s:
+        rids = [s.send(build_inputs(prompt, line["sampling"]["max_tokens"], **replay_inputs(line, prompt),
+                                    num_speculative_tokens=k), request_id=f"replay-speculated-{k}") for k in (None, 0)]
+        replays = s.wait(rids, 60)
+    for rid in rids:
+        assert replays[rid].error is None and replays[rid].text == original.text, rid
+
+
 def test_unseeded_requests_draw_different_seeds_and_greedy_logs_none(server):
     with Stream(server.grpc_url) as s:
         rids = [s.send(build_inputs("import", 4, temperature=0.8), request_id=f"seeds-{i}") for i in range(2)]

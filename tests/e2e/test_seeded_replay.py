@@ -14,7 +14,7 @@ MAX_TOKENS = 48
 
 
 def options(seed: int) -> dict:
-    return dict(temperature=1.2, top_p=0.95, seed=seed, ignore_eos=True, exclude_input_in_output=True)
+    return dict(temperature=1.2, top_p=0.95, seed=seed, exclude_input_in_output=True)
 
 
 def cases():
