@@ -16,7 +16,6 @@ from typing import Sequence as Seq
 
 import random
 
-import numpy as np
 import torch
 
 from backend.core.outputs import TokenLogprob
