@@ -40,7 +40,8 @@ from backend.sampling.batch import GREEDY_EPS, SamplingBatch, is_plain_greedy
 from backend.sampling.keyed_draw import DrawKernels, DrawRule
 from backend.sampling.keyed_noise import NoiseStream
 from backend.sampling.ops import row_argmax
-from backend.sampling.sampler import Sampler, compute_probs
+from backend.sampling.processing import compute_probs
+from backend.sampling.sampler import Sampler
 from backend.spec_decode.draft_forward import DraftForward
 from backend.spec_decode.proposer import DraftGrammar, DraftMasks, Proposal, Proposer
 

@@ -6,7 +6,8 @@ import torch
 
 from backend.core.sequence import Sequence
 from backend.sampling.batch import bad_word_bans, build_sampling_batch
-from backend.sampling.sampler import Sampler, SamplerOutput, compute_probs, process_logits
+from backend.sampling.processing import compute_probs, process_logits
+from backend.sampling.sampler import Sampler, SamplerOutput
 from contracts.sampling_params import SamplingParams
 
 EOS = 1

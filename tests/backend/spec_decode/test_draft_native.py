@@ -136,7 +136,7 @@ FILTERS = [  # sampled requests: filters that ignore the output (q's batch is bu
 def test_q_is_the_drafts_distribution_under_each_requests_filters(draft_checkpoint):
     """Each sampled draft's ``q`` equals the draft model's distribution at that position recomputed densely
     (no KV cache), under the request's filters with the drafts before it as output."""
-    from backend.sampling.sampler import compute_probs
+    from backend.sampling.processing import compute_probs
     from tests.helpers.oracle import dense_logits
 
     rng = random.Random(8)
