@@ -64,8 +64,9 @@ def test_trt_llm_metrics_are_published(server):
         return {dict(ls)[key]: v for (n, ls), v in m.items() if n == name and dict(ls).get("model") == "llm"}
 
     kv = labels("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type")
-    assert set(kv) == {"max", "free", "used", "tokens_per", "reused"}
+    assert set(kv) == {"max", "free", "used", "tokens_per", "reused", "fraction"}
     assert kv["max"] > 0 and kv["tokens_per"] == 16 and kv["used"] + kv["free"] == kv["max"]
+    assert kv["fraction"] == kv["used"] / kv["max"]
     req = labels("nv_trt_llm_request_metrics", "request_type")
     assert set(req) == {"active", "max", "scheduled", "context", "waiting"}
     assert req["max"] == 48
