@@ -65,17 +65,20 @@ def huge_page_arena(numel: int) -> torch.Tensor | None:
 
 
 def copy_to_huge_pages(tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:
-    """Copies of float32 ``tensors`` side by side in one huge-page arena (the native step's panels); None when the
-    kernel's mode is ``never`` or the advice fails."""
+    """Copies of ``tensors`` (any dtype; each starting on a cache line) side by side in one huge-page arena (the native
+    step's panels and quantized strips); None when the kernel's mode is ``never`` or the advice fails."""
     if thp_mode() not in ("always", "madvise"):
         return None
-    arena = huge_page_arena(sum(t.numel() for t in tensors))
+    sizes = [-(-t.numel() * t.element_size() // 64) * 64 for t in tensors]
+    arena = huge_page_arena(-(-sum(sizes) // 4))
     if arena is None:
         return None
+    raw = arena.view(torch.uint8)
     out, at = [], 0
-    for t in tensors:
-        out.append(arena[at:at + t.numel()].view(t.shape).copy_(t))
-        at += t.numel()
+    for t, size in zip(tensors, sizes):
+        nbytes = t.numel() * t.element_size()
+        out.append(raw[at:at + nbytes].view(t.dtype).view(t.shape).copy_(t))
+        at += size
     return out
 
 
