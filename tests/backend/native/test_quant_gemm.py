@@ -2,8 +2,15 @@
 the float64 reference of the same maths (backend/model/quant_strips.py), and its batch invariance bit for bit."""
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
+
+from backend.native.build import CSRC
 
 from backend.model.quant_pack import pack_int4, quantize_int4, quantize_int8, unpack_int4
 from backend.model.quant_strips import (
@@ -131,3 +138,43 @@ def test_refuses_bad_inputs(ops):
         ops.quant_gemm(torch.randn(2, 64), s.strips, s.scales, s.aux.float(), 20)
     with pytest.raises(RuntimeError, match="bias"):
         ops.quant_gemm(torch.randn(2, 64), s.strips, s.scales, s.aux, 20, torch.randn(3))
+
+
+def cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+ISAS = [("avx512_vnni", ["-mavx512f", "-mavx512bw", "-mavx512vnni", "-mfma"], {"avx512f", "avx512bw", "avx512_vnni"}),
+        ("generic", ["-mavx2", "-mfma"], {"avx2", "fma"}), ("generic", [], set())]
+
+
+@pytest.mark.parametrize("isa,flags,needs", ISAS, ids=["avx512_vnni", "avx2", "x86-64"])
+def test_each_instruction_set_gives_the_ops_bits(ops, tmp_path, isa, flags, needs):
+    """The kernel built alone for each instruction set (the AVX2 build takes the plain C++ path, vectorized by the
+    compiler) computes the op's results bit for bit: integer dots, then the same float steps per output."""
+    if shutil.which("g++") is None:
+        pytest.skip("no g++ on PATH")
+    if not needs <= cpu_flags():
+        pytest.skip(f"this CPU lacks {sorted(needs - cpu_flags())}")
+    exe = tmp_path / "quant_gemm_driver"
+    subprocess.run(["g++", "-O3", "-std=c++17", "-ffast-math", "-fno-finite-math-only", *flags, f"-I{CSRC}",
+                    str(Path(__file__).with_name("quant_gemm_driver.cpp")), str(CSRC / "quant_gemm_kernel.cpp"),
+                    "-o", str(exe)], check=True, capture_output=True, timeout=300)
+    gen = torch.Generator().manual_seed(5)
+    for mode, group, asym in (("int8", 0, False), ("int4", 64, True), ("int4", 32, False)):
+        for tokens, n, k in ((1, 100, 128), (6, 37, 192), (9, 70, 256)):
+            s, _, _, _ = weights(mode, n, k, group or k, gen, asym)
+            x, bias = torch.randn(tokens, k, generator=gen), torch.randn(n, generator=gen)
+            x.numpy().tofile(tmp_path / "x.f32")
+            bias.numpy().tofile(tmp_path / "bias.f32")
+            s.scales.numpy().tofile(tmp_path / "scales.f32")
+            s.strips.numpy().tofile(tmp_path / "strips.bin")
+            s.aux.numpy().tofile(tmp_path / "aux.bin")
+            args = [mode, tokens, n, k, s.scales.shape[1], s.strips.shape[0] // 2, tmp_path]
+            out = subprocess.run([str(exe), *map(str, args)], check=True, capture_output=True, text=True, timeout=60)
+            assert out.stdout.strip() == isa
+            y = torch.from_numpy(np.fromfile(tmp_path / "y.f32", dtype="float32")).view(tokens, n)
+            assert torch.equal(y, run(ops, x, s, bias)), (mode, tokens, n, k)
