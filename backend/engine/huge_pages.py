@@ -65,21 +65,22 @@ def huge_page_arena(numel: int) -> torch.Tensor | None:
 
 
 def copy_to_huge_pages(tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:
-    """Copies of ``tensors`` (any dtype; each starting on a cache line) side by side in one huge-page arena (the native
-    step's panels and quantized strips); None when the kernel's mode is ``never`` or the advice fails."""
+    """Copies of ``tensors`` (any dtypes, each at an offset that is a multiple of its element size) side by side in
+    one huge-page arena (the native step's panels and quantized strips); None when the kernel's mode is ``never``
+    or the advice fails."""
     if thp_mode() not in ("always", "madvise"):
         return None
-    sizes = [-(-t.numel() * t.element_size() // 64) * 64 for t in tensors]
-    arena = huge_page_arena(-(-sum(sizes) // 4))
+    starts, end = [], 0
+    for t in tensors:
+        start = -(-end // t.element_size()) * t.element_size()
+        starts.append(start)
+        end = start + t.numel() * t.element_size()
+    arena = huge_page_arena(-(-end // 4))
     if arena is None:
         return None
     raw = arena.view(torch.uint8)
-    out, at = [], 0
-    for t, size in zip(tensors, sizes):
-        nbytes = t.numel() * t.element_size()
-        out.append(raw[at:at + nbytes].view(t.dtype).view(t.shape).copy_(t))
-        at += size
-    return out
+    return [raw[at:at + t.numel() * t.element_size()].view(t.dtype).view(t.shape).copy_(t)
+            for t, at in zip(tensors, starts)]
 
 
 def move_to_huge_pages(model: nn.Module, min_bytes: int = MIN_HUGE_PAGE_BYTES) -> HugePageResult:

@@ -69,3 +69,21 @@ def test_op_is_given_strips_not_panels(ops):
 def test_layers_without_strips_stay_eager():
     model = quantized_model("int4", 16)          # groups of 16 columns: not whole activation blocks
     assert "strips" in unsupported_reason(model, KVCache(2, 8, BLOCK, 2, 16), (None, None), None)
+
+
+def test_strips_move_to_huge_pages_and_compute_the_same(ops, monkeypatch):
+    """``strips_to_huge_pages``: int8 / uint8 / int32 / float strips side by side in one arena (each at a multiple of
+    its element size), the layers then reading the copies with unchanged results."""
+    from backend.engine import huge_pages, native_decode
+    monkeypatch.setattr(huge_pages, "thp_mode", lambda: "madvise")
+    monkeypatch.setattr(huge_pages, "_madvise_huge", lambda start, length: True)
+    monkeypatch.setattr(native_decode, "MIN_PANEL_HUGE_PAGE_BYTES", 0)
+    model = quantized_model("int4", 32)
+    lin = model.layers[0].mlp.down_proj
+    x = torch.randn(3, lin.in_features)
+    before, old = lin.forward(x), lin.strips.strips
+    assert native_decode.strips_to_huge_pages(model)
+    assert lin.strips.strips.data_ptr() != old.data_ptr() and torch.equal(lin.strips.strips, old)
+    assert torch.equal(lin.forward(x), before)
+    head = model.lm_head.strips
+    assert head.aux.dtype == torch.int32 and head.aux.data_ptr() % 4 == 0
