@@ -19,8 +19,9 @@
 //        one 64-byte load expands (and, shift) into two vpdpbusd operands of unsigned nibbles (aux zeros
 //        [S][G][16] float);
 //   scales [S][G][16] float for both.
-// A tile is R strips x NT tokens of accumulators in registers; the strips a thread owns are walked once each, all
-// the step's tokens tile by tile over a strip while it is in cache (each weight byte read once from memory a step).
+// A tile is R strips x NT tokens of accumulators in registers. A thread walks its strips in groups of 4, each group
+// in spans of 8 blocks (256 columns: 16 KiB of int8 weights, in L1), every token tile passing over a span before
+// the next (partial sums kept in memory between spans): each weight byte is read from memory once a step.
 //
 // The instruction set is chosen at build time: AVX-512 VNNI (vpdpbusd), else plain C++ with the same arithmetic
 // (integer dots, then the same float operations per output: bit-identical results). No torch in the kernel file.

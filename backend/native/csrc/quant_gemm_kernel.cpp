@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
@@ -24,17 +25,30 @@ inline int32_t load4(const uint8_t* p) {
 template <int NT>
 constexpr int strips_per_tile() { return NT <= 2 ? 4 : 2; }
 
+constexpr int64_t kGroupStrips = 4;   // strips a thread takes together (their weights shared by every token tile)
+constexpr int64_t kSpanBlocks = 8;    // blocks of a span: a strip group's weights for it stay in L1 (16 KiB int8)
+constexpr int64_t kPartStride = kGroupStrips * kStrip;  // floats of one token's partial sums in a strip group
+
+// Blocks [b0, b1) of a tile; `part` holds its partial sums between spans (token t, strip r at
+// part[t * kPartStride + r * kStrip]): read unless the span starts the row, written unless it ends it, when the
+// sums (+ bias) go to y instead. The sums pass through memory unchanged, so the spans do not change any result.
+struct Span {
+  int64_t b0, b1;
+  float* part;
+};
+
 #ifdef QGEMM_VNNI
 
 template <int NT, int R>
 void tile(const Weights& w, int64_t s0, const uint8_t* xq, const float* sx, const int32_t* xsum, const float* bias,
-          float* y, int64_t n_out) {
+          float* y, int64_t n_out, const Span& span) {
   const int64_t K = w.k, nb = K / kQBlock, G = w.groups, bpg = nb / G;
   __m512 acc[NT][R];
   for (int t = 0; t < NT; ++t)
-    for (int r = 0; r < R; ++r) acc[t][r] = _mm512_setzero_ps();
+    for (int r = 0; r < R; ++r)
+      acc[t][r] = span.b0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(span.part + t * kPartStride + r * kStrip);
   const __m512i low4 = _mm512_set1_epi8(0x0F);
-  for (int64_t b = 0; b < nb; ++b) {
+  for (int64_t b = span.b0; b < span.b1; ++b) {
     __m512i dot[NT][R];
     for (int t = 0; t < NT; ++t)
       for (int r = 0; r < R; ++r) dot[t][r] = _mm512_setzero_si512();
@@ -83,6 +97,11 @@ void tile(const Weights& w, int64_t s0, const uint8_t* xq, const float* sx, cons
         acc[t][r] = _mm512_fmadd_ps(v[t][r], _mm512_mul_ps(sc, _mm512_set1_ps(sx[t * nb + b])), acc[t][r]);
     }
   }
+  if (span.b1 < nb) {
+    for (int t = 0; t < NT; ++t)
+      for (int r = 0; r < R; ++r) _mm512_storeu_ps(span.part + t * kPartStride + r * kStrip, acc[t][r]);
+    return;
+  }
   for (int r = 0; r < R; ++r) {
     const int64_t row = (s0 + r) * kStrip, valid = std::min<int64_t>(kStrip, n_out - row);
     const __mmask16 m = valid >= kStrip ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1);
@@ -97,11 +116,14 @@ constexpr const char* kIsa = "avx512_vnni";
 
 template <int NT, int R>
 void tile(const Weights& w, int64_t s0, const uint8_t* xq, const float* sx, const int32_t* xsum, const float* bias,
-          float* y, int64_t n_out) {
+          float* y, int64_t n_out, const Span& span) {
   constexpr int L = R * kStrip;
   const int64_t K = w.k, nb = K / kQBlock, G = w.groups, bpg = nb / G;
   float acc[NT][L] = {};
-  for (int64_t b = 0; b < nb; ++b) {
+  if (span.b0 > 0)
+    for (int t = 0; t < NT; ++t)
+      for (int i = 0; i < L; ++i) acc[t][i] = span.part[t * kPartStride + i];
+  for (int64_t b = span.b0; b < span.b1; ++b) {
     int32_t dot[NT][L] = {};
     for (int64_t c = 0; c < kQBlock; ++c) {
       const int64_t k = b * kQBlock + c;
@@ -128,6 +150,11 @@ void tile(const Weights& w, int64_t s0, const uint8_t* xq, const float* sx, cons
         }
       }
   }
+  if (span.b1 < nb) {
+    for (int t = 0; t < NT; ++t)
+      for (int i = 0; i < L; ++i) span.part[t * kPartStride + i] = acc[t][i];
+    return;
+  }
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < kStrip; ++j) {
       const int64_t row = (s0 + r) * kStrip + j;
@@ -139,14 +166,15 @@ constexpr const char* kIsa = "generic";
 
 #endif
 
-// Strips [s_begin, s_end) for NT tokens: R strips a tile, then the remainder one strip at a time.
+// Strips [s_begin, s_end) of one strip group for NT tokens over one span: R strips a tile, then the remainder one
+// strip at a time; `part` is the group's partial sums of these tokens.
 template <int NT>
 void tokens_tile(const Weights& w, int64_t s_begin, int64_t s_end, const uint8_t* xq, const float* sx,
-                 const int32_t* xsum, const float* bias, float* y) {
+                 const int32_t* xsum, const float* bias, float* y, int64_t b0, int64_t b1, float* part) {
   constexpr int R = strips_per_tile<NT>();
   int64_t s = s_begin;
-  for (; s + R <= s_end; s += R) tile<NT, R>(w, s, xq, sx, xsum, bias, y, w.n);
-  for (; s < s_end; ++s) tile<NT, 1>(w, s, xq, sx, xsum, bias, y, w.n);
+  for (; s + R <= s_end; s += R) tile<NT, R>(w, s, xq, sx, xsum, bias, y, w.n, {b0, b1, part + (s - s_begin) * kStrip});
+  for (; s < s_end; ++s) tile<NT, 1>(w, s, xq, sx, xsum, bias, y, w.n, {b0, b1, part + (s - s_begin) * kStrip});
 }
 
 }  // namespace
@@ -188,21 +216,26 @@ void quantize_blocks(const float* x, int64_t T, int64_t K, bool offset, uint8_t*
 void gemm_strips(const Weights& w, const uint8_t* xq, const float* sx, const int32_t* xsum, const float* bias,
                  float* y, int64_t T, int64_t s_begin, int64_t s_end) {
   const int64_t nb = w.k / kQBlock;
-  // Strip groups of 4 outermost (their weights stay in cache while every token tile passes over them).
-  constexpr int64_t kGroup = 4;
-  for (int64_t g0 = s_begin; g0 < s_end; g0 += kGroup) {
-    const int64_t g1 = std::min(s_end, g0 + kGroup);
-    for (int64_t t0 = 0; t0 < T; t0 += kQMaxTokens) {
-      const int64_t nt = std::min(kQMaxTokens, T - t0);
-      const uint8_t* xt = xq + t0 * w.k;
-      const float* st = sx + t0 * nb;
-      const int32_t* ct = xsum + t0 * nb;
-      float* yt = y + t0 * w.n;
-      switch (nt) {
-        case 1: tokens_tile<1>(w, g0, g1, xt, st, ct, bias, yt); break;
-        case 2: tokens_tile<2>(w, g0, g1, xt, st, ct, bias, yt); break;
-        case 3: tokens_tile<3>(w, g0, g1, xt, st, ct, bias, yt); break;
-        default: tokens_tile<4>(w, g0, g1, xt, st, ct, bias, yt); break;
+  std::vector<float> part(static_cast<size_t>(T * kPartStride));  // every token's partial sums of one strip group
+  // Strip groups outermost, then spans of blocks, then token tiles: a group's weights for a span stay in L1 while
+  // every token tile passes over them (each weight byte read from memory once a step).
+  for (int64_t g0 = s_begin; g0 < s_end; g0 += kGroupStrips) {
+    const int64_t g1 = std::min(s_end, g0 + kGroupStrips);
+    for (int64_t b0 = 0; b0 < nb; b0 += kSpanBlocks) {
+      const int64_t b1 = std::min(nb, b0 + kSpanBlocks);
+      for (int64_t t0 = 0; t0 < T; t0 += kQMaxTokens) {
+        const int64_t nt = std::min(kQMaxTokens, T - t0);
+        const uint8_t* xt = xq + t0 * w.k;
+        const float* st = sx + t0 * nb;
+        const int32_t* ct = xsum + t0 * nb;
+        float* yt = y + t0 * w.n;
+        float* pt = part.data() + t0 * kPartStride;
+        switch (nt) {
+          case 1: tokens_tile<1>(w, g0, g1, xt, st, ct, bias, yt, b0, b1, pt); break;
+          case 2: tokens_tile<2>(w, g0, g1, xt, st, ct, bias, yt, b0, b1, pt); break;
+          case 3: tokens_tile<3>(w, g0, g1, xt, st, ct, bias, yt, b0, b1, pt); break;
+          default: tokens_tile<4>(w, g0, g1, xt, st, ct, bias, yt, b0, b1, pt); break;
+        }
       }
     }
   }

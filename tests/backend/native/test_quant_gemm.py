@@ -22,9 +22,10 @@ from backend.model.quant_strips import (
 )
 
 # (tokens, out rows, in columns): rows not a multiple of a strip (16) nor of a tile's 4 strips, fewer than one strip,
-# more tokens than a register tile (4), prefill-sized steps.
+# more tokens than a register tile (4), prefill-sized steps; inner widths of one span of 8 blocks or less, whole
+# spans, and a partial last span.
 SHAPES = [(1, 1280, 256), (2, 37, 64), (3, 9, 96), (4, 100, 32), (5, 1027, 128), (7, 13, 192), (9, 515, 160),
-          (33, 70, 256), (64, 200, 512)]
+          (33, 70, 256), (64, 200, 512), (6, 50, 320), (2, 130, 704)]
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +97,10 @@ def test_matches_float64_reference_of_the_same_maths(ops, threads, mode, group, 
 @pytest.mark.parametrize("mode,group", [("int8", 0), ("int4", 64)])
 def test_each_token_and_row_is_independent_of_the_rest(ops, mode, group):
     """Bit for bit: a token's output does not depend on the other tokens of the step (9: three register tiles, a
-    partial one), on the split over threads, nor on where its row falls in a strip or a tile of strips."""
+    partial one), on the split over threads, nor on where its row falls in a strip or a tile of strips (10 blocks:
+    a whole span and a partial one)."""
     gen = torch.Generator().manual_seed(11)
-    n, k = 1283, 256
+    n, k = 1283, 320
     w = torch.randn(n, k, generator=gen)
     x, bias = torch.randn(9, k, generator=gen), torch.randn(n, generator=gen)
 
@@ -165,7 +167,7 @@ def test_each_instruction_set_gives_the_ops_bits(ops, tmp_path, isa, flags, need
                     "-o", str(exe)], check=True, capture_output=True, timeout=300)
     gen = torch.Generator().manual_seed(5)
     for mode, group, asym in (("int8", 0, False), ("int4", 64, True), ("int4", 32, False)):
-        for tokens, n, k in ((1, 100, 128), (6, 37, 192), (9, 70, 256)):
+        for tokens, n, k in ((1, 100, 128), (6, 37, 192), (9, 70, 384)):
             s, _, _, _ = weights(mode, n, k, group or k, gen, asym)
             x, bias = torch.randn(tokens, k, generator=gen), torch.randn(n, generator=gen)
             x.numpy().tofile(tmp_path / "x.f32")
