@@ -87,3 +87,25 @@ def test_strips_move_to_huge_pages_and_compute_the_same(ops, monkeypatch):
     assert torch.equal(lin.forward(x), before)
     head = model.lm_head.strips
     assert head.aux.dtype == torch.int32 and head.aux.data_ptr() % 4 == 0
+
+
+@pytest.mark.parametrize("mode,group", [("int8", 0), ("int4", 64)])
+def test_a_sequences_logits_do_not_depend_on_the_rest_of_the_step(ops, mode, group):
+    """Bit for bit: a decode's (and a verify's) logits through the native step are the same alone as beside other
+    sequences' decodes, verifies and a prefill chunk, with 2 threads or 1 (seeded sampling replays exactly whatever
+    the batch)."""
+    model = quantized_model(mode, group)
+    ctx_lens, query_lens = [9, 5, 14, 0], [1, 4, 1, 30]
+    cache, tables, tokens = prefilled_case(model, ctx_lens, query_lens, seed=4)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        together = native_step(ops, model, cache, tables, ctx_lens, query_lens, tokens)
+        torch.set_num_threads(1)
+        starts = [0, 1, 5, 6]
+        for i in (0, 1, 2):
+            alone = native_step(ops, model, cache, [tables[i]], [ctx_lens[i]], [query_lens[i]],
+                                tokens[starts[i]:starts[i] + query_lens[i]])
+            assert torch.equal(alone, together[starts[i]:starts[i] + query_lens[i]]), i
+    finally:
+        torch.set_num_threads(before)
