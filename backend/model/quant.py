@@ -159,7 +159,8 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:   # x [num_tokens, in] -> [num_tokens, out]
         if self._gemm is not None:
             s = self.strips
-            return self._gemm(x.contiguous(), s.strips, s.scales, s.aux, s.n, self.bias)
+            y = self._gemm(x.reshape(-1, x.shape[-1]).contiguous(), s.strips, s.scales, s.aux, s.n, self.bias)
+            return y.view(*x.shape[:-1], s.n)
         if self._native is not None and x.shape[0] <= FEW_TOKENS:
             return self._native_forward(x.contiguous())
         if self._triton_gemv is not None and x.shape[0] <= FEW_TOKENS:
