@@ -38,11 +38,11 @@ from bench.harness.closed_loop import run_engine_level
 from bench.harness.llamacpp import DEFAULT_DIR, LlamaCpp, decode_tok_per_s, run_batched_bench
 from bench.harness.report import git_commit, machine, write_json
 from bench.harness.workload import mixed_workload
+from tools.make_random_llama import SHAPES
 from tools.make_random_llama import make as make_random_llama
 
 REPO = Path(__file__).resolve().parents[1]
-MODELS = {"300m": dict(hidden=1024, intermediate=2816, layers=24, heads=16, kv_heads=4),
-          "82m": {}}
+MODELS = SHAPES   # "300m", "82m": tools/make_random_llama.py's shapes
 FORMATS = (("none", "f32"), ("int8", "q8_0"), ("int4", "q4_0"))   # ours, llama.cpp's
 PROMPT = 64
 REQUEST_TIMEOUT = 900.0
