@@ -4,9 +4,8 @@ On the demo target: held-out perplexity and its delta, greedy agreement (share o
 tokens and mean identical prefix over held-out prompts, 32 tokens each), a long-context retrieval
 probe (the mean log-probability of a fact planted early in a ~900-token prompt, re-quoted at the end),
 and decode tokens/s at batch 1 and 32. One 2048 x 768 layer at one token, weights out of cache: CPU
-microseconds of this thread per call (robust to other jobs on a shared machine; the native int8/int4
-kernels when built; "int4 (a)": the exact dequantize-and-FMA int4 kernel beside design (b), which int4
-uses). On the 82M-class random model (tools/make_random_llama.py, whose 330 MB of fp32 weights do not
+microseconds of this thread per call (robust to other jobs on a shared machine; QuantLinear, the native
+quantized GEMM when built; "int4 (a)": the few-token dequantize-and-FMA int4 kernel beside it). On the 82M-class random model (tools/make_random_llama.py, whose 330 MB of fp32 weights do not
 fit in cache): batch-1 decode ratios to fp32 per wall second and per CPU second, three interleaved
 rounds.
 
@@ -205,7 +204,7 @@ def layer_us(out_f: int = 2048, in_f: int = 768, copies: int = 24, reps: int = 2
     for mode in ("int8", "int4"):
         qs = [QuantLinear.from_linear(lin, mode, 64, {}, native) for lin in lins]
         layers[mode] = [lambda q=q: q.forward(x) for q in qs]
-    if native is not None:      # int4 design (a), exact dequantize-and-FMA (QuantLinear calls (b) at group 64)
+    if native is not None:      # the few-token int4 kernel, exact dequantize-and-FMA (QuantLinear takes the GEMM)
         layers["int4 (a)"] = [lambda q=q: native.quant_gemv_int4(x, q.qweight, q.scale, None, None) for q in qs]
     res = {}
     for mode, fns in layers.items():

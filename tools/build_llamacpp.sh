@@ -1,27 +1,43 @@
 #!/usr/bin/env bash
-# Build llama.cpp's llama-batched-bench from source and convert HF checkpoints to GGUF f32, for the optional
-# llama.cpp baseline of bench/bench_engine.py. Everything goes under .cache/llamacpp/ (git-ignored).
+# Build llama.cpp's llama-batched-bench and llama-quantize from source and convert HF checkpoints to GGUF (f32, then
+# the quantized types of $TYPES), for the llama.cpp baselines of bench/. Everything goes under .cache/llamacpp/
+# (git-ignored).
 #
 #   tools/build_llamacpp.sh [MODEL_DIR ...]        # e.g. models/demo-target .cache/models/random-82m
 #
 # Steps (each skipped when its output exists, so re-running is cheap):
 #   1. download the llama-cpp-python sdist (it vendors the llama.cpp sources) with pip;
 #   2. unpack it;
-#   3. configure (Release, native CPU flags, no CUDA/Metal/curl/OpenSSL, no tests/examples/server);
-#   4. build only the llama-batched-bench target, with at most $JOBS (default 2) jobs;
+#   3. configure (Release, no CUDA/Metal/curl/OpenSSL, no tests/examples/server). CPU=noamx (the default):
+#      -DGGML_NATIVE=OFF with AVX2, AVX-512 (F, BW, DQ, VL, VBMI, BF16), VNNI and AVX-VNNI on and AMX off, because
+#      on CPUs that advertise AMX the quantized AMX kernels of the vendored ggml die with "Illegal instruction";
+#      CPU=native: -DGGML_NATIVE=ON. Each mode has its own build directory;
+#   4. build the llama-batched-bench and llama-quantize targets, with at most $JOBS (default 2) jobs;
 #   5. make a converter venv at .cache/llamacpp/venv (gguf from the vendored gguf-py with the numpy it requires,
 #      sentencepiece) that sees torch/transformers of the project venv through a .pth file appended at the end of
 #      sys.path, so the venv's own numpy wins (nothing is installed into the project venv);
 #   6. make a scratch copy of convert_hf_to_gguf.py and its conversion/ package in which an unrecognised BPE
 #      pre-tokenizer hash (ours) falls back to "gpt-2" instead of raising (decode speed does not depend on it);
-#   7. convert each MODEL_DIR to .cache/llamacpp/gguf/<name>-f32.gguf.
+#   7. convert each MODEL_DIR to .cache/llamacpp/gguf/<name>-f32.gguf, then quantize it to <name>-<type>.gguf for
+#      each type of $TYPES with llama-quantize.
+# Steps 5-7 run only when MODEL_DIRs are given.
 #
 # Environment: LLAMACPP_DIR (default <repo>/.cache/llamacpp), LLAMACPP_VERSION (pin the sdist version, default the
-# newest), JOBS (default 2), PY (project python, default <repo>/.venv/bin/python, else python3 on PATH).
+# newest), JOBS (default 2), PY (project python, default <repo>/.venv/bin/python, else python3 on PATH), CPU
+# (noamx or native, default noamx), TYPES (llama-quantize types, default "q8_0 q4_0"; empty for f32 only).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 DIR=${LLAMACPP_DIR:-$REPO/.cache/llamacpp}
 JOBS=${JOBS:-2}
+CPU=${CPU:-noamx}
+TYPES=${TYPES-q8_0 q4_0}
+case $CPU in
+    noamx) cpu_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+                      -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON
+                      -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF) ;;
+    native) cpu_flags=(-DGGML_NATIVE=ON) ;;
+    *) echo "CPU must be noamx or native, got '$CPU'" >&2; exit 1 ;;
+esac
 if [[ -z "${PY:-}" ]]; then
     PY=$REPO/.venv/bin/python
     [[ -x $PY ]] || PY=$(command -v python3) || { echo "no python3 on PATH: set PY" >&2; exit 1; }
@@ -54,10 +70,10 @@ else
 fi
 
 # 3. configure
-BUILD=$DIR/build-$name
+BUILD=$DIR/build-$name-$CPU
 if [[ ! -f $BUILD/build.ninja ]]; then
-    say "configuring $BUILD"
-    cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CUDA=OFF \
+    say "configuring $BUILD ($CPU)"
+    cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cpu_flags[@]}" -DGGML_CUDA=OFF \
         -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
         -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=OFF
 else
@@ -66,13 +82,19 @@ fi
 
 # 4. build (ninja is a no-op when up to date)
 BIN=$BUILD/bin/llama-batched-bench
-if [[ ! -x $BIN ]]; then
-    say "building llama-batched-bench with $JOBS jobs (about 15 minutes on 2 cores)"
-    cmake --build "$BUILD" --target llama-batched-bench -j "$JOBS"
+QUANTIZE=$BUILD/bin/llama-quantize
+if [[ ! -x $BIN || ! -x $QUANTIZE ]]; then
+    say "building llama-batched-bench and llama-quantize with $JOBS jobs (about 15 minutes on 2 cores)"
+    cmake --build "$BUILD" --target llama-batched-bench llama-quantize -j "$JOBS"
 else
-    say "binary present: $BIN"
+    say "binaries present: $BIN $QUANTIZE"
 fi
 ln -sfn "$BIN" "$DIR/llama-batched-bench"
+ln -sfn "$QUANTIZE" "$DIR/llama-quantize"
+if [[ $# -eq 0 ]]; then
+    say "done: binaries $DIR/llama-batched-bench $DIR/llama-quantize (no MODEL_DIR to convert)"
+    exit 0
+fi
 
 # 5. converter venv
 VENV=$DIR/venv
@@ -118,12 +140,17 @@ fi
 for model in "$@"; do
     model=$(cd "$model" && pwd)
     out=$DIR/gguf/$(basename "$model")-f32.gguf
-    if [[ -f $out ]]; then
-        say "GGUF present: $out"
-        continue
+    if [[ ! -f $out ]]; then
+        say "converting $model -> $out"
+        "$VENV/bin/python" "$CONV/convert_hf_to_gguf.py" "$model" --outtype f32 --outfile "$out.part"
+        mv "$out.part" "$out"
     fi
-    say "converting $model -> $out"
-    "$VENV/bin/python" "$CONV/convert_hf_to_gguf.py" "$model" --outtype f32 --outfile "$out.part"
-    mv "$out.part" "$out"
+    for type in $TYPES; do
+        qout=$DIR/gguf/$(basename "$model")-$type.gguf
+        [[ -f $qout ]] && { say "GGUF present: $qout"; continue; }
+        say "quantizing $out -> $qout"
+        "$QUANTIZE" "$out" "$qout.part" "$(echo "$type" | tr a-z A-Z)"
+        mv "$qout.part" "$qout"
+    done
 done
 say "done: binary $DIR/llama-batched-bench, GGUF files in $DIR/gguf"

@@ -1,10 +1,11 @@
 """A seeded random-weight Llama in HF format, for speed benchmarks at a size where weights leave the cache.
 
-    .venv/bin/python -m tools.make_random_llama [--out .cache/models/random-82m] [--seed 0]
+    .venv/bin/python -m tools.make_random_llama [--out .cache/models/random-82m] [--seed 0] [--shape 82m|300m]
 
-Default shape (the "82M-class" model of the decode-speed and quantization issues): vocabulary 4,096
-(the demo tokenizer, copied in), hidden 768, intermediate 2,048, 12 layers, 12 heads, 4 KV heads,
-untied head: about 82M parameters, 330 MB in fp32. Never committed; written under .cache/.
+Shapes: ``82m`` (the default; the "82M-class" model of the decode-speed and quantization issues): vocabulary 4,096
+(the demo tokenizer, copied in), hidden 768, intermediate 2,048, 12 layers, 12 heads, 4 KV heads, untied head:
+about 82M parameters, 330 MB in fp32; ``300m`` (``SHAPES``; bench/bench_formats.py): 24 layers x 1024,
+intermediate 2,816, 16 heads, 4 KV heads: 1.1 GB in fp32. Never committed; written under .cache/.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from backend.model.loader import save_model
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "models" / "demo-target"
+SHAPES = {"82m": {}, "300m": dict(hidden=1024, intermediate=2816, layers=24, heads=16, kv_heads=4)}
 
 
 def make(out: Path, *, seed: int = 0, hidden: int = 768, intermediate: int = 2048, layers: int = 12, heads: int = 12,
@@ -45,11 +47,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=REPO / ".cache" / "models" / "random-82m")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="82m")
     args = ap.parse_args(argv)
     if (args.out / "model.safetensors").is_file():
         print(f"{args.out} exists")
         return 0
-    make(args.out, seed=args.seed)
+    make(args.out, seed=args.seed, **SHAPES[args.shape])
     print(f"wrote {args.out}")
     return 0
 

@@ -59,13 +59,21 @@ def decode_step_shape(plan: SchedulerOutput) -> bool:
     return bool(plan.scheduled)
 
 
-def eager_only_reason(model: LlamaForCausalLM, kv_cache: KVCache, windows) -> str | None:
-    """What every fast decode step (native on the CPU, CUDA graphs) leaves to the eager path: a quantized
-    KV cache, sliding-window layers, quantized linear layers. None when none applies."""
+def cache_or_window_reason(kv_cache: KVCache, windows) -> str | None:
+    """What every fast decode step (native on the CPU, CUDA graphs) leaves to the eager path: a quantized KV cache,
+    sliding-window layers. None when neither applies."""
     if kv_cache.format.quantized:
         return f"an {kv_cache.format.name} KV cache (kv_cache_dtype) runs eagerly"
     if any(w is not None for w in windows):
         return "sliding-window layers run eagerly"
+    return None
+
+
+def eager_only_reason(model: LlamaForCausalLM, kv_cache: KVCache, windows) -> str | None:
+    """What the CUDA-graph step leaves to the eager path: ``cache_or_window_reason``'s cases and quantized linear
+    layers (the native CPU step takes those it has the GEMM's strips for: ``native_decode.unsupported_reason``)."""
+    if reason := cache_or_window_reason(kv_cache, windows):
+        return reason
     for layer in model.layers:
         for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
             if type(lin) is not nn.Linear:

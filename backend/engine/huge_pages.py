@@ -65,18 +65,22 @@ def huge_page_arena(numel: int) -> torch.Tensor | None:
 
 
 def copy_to_huge_pages(tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:
-    """Copies of float32 ``tensors`` side by side in one huge-page arena (the native step's panels); None when the
-    kernel's mode is ``never`` or the advice fails."""
+    """Copies of ``tensors`` (any dtypes, each at an offset that is a multiple of its element size) side by side in
+    one huge-page arena (the native step's panels and quantized strips); None when the kernel's mode is ``never``
+    or the advice fails."""
     if thp_mode() not in ("always", "madvise"):
         return None
-    arena = huge_page_arena(sum(t.numel() for t in tensors))
+    starts, end = [], 0
+    for t in tensors:
+        start = -(-end // t.element_size()) * t.element_size()
+        starts.append(start)
+        end = start + t.numel() * t.element_size()
+    arena = huge_page_arena(-(-end // 4))
     if arena is None:
         return None
-    out, at = [], 0
-    for t in tensors:
-        out.append(arena[at:at + t.numel()].view(t.shape).copy_(t))
-        at += t.numel()
-    return out
+    raw = arena.view(torch.uint8)
+    return [raw[at:at + t.numel() * t.element_size()].view(t.dtype).view(t.shape).copy_(t)
+            for t, at in zip(tensors, starts)]
 
 
 def move_to_huge_pages(model: nn.Module, min_bytes: int = MIN_HUGE_PAGE_BYTES) -> HugePageResult:

@@ -11,10 +11,13 @@ dim (``TILED_HEAD_DIMS``): its per-token loop is no faster than the eager forwar
 24: 62 against 64 us per token) and grows with the square of the prompt. Models the op does not cover stay
 eager: ``unsupported_reason`` says which and why (the load line shows it). At build the model's weights move
 onto transparent huge pages (``huge_pages.py``; a batch-1 step streams all of them), where the kernel allows,
-and the projections' weights are packed into the op's panels (``pack_panels``: a second copy, in the op's layout).
+and the fp32 projections' weights are packed into the op's panels (``pack_panels``: a second copy, in the op's
+layout). int8 / int4 projections (``QuantLinear`` with the quantized GEMM's strips, ``backend/model/quant_strips.py``)
+go to the op as their strips, every step and every token count (the quantized LM head too).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -24,9 +27,10 @@ from torch import nn
 
 from backend.core.kv_cache import KVCache
 from backend.core.plan import ForwardOutput, SchedulerOutput
-from backend.engine.decode_batch import PersistentDecodeBatch, decode_step_shape, eager_only_reason
+from backend.engine.decode_batch import PersistentDecodeBatch, cache_or_window_reason, decode_step_shape
 from backend.engine.huge_pages import MIN_PANEL_HUGE_PAGE_BYTES, HugePageResult, copy_to_huge_pages, move_to_huge_pages
 from backend.model.llama import LlamaForCausalLM
+from backend.model.quant import QuantLinear
 
 
 def unsupported_reason(model: LlamaForCausalLM, kv_cache: KVCache, windows, scale: float | None) -> str | None:
@@ -35,13 +39,36 @@ def unsupported_reason(model: LlamaForCausalLM, kv_cache: KVCache, windows, scal
         return f"the native step runs on the CPU (the cache is on {kv_cache.device})"
     if kv_cache.dtype != torch.float32 or model.embed_tokens.weight.dtype != torch.float32:
         return "the native step needs float32 weights and KV cache"
-    if reason := eager_only_reason(model, kv_cache, windows):
+    if reason := cache_or_window_reason(kv_cache, windows):
         return reason
+    for layer in model.layers:
+        for lin in projections(layer):
+            if not op_layer(lin):
+                return f"{type(lin).__name__} projections without the quantized GEMM's strips run eagerly"
     if any(layer.self_attn.o_proj.bias is not None for layer in model.layers):
         return "an o_proj bias is not supported"
-    if type(model.lm_head) is not nn.Linear or model.lm_head.bias is not None:
-        return "a quantized or biased LM head runs eagerly"
+    if not op_layer(model.lm_head) or model.lm_head.bias is not None:
+        return "a biased LM head, or a quantized one without the GEMM's strips, runs eagerly"
     return None
+
+
+def projections(layer: nn.Module) -> tuple[nn.Module, ...]:
+    """A decoder layer's four projections, in the op's order: qkv, o, gate_up, down."""
+    return (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+
+
+def op_layer(lin: nn.Module) -> bool:
+    """The op computes this linear layer: fp32 (its panels) or quantized with the GEMM's strips."""
+    return type(lin) is nn.Linear or (isinstance(lin, QuantLinear) and lin.strips is not None)
+
+
+def op_tensors(lin: nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(the op's row-major entry: the weight, or the quantized weight read for its rows; strips, scales, aux of a
+    quantized layer, three empty tensors of an fp32 one)."""
+    if isinstance(lin, QuantLinear):
+        return lin.qweight, [lin.strips.strips, lin.strips.scales, lin.strips.aux]
+    none = torch.empty(0)
+    return lin.weight.detach().contiguous(), [none, none, none]
 
 
 @dataclass(frozen=True)
@@ -52,39 +79,69 @@ class NativeWeights:
     embed: torch.Tensor                 # [vocab, hidden]
     layer_weights: list[torch.Tensor]   # per layer: input_norm, qkv, o, post_norm, gate_up, down
     layer_biases: list[torch.Tensor]    # per layer: qkv, gate_up, down (an empty tensor: no bias)
-    layer_panels: list[torch.Tensor]    # per layer: qkv, o, gate_up, down, each [ceil(out / 64), in, 64]
+    layer_panels: list[torch.Tensor]    # per layer: qkv, o, gate_up, down, each [ceil(out / 64), in, 64] (empty: int)
     cos: torch.Tensor                   # [max_positions, head_dim]
     sin: torch.Tensor                   # [max_positions, head_dim]
     final_norm: torch.Tensor            # [hidden]
-    lm_head: torch.Tensor               # [vocab, hidden]
-    lm_head_panels: torch.Tensor        # [ceil(vocab / 64), hidden, 64]
+    lm_head: torch.Tensor               # [vocab, hidden] (quantized: its int8 weight)
+    lm_head_panels: torch.Tensor        # [ceil(vocab / 64), hidden, 64] (empty: quantized)
+    layer_quant: list[torch.Tensor]     # per projection: strips, scales, aux (empty tensors: fp32); [] if none is
+    lm_head_quant: list[torch.Tensor]   # the LM head's strips, scales, aux; [] when fp32
 
     @classmethod
     def of(cls, ops, model: LlamaForCausalLM) -> NativeWeights:
         none = torch.empty(0)
         bias = lambda lin: none if lin.bias is None else lin.bias.detach().contiguous()
-        weights, biases, projections = [], [], []
+        weights, biases, quant, fp32 = [], [], [], []
         for layer in model.layers:
             a, m = layer.self_attn, layer.mlp
-            weights += [t.detach().contiguous() for t in (layer.input_layernorm.weight, a.qkv_proj.weight,
-                        a.o_proj.weight, layer.post_attention_layernorm.weight, m.gate_up_proj.weight,
-                        m.down_proj.weight)]
+            rows = [op_tensors(lin) for lin in projections(layer)]
+            weights += [layer.input_layernorm.weight.detach(), rows[0][0], rows[1][0],
+                        layer.post_attention_layernorm.weight.detach(), rows[2][0], rows[3][0]]
             biases += [bias(a.qkv_proj), bias(m.gate_up_proj), bias(m.down_proj)]
-            projections += weights[-5:-3] + weights[-2:]
-        lm_head = model.lm_head.weight.detach()
-        panels = pack_panels(ops, projections + [lm_head])
+            quant += [t for _, q in rows for t in q]
+            fp32 += [type(lin) is nn.Linear for lin in projections(layer)]
+        head, head_quant = op_tensors(model.lm_head)
+        fp32.append(type(model.lm_head) is nn.Linear)
+        dense = [w for w, is_fp32 in zip(weights_of(weights) + [head], fp32) if is_fp32]
+        packed = iter(pack_panels(ops, dense))
+        panels = [next(packed) if is_fp32 else none for is_fp32 in fp32]
         cos, sin = model.rope_tables()
         return cls(model.embed_tokens.weight.detach(), weights, biases, panels[:-1], cos.contiguous(),
-                   sin.contiguous(), model.norm.weight.detach(), lm_head, panels[-1])
+                   sin.contiguous(), model.norm.weight.detach(), head, panels[-1],
+                   quant if not all(fp32[:-1]) else [], head_quant if not fp32[-1] else [])
+
+
+def weights_of(layer_weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The projections' entries of the per-layer list (qkv, o, gate_up, down of each layer's six)."""
+    return [w for i, w in enumerate(layer_weights) if i % 6 in (1, 2, 4, 5)]
 
 
 def pack_panels(ops, weights: list[torch.Tensor]) -> list[torch.Tensor]:
     """Each weight ``[out, in]`` packed into its panels (``ops.pack_panels``, backend/native/csrc/f32_gemv.h), all of
     them in one huge-page arena once they fill a huge page (``huge_pages.py``: a batch-1 step streams them all)."""
     packed = [ops.pack_panels(w) for w in weights]
+    if not packed:
+        return packed
     if sum(p.numel() for p in packed) * 4 < MIN_PANEL_HUGE_PAGE_BYTES:
         return packed
     return copy_to_huge_pages(packed) or packed
+
+
+def strips_to_huge_pages(model: LlamaForCausalLM) -> bool:
+    """Move the quantized layers' GEMM strips into one huge-page arena once they fill a huge page (a batch-1 step
+    streams them all, as the fp32 panels); True when moved."""
+    lins = [lin for lin in model.modules() if isinstance(lin, QuantLinear) and lin.strips is not None]
+    tensors = [t for lin in lins for t in (lin.strips.strips, lin.strips.scales, lin.strips.aux)]
+    if not tensors or sum(t.numel() * t.element_size() for t in tensors) < MIN_PANEL_HUGE_PAGE_BYTES:
+        return False
+    copies = copy_to_huge_pages(tensors)
+    if copies is None:
+        return False
+    for i, lin in enumerate(lins):
+        lin.strips = dataclasses.replace(lin.strips, strips=copies[3 * i], scales=copies[3 * i + 1],
+                                         aux=copies[3 * i + 2])
+    return True
 
 
 TILED_HEAD_DIMS = range(16, 129, 16)   # the op's tiled attention (paged_attention.cpp, kMaxD16); else a per-token loop
@@ -124,6 +181,7 @@ class NativeDecodeStep:
         if not hasattr(build.ops, "decode_forward"):
             return "the native library has no decode_forward op"
         pages = move_to_huge_pages(model)
+        strips_to_huge_pages(model)
         step = cls(build.ops, model, kv_cache, scale, huge_pages=pages)   # packs the panels
         step.build_seconds = time.perf_counter() - t0
         return step
@@ -151,4 +209,4 @@ class NativeDecodeStep:
         return self._op(token_ids, positions, token_rows, block_tables, self.block_size, w.embed, w.layer_weights,
                         w.layer_biases, w.layer_panels, self.k_cache, self.v_cache, w.cos, w.sin, w.final_norm,
                         w.lm_head, w.lm_head_panels, self.num_heads, self.num_kv_heads, self.head_dim, self.eps,
-                        self.scale, logit_rows)
+                        self.scale, logit_rows, w.layer_quant, w.lm_head_quant)

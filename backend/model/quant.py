@@ -6,19 +6,17 @@ Modes (``EngineConfig.quantization``; the formats are defined in ``backend/model
 - ``fp8``: float8 e4m3 per output channel, CUDA only.
 
 Decode at batch 1 reads every weight once per token, so narrower weights mean fewer bytes from memory.
-On the CPU, inputs of up to ``FEW_TOKENS`` tokens go to the native kernels (``backend/native/csrc/
-quant_gemv.cpp``, each weight byte read once: int8 and int4 at groups of 32 dequantized in registers, int4
-at groups of 64k multiplied in integers with the activations quantized to int8 per group, see
-``native_kernel``), when they are built and the layer fits them (fp32 compute; int4 groups a multiple of
-32, grouped int8 a multiple of 16). Otherwise (larger batches, where the matmul is compute-bound, or no native build)
-the layer's integers are converted into a reused full-precision buffer shared by all layers of the same
-shape, then one matmul; per-channel int8 at few tokens converts cache-sized row blocks at a time. fp8
-needs CUDA (the CPU converts float8 in software, 40x slower than int8). On CUDA, int8/int4 inputs of up to
-``FEW_TOKENS`` tokens go to the Triton GEMV (``backend/model/quant_triton.py``), larger ones and fp8 are
-dequantized to the compute dtype. The embedding stays in full precision; in the int8 and int4 modes the
-LM head is quantized to int8 per output channel (at batch 1 it is read once a token like any projection:
-12.6 MB of fp32 on the 82M-class model, a quarter of what int4 reads otherwise); a tied head keeps the
-embedding's tensor and adds its int8 copy.
+On the CPU (fp32 compute, the native kernels built), a layer whose width is whole blocks of 32 columns (and int4
+groups whole blocks) runs every step through the quantized GEMM (``backend/native/csrc/quant_gemm.h``, the weight in
+its strips, ``quant_strips.py``): the activations quantized to int8 per token and block of 32 columns, integer dot
+products (VNNI), any token count, each weight byte read once a step, and each token's output independent of the
+other tokens of the step (batch-invariant). Other layers take the older few-token kernels (``quant_gemv.cpp``, up to
+``FEW_TOKENS``, ``native_kernel``) or convert the layer's integers into a reused full-precision buffer shared by all
+layers of the same shape, then one matmul. fp8 needs CUDA (the CPU converts float8 in software, 40x slower than
+int8). On CUDA, int8/int4 inputs of up to ``FEW_TOKENS`` tokens go to the Triton GEMV
+(``backend/model/quant_triton.py``), larger ones and fp8 are dequantized to the compute dtype. The embedding stays in
+full precision; in the int8 and int4 modes the LM head is quantized to int8 per output channel (at batch 1 it is
+read once a token like any projection); a tied head keeps the embedding's tensor and adds its int8 copy.
 """
 from __future__ import annotations
 
@@ -41,6 +39,7 @@ from backend.model.quant_pack import (  # noqa: F401  (re-exported: the formats'
     quantize_int8,
     unpack_int4,
 )
+from backend.model.quant_strips import QuantStrips, strips_int4, strips_int8, strips_supported
 
 CHUNK_BYTES = 512 * 1024     # per-channel int8 without the native kernel: dequantize this much at a time
 FEW_TOKENS = 8               # inputs up to this many tokens take the native kernel (memory-bound GEMV)
@@ -74,6 +73,18 @@ def quantize_weight(w: torch.Tensor, mode: str, group_size: int) -> QuantizedWei
     return QuantizedWeight(mode, q, scale[:, None], w.shape[1])
 
 
+def gemm_strips(weight: QuantizedWeight, compute_dtype: torch.dtype, native: Any | None) -> QuantStrips | None:
+    """The weight in the quantized GEMM's strips when the native GEMM serves this layer (fp32 on the CPU, whole
+    32-column blocks and groups), else None."""
+    if native is None or not hasattr(native, "quant_gemm") or compute_dtype != torch.float32 \
+            or weight.qweight.device.type != "cpu" or weight.mode not in ("int8", "int4") \
+            or not strips_supported(weight.in_features, weight.group_size):
+        return None
+    if weight.mode == "int8":
+        return strips_int8(weight.qweight, weight.scale)
+    return strips_int4(weight.qweight, weight.scale, weight.zeros)
+
+
 def native_kernel(weight: QuantizedWeight, compute_dtype: torch.dtype, device: torch.device) -> str | None:
     """The quant_gemv.cpp op that serves this layer for few tokens, or None (fp32 on the CPU only).
 
@@ -92,7 +103,8 @@ def native_kernel(weight: QuantizedWeight, compute_dtype: torch.dtype, device: t
 
 
 class QuantLinear(nn.Module):
-    """A quantized ``nn.Linear``: the native kernel for few tokens, else dequantize into a shared buffer + matmul."""
+    """A quantized ``nn.Linear``: the native GEMM (any token count), the older native kernels (few tokens), or
+    dequantize into a shared buffer + matmul."""
 
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None, compute_dtype: torch.dtype,
                  workspace: dict, native: Any | None = None):
@@ -105,8 +117,11 @@ class QuantLinear(nn.Module):
         self.register_buffer("zeros", None if weight.zeros is None else weight.zeros.to(compute_dtype).contiguous())
         self.bias = bias
         self._workspace = workspace        # (shape, dtype, device) -> buffer, shared with the model's other layers
-        op = native_kernel(weight, compute_dtype, weight.qweight.device) if native is not None else None
-        self.native_op = op                # the quant_gemv.cpp op for few tokens, or None
+        self.strips = gemm_strips(weight, compute_dtype, native)   # the GEMM's layout (a copy), or None
+        self._gemm = native.quant_gemm if self.strips is not None else None
+        op = native_kernel(weight, compute_dtype, weight.qweight.device) \
+            if native is not None and self.strips is None else None
+        self.native_op = "quant_gemm" if self.strips is not None else op  # the native op that serves it, or None
         self._native = getattr(native, op) if op else None
         # the buffer path's int4 dequantization (prefill, batches past FEW_TOKENS) in one native pass
         self._native_dequant = native.quant_dequant_int4 if op and weight.mode == "int4" else None
@@ -142,6 +157,10 @@ class QuantLinear(nn.Module):
         return dequantize_int8(self.qweight, self.scale, self._buffer())  # (fp8 converts the same way)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:   # x [num_tokens, in] -> [num_tokens, out]
+        if self._gemm is not None:
+            s = self.strips
+            y = self._gemm(x.reshape(-1, x.shape[-1]).contiguous(), s.strips, s.scales, s.aux, s.n, self.bias)
+            return y.view(*x.shape[:-1], s.n)
         if self._native is not None and x.shape[0] <= FEW_TOKENS:
             return self._native_forward(x.contiguous())
         if self._triton_gemv is not None and x.shape[0] <= FEW_TOKENS:
@@ -176,7 +195,7 @@ class QuantLinear(nn.Module):
     __call__ = forward
 
     @property
-    def nbytes(self) -> int:
+    def nbytes(self) -> int:  # the quantized weight (the GEMM's strips are a second copy, not counted)
         return sum(t.numel() * t.element_size() for t in (self.qweight, self.scale, self.zeros) if t is not None)
 
 

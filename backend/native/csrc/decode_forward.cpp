@@ -17,16 +17,20 @@
 // That covers prefill chunks too (positions from the sequence's computed length on): the engine runs every step
 // of a supported model through this op on the CPU, mixed or not.
 //
-// Modules: layer_ops (norm, RoPE, SiLU), paged_attention (K/V write, attention), f32_gemv (every projection, through
-// the weights' panels, passed packed beside the row-major weights: at every token count measured, 1 to 512, faster
-// than at::linear, MKL's GEMM, on the row-major ones; docs/benchmarks.md). Sliding windows and quantized weights
-// are not handled: the Python side (backend/engine/native_decode.py) keeps those models on the eager path.
+// Modules: layer_ops (norm, RoPE, SiLU), paged_attention (K/V write, attention), f32_gemv (every fp32 projection,
+// through the weights' panels, passed packed beside the row-major weights: at every token count measured, 1 to 512,
+// faster than at::linear, MKL's GEMM, on the row-major ones; docs/benchmarks.md), quant_gemm (every int8 / int4
+// projection, the weight given as its strips in layer_quant / lm_head_quant: three tensors a projection, strips,
+// scales and aux, empty for an fp32 one, whose row-major entry is then the quantized weight, read for its row count
+// only, and whose panels are empty). Sliding windows are not handled: the Python side
+// (backend/engine/native_decode.py) keeps those models on the eager path.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include <algorithm>
 
 #include "f32_gemv.h"
+#include "quant_gemm.h"
 #include "layer_ops.h"
 #include "paged_attention.h"
 
@@ -36,12 +40,18 @@ namespace {
 constexpr int kLayerWeights = 6;  // input_norm, qkv, o, post_norm, gate_up, down
 constexpr int kLayerBiases = 3;   // qkv, gate_up, down (empty tensor: none)
 constexpr int kLayerPanels = 4;   // qkv, o, gate_up, down: the projections' weights packed (pack_panels)
-constexpr int kPanelOf[kLayerPanels] = {1, 2, 4, 5};   // the layer weight each panel packs
 
-// x [T, K] @ w[N, K]^T (+ bias): the projection of every layer, through w's panels (`w` gives N and K).
-at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& panels, const at::Tensor& bias) {
-  const int64_t T = x.size(0), N = w.size(0), K = w.size(1);
+constexpr int kQuantTensors = 3;  // strips, scales, aux of a quantized projection (empty: fp32)
+
+// x [T, K] @ w[N, K]^T (+ bias): the projection of every layer, through w's strips when `quant` holds them, else
+// through its panels (`w` gives N; K is x's width).
+at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& panels, const at::Tensor* quant,
+                   const at::Tensor& bias) {
+  const int64_t T = x.size(0), N = w.size(0), K = x.size(1);
   const bool has_bias = bias.defined() && bias.numel() > 0;
+  if (quant != nullptr && quant[0].numel() > 0)
+    return qgemm::quant_project(x, quant[0], quant[1], quant[2], N, has_bias ? bias.data_ptr<float>() : nullptr);
+  check_panels(panels, N, K, "decode_forward");
   at::Tensor y = at::empty({T, N}, x.options());
   gemv_f32(x.data_ptr<float>(), panels.data_ptr<float>(), has_bias ? bias.data_ptr<float>() : nullptr,
            y.data_ptr<float>(), T, N, K);
@@ -67,7 +77,9 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
                           const at::Tensor& lm_head,       // [V, D]
                           const at::Tensor& lm_head_panels,  // [ceil(V / 64), D, 64]
                           int64_t num_heads, int64_t kv_heads, int64_t head_dim, double eps, double scale,
-                          const c10::optional<at::Tensor>& logit_rows) {  // [R] int64 increasing token indices; none: all
+                          const c10::optional<at::Tensor>& logit_rows,  // [R] int64 increasing indices; none: all
+                          at::TensorList layer_quant,      // empty, or 4 x 3 per layer: the projections' strips
+                          at::TensorList lm_head_quant) {  // empty, or 3: the LM head's strips
   int64_t T = token_ids.size(0);
   const int64_t L = static_cast<int64_t>(k_cache.size());
   const int64_t D = embed.size(1);
@@ -77,6 +89,10 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
                   static_cast<int64_t>(layer_panels.size()) == kLayerPanels * L &&
                   static_cast<int64_t>(v_cache.size()) == L,
               "decode_forward: per-layer lists disagree with the number of layers");
+  const bool quantized = !layer_quant.empty();
+  TORCH_CHECK((!quantized || static_cast<int64_t>(layer_quant.size()) == kLayerPanels * kQuantTensors * L) &&
+                  (lm_head_quant.empty() || lm_head_quant.size() == kQuantTensors),
+              "decode_forward: layer_quant needs 12 tensors a layer and lm_head_quant 3 (or none)");
   TORCH_CHECK(num_heads % kv_heads == 0 && head_dim % 2 == 0, "decode_forward: bad head shapes");
   TORCH_CHECK(token_ids.scalar_type() == at::kLong && token_ids.is_contiguous(),
               "decode_forward: token_ids must be contiguous int64");
@@ -110,16 +126,14 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
     const at::Tensor* w = layer_weights.data() + kLayerWeights * l;
     const at::Tensor* b = layer_biases.data() + kLayerBiases * l;
     const at::Tensor* pn = layer_panels.data() + kLayerPanels * l;
+    const at::Tensor* qn = quantized ? layer_quant.data() + kLayerPanels * kQuantTensors * l : nullptr;
+    auto quant = [&](int i) { return qn ? qn + kQuantTensors * i : nullptr; };
     check_f32(k_cache[l], "k_cache");
     check_f32(v_cache[l], "v_cache");
     TORCH_CHECK(w[1].size(0) == qkv_width, "decode_forward: qkv weight shape");
-    for (int i = 0; i < kLayerPanels; ++i) {
-      const at::Tensor& rw = w[kPanelOf[i]];
-      check_panels(pn[i], rw.size(0), rw.size(1), "decode_forward");
-    }
     add_rms_norm(x.data_ptr<float>(), delta.defined() ? delta.data_ptr<float>() : nullptr,
                  w[0].data_ptr<float>(), h.data_ptr<float>(), T, D, eps);
-    at::Tensor qkv = project(h, w[1], pn[0], b[0]);  // [T, (H + 2 KVH) hd]
+    at::Tensor qkv = project(h, w[1], pn[0], quant(0), b[0]);  // [T, (H + 2 KVH) hd]
     float* qkvp = qkv.data_ptr<float>();
     apply_rope(qkvp, qkv_width, num_heads + kv_heads, head_dim, pos, cos_table.data_ptr<float>(),
                sin_table.data_ptr<float>(), T);
@@ -138,20 +152,20 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
     paged_attention(qkvp, qkv_width, num_heads, kv_heads, head_dim, pos, rows, paged,
                     k_cache[l].data_ptr<float>(), v_cache[l].data_ptr<float>(), static_cast<float>(scale),
                     attn.data_ptr<float>(), T, max_ctx);
-    at::Tensor o = project(attn, w[2], pn[1], at::Tensor());  // [T, D] (no o_proj bias)
+    at::Tensor o = project(attn, w[2], pn[1], quant(1), at::Tensor());  // [T, D] (no o_proj bias)
     add_rms_norm(x.data_ptr<float>(), o.data_ptr<float>(), w[3].data_ptr<float>(), h.data_ptr<float>(), T, D,
                  eps);
-    at::Tensor gate_up = project(h, w[4], pn[2], b[1]);  // [T, 2I]
+    at::Tensor gate_up = project(h, w[4], pn[2], quant(2), b[1]);  // [T, 2I]
     const int64_t I = gate_up.size(1) / 2;
     at::Tensor act = at::empty({T, I}, x.options());
     silu_mul(gate_up.data_ptr<float>(), act.data_ptr<float>(), T, I);
-    delta = project(act, w[5], pn[3], b[2]);        // [T, D]
+    delta = project(act, w[5], pn[3], quant(3), b[2]);        // [T, D]
   }
   add_rms_norm(x.data_ptr<float>(), delta.defined() ? delta.data_ptr<float>() : nullptr,
                final_norm.data_ptr<float>(), h.data_ptr<float>(), T, D, eps);
   if (select && h.size(0) != keep.numel()) h = h.index_select(0, keep);  // no layers: the embeddings' rows
-  check_panels(lm_head_panels, lm_head.size(0), lm_head.size(1), "decode_forward");
-  return project(h, lm_head, lm_head_panels, at::Tensor());  // [T, V] ([R, V] with logit_rows)
+  return project(h, lm_head, lm_head_panels, lm_head_quant.empty() ? nullptr : lm_head_quant.data(),
+                 at::Tensor());  // [T, V] ([R, V] with logit_rows)
 }
 
 }  // namespace
@@ -162,6 +176,7 @@ TORCH_LIBRARY_FRAGMENT(triton_llm, m) {
       "decode_forward(Tensor token_ids, Tensor positions, Tensor token_rows, Tensor block_tables, int block_size, "
       "Tensor embed, Tensor[] layer_weights, Tensor[] layer_biases, Tensor[] layer_panels, Tensor(a!)[] k_cache, "
       "Tensor(b!)[] v_cache, Tensor cos, Tensor sin, Tensor final_norm, Tensor lm_head, Tensor lm_head_panels, "
-      "int num_heads, int num_kv_heads, int head_dim, float eps, float scale, Tensor? logit_rows=None) -> Tensor");
+      "int num_heads, int num_kv_heads, int head_dim, float eps, float scale, Tensor? logit_rows, "
+      "Tensor[] layer_quant, Tensor[] lm_head_quant) -> Tensor");
   m.impl("decode_forward", c10::DispatchKey::CPU, TORCH_FN(triton_llm_native::decode_forward));
 }

@@ -55,7 +55,9 @@ def test_bad_settings_name_the_parameter(tiny_checkpoint):
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_engine_greedy_equals_dense_decoding_of_the_dequantized_model(tiny_checkpoint, mode):
+def test_engine_greedy_equals_dense_decoding_of_the_quantized_model(tiny_checkpoint, mode):
+    """The engine decodes what the quantized model computes densely; with the native GEMM (activations quantized
+    to int8 per block of 32) that is within the activations' rounding of the dequantized model, else equal to it."""
     quantized = load_model(tiny_checkpoint)
     quantize_model(quantized, mode, 32)
     reference = load_model(tiny_checkpoint)                 # plain model holding the dequantized weights
@@ -68,8 +70,9 @@ def test_engine_greedy_equals_dense_decoding_of_the_dequantized_model(tiny_check
     reference.lm_head.weight.data = quantized.lm_head.dequantized().clone()                   # full-precision embedding
     assert torch.equal(quantized.embed_tokens.weight, load_model(tiny_checkpoint).embed_tokens.weight)
     prompt = [0, 17, 230, 999, 45, 3000, 12]
-    assert torch.allclose(dense_logits(quantized, prompt), dense_logits(reference, prompt), atol=1e-4)
-    expected = dense_greedy(reference, prompt, 12, banned=(1,))
+    gemm = quantized.lm_head.native_op == "quant_gemm"
+    assert torch.allclose(dense_logits(quantized, prompt), dense_logits(reference, prompt), atol=5e-2 if gemm else 1e-4)
+    expected = dense_greedy(quantized, prompt, 12, banned=(1,))
     engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), quantization=mode, quantization_group_size=32,
                                     kv_cache_bytes=8 << 20, device="cpu"))
     outs, = engine.generate([prompt], SamplingParams(max_tokens=12, min_tokens=12, temperature=0.0))

@@ -1,5 +1,6 @@
 """The native int8/int4 GEMV kernels (backend/native/csrc/quant_gemv.cpp) against a matmul with the
-dequantized weight: odd widths, every group size the kernel takes, 1..8 tokens, 1 and 2 threads."""
+dequantized weight: odd widths, every group size the kernel takes, 1..8 tokens, 1 and 2 threads; and which native op
+QuantLinear takes (the quantized GEMM, quant_gemm.h, where the layer fits it)."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from backend.model.quant import FEW_TOKENS, QuantizedWeight, QuantLinear, quantize_weight
-from backend.model.quant_pack import dequantize_int4, dequantize_int8, pack_int4
+from backend.model.quant_pack import dequantize_int4, dequantize_int8, pack_int4, unpack_int4
+from backend.model.quant_strips import quant_gemm_reference
 from backend.native import native_ops
 
 BUILD = native_ops()
@@ -86,21 +88,26 @@ def activation_step_bound(x: torch.Tensor, w: torch.Tensor, group: int) -> torch
     return (step / 2) @ w.abs().view(w.shape[0], -1, group).sum(2).t() * 1.001 + 1e-5
 
 
-@pytest.mark.parametrize("mode,group,op", [("int8", 0, "quant_gemv_int8"), ("int4", 32, "quant_gemv_int4"),
-                                           ("int4", 64, "quant_gemv_int4_q8"), ("int4", 128, "quant_gemv_int4_q8")])
-def test_layer_takes_the_kernel_for_few_tokens_and_agrees_with_the_torch_path(mode, group, op):
+@pytest.mark.parametrize("mode,group", [("int8", 0), ("int4", 32), ("int4", 64), ("int4", 128)])
+def test_layer_takes_the_gemm_at_every_token_count(mode, group):
+    """QuantLinear runs quant_gemm (backend/native/csrc/quant_gemm.h) for any step: the float64 maths of the block-wise
+    int8 activations times its integer weights, and within an activation step of the torch path's matmul."""
     lin = torch.nn.Linear(256, 100, bias=True)
     fast = QuantLinear.from_linear(lin, mode, group, {}, BUILD.ops)
     slow = QuantLinear.from_linear(lin, mode, group, {}, None)
-    assert fast.native_op == op and slow.native_op is None
+    assert fast.native_op == "quant_gemm" and slow.native_op is None
     w = slow.dequantized().clone()
-    for n in (1, 5, FEW_TOKENS, FEW_TOKENS + 3):       # past FEW_TOKENS both take the buffer + matmul path
+    if mode == "int8":
+        ints, zeros = fast.qweight.double(), torch.zeros(100, 1)
+    else:
+        ints, zeros = unpack_int4(fast.qweight).double(), torch.full_like(fast.scale, 8.0)
+    for n in (1, 5, FEW_TOKENS + 3, 40):
         x = torch.randn(n, 256)
-        ref = F.linear(x, w, lin.bias)
-        if op.endswith("_q8") and n <= FEW_TOKENS:
-            assert ((fast.forward(x) - ref).abs() <= activation_step_bound(x, w, group)).all()
-        else:
-            assert close(fast.forward(x), slow.forward(x), x, w) and close(fast.forward(x), ref, x, w)
+        xq, sx, _ = BUILD.ops.quant_quantize_blocks(x)
+        exact = quant_gemm_reference(xq.double(), sx, ints, fast.scale, zeros, lin.bias.detach())
+        y = fast.forward(x)
+        assert ((y.double() - exact).abs() <= 1e-5 * (1 + exact.abs())).all()
+        assert ((y - F.linear(x, w, lin.bias)).abs() <= activation_step_bound(x, w, 32)).all()
 
 
 def test_layers_the_kernel_does_not_fit_keep_the_torch_path():
