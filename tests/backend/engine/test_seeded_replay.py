@@ -36,14 +36,14 @@ def params(i: int, num_speculative_tokens: int | None = None) -> SamplingParams:
 
 
 class LogitsRecorder:
-    """Wraps the runner's ``sample``: hashes every logits row by (draw rule, prompt index, output position),
+    """Wraps the runner's ``sample``: hashes every logits row by (draw rule and weight format, prompt index, output position),
     keeping a verify row only if the drafts before it are then accepted (the row's context is the real output)."""
 
     def __init__(self):
         self.rows: dict[tuple[str, str, int], set[str]] = {}
 
     def attach(self, engine: LLMEngine) -> None:
-        rule = engine.runner.sampler.rule.value
+        rule = f"{engine.runner.sampler.rule.value}/{engine.config.quantization}"   # distributions differ across these
         sample = engine.runner.sample
 
         def recorded(plan, forward, grammar_bitmask=None, draft_probs=None):
@@ -80,7 +80,7 @@ def prompts(demo_target):
 def recorder():
     rec = LogitsRecorder()
     yield rec
-    assert rec.check() > SEEDS * TOKENS // 2
+    assert rec.check() >= SEEDS * TOKENS // 2
 
 
 def engine(demo_target, recorder, **kw) -> LLMEngine:
@@ -164,3 +164,24 @@ def test_draft_model_with_the_gumbel_rule(demo_target, prompts, recorder):
             assert eng.scheduler.spec_counters.num_accepted_tokens > 0
         finally:
             eng.shutdown()
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_quantized_weights_on_the_fast_step(demo_target, prompts, recorder, quantization):
+    """int8 / int4 weights (int4 in groups of 64: the demo's 192 features) through the native step's quantized GEMM:
+    alone without speculation, then among 31 with adaptive n-gram speculation and preemption."""
+    n = SEEDS // 2
+    quant = dict(quantization=quantization, quantization_group_size=64)
+    alone = engine(demo_target, recorder, max_num_seqs=1, **quant)
+    try:
+        assert alone.runner.fast_decode is not None, "the native step should serve quantized weights"
+        want = run(alone, prompts[:n], [params(i) for i in range(n)])
+    finally:
+        alone.shutdown()
+    eng = engine(demo_target, recorder, **quant, speculative_method="ngram", num_speculative_tokens=8,
+                 speculative_adaptive=True, kv_cache_bytes=None, num_kv_blocks=96, enable_prefix_caching=False)
+    try:
+        assert_same(run(eng, prompts[:n], [params(i) for i in range(n)]), want, f"{quantization} among 31")
+        assert eng.stats().num_preemptions > 0
+    finally:
+        eng.shutdown()
