@@ -103,7 +103,7 @@ def test_every_engine_parameter_renders(tmp_path):
               "max_num_seqs": 32, "max_num_batched_tokens": 2048, "max_model_len": 4096,
               "enable_prefix_caching": False, "watermark": 0.05, "stream_interval": 2, "device": "cuda:0",
               "dtype": "float16", "num_speculative_tokens": 3, "speculative_method": "ngram", "ngram_min": 2,
-              "ngram_max": 5, "speculative_adaptive": False, "seed": 11, "stream_responses_per_s": 60,
+              "ngram_max": 5, "speculative_adaptive": False, "draft_coupling": "gumbel", "seed": 11, "stream_responses_per_s": 60,
               "quantization": "int8", "quantization_group_size": 64, "kv_cache_dtype": "int8", "fast_decode": True,
               "cpu_threads": 4, "cancel_poll_interval_s": 0.5, "metrics_interval_s": 2, "request_log_level": "warning",
               "engine_stall_timeout_s": 60, "engine_unhealthy_action": "fail_requests",
