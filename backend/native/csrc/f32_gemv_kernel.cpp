@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -81,25 +80,19 @@ constexpr const char* kIsa = "generic";
 
 constexpr int kTileColumns = Lanes::kWidth * Lanes::kColumnVectors;
 static_assert(kPanelWidth % kTileColumns == 0, "a panel is whole column tiles");
-// Steps of more than one register tile of tokens walk each column tile in spans of this many k (16 KiB of the
-// panel, in L1), every token tile over a span before the next; the partial sums wait in memory between spans,
-// so each output is still one fused multiply-add chain over k in order.
-constexpr int64_t kSpanK = 16384 / (kTileColumns * sizeof(float));
 
 // y[t][n0 + j] = x[t] . w[n0 + j] (+ bias) for NT tokens and the tile's kTileColumns columns, of which the first
-// `valid` exist (the rest are the last panel's zero padding), over k in [k0, k1): the sums start from `part`
-// (token t at part[t * kTileColumns]) unless k0 is 0 and go back there unless k1 is K, when they go to y.
-// `col` points at the tile's first column in panel row 0.
+// `valid` exist (the rest are the last panel's zero padding). `col` points at the tile's first column in panel row 0.
 template <int NT>
 void tile(const float* x, int64_t K, const float* col, const float* bias, float* y, int64_t N, int64_t n0,
-          int64_t valid, int64_t k0, int64_t k1, float* part) {
+          int64_t valid) {
   using V = Lanes::V;
   constexpr int CV = Lanes::kColumnVectors, W = Lanes::kWidth;
   V acc[NT][CV];
   for (int t = 0; t < NT; ++t)
-    for (int c = 0; c < CV; ++c) acc[t][c] = k0 == 0 ? Lanes::zero() : Lanes::load(part + t * kTileColumns + c * W);
-  const float* p = col + k0 * kPanelWidth;
-  for (int64_t k = k0; k < k1; ++k, p += kPanelWidth) {
+    for (int c = 0; c < CV; ++c) acc[t][c] = Lanes::zero();
+  const float* p = col;
+  for (int64_t k = 0; k < K; ++k, p += kPanelWidth) {
     if (kAhead > 0) __builtin_prefetch(p + kAhead, 0, 3);
     V wv[CV];
     for (int c = 0; c < CV; ++c) wv[c] = Lanes::load(p + c * W);
@@ -107,11 +100,6 @@ void tile(const float* x, int64_t K, const float* col, const float* bias, float*
       const V xv = Lanes::broadcast(x + t * K + k);
       for (int c = 0; c < CV; ++c) acc[t][c] = Lanes::fma(wv[c], xv, acc[t][c]);
     }
-  }
-  if (k1 < K) {
-    for (int t = 0; t < NT; ++t)
-      for (int c = 0; c < CV; ++c) Lanes::store(part + t * kTileColumns + c * W, acc[t][c]);
-    return;
   }
   if (valid >= kTileColumns) {
     for (int t = 0; t < NT; ++t)
@@ -127,14 +115,14 @@ void tile(const float* x, int64_t K, const float* col, const float* bias, float*
 }
 
 void tile_tokens(int64_t nt, const float* x, int64_t K, const float* col, const float* bias, float* y, int64_t N,
-                 int64_t n0, int64_t valid, int64_t k0, int64_t k1, float* part) {
+                 int64_t n0, int64_t valid) {
   switch (nt) {
-    case 1: tile<1>(x, K, col, bias, y, N, n0, valid, k0, k1, part); break;
-    case 2: tile<2>(x, K, col, bias, y, N, n0, valid, k0, k1, part); break;
-    case 3: tile<3>(x, K, col, bias, y, N, n0, valid, k0, k1, part); break;
-    case 4: tile<4>(x, K, col, bias, y, N, n0, valid, k0, k1, part); break;
-    case 5: tile<5>(x, K, col, bias, y, N, n0, valid, k0, k1, part); break;
-    default: tile<6>(x, K, col, bias, y, N, n0, valid, k0, k1, part); break;
+    case 1: tile<1>(x, K, col, bias, y, N, n0, valid); break;
+    case 2: tile<2>(x, K, col, bias, y, N, n0, valid); break;
+    case 3: tile<3>(x, K, col, bias, y, N, n0, valid); break;
+    case 4: tile<4>(x, K, col, bias, y, N, n0, valid); break;
+    case 5: tile<5>(x, K, col, bias, y, N, n0, valid); break;
+    default: tile<6>(x, K, col, bias, y, N, n0, valid); break;
   }
 }
 static_assert(kGemvMaxTokens == 6, "tile_tokens instantiates tiles of 1..6 tokens");
@@ -153,21 +141,14 @@ void pack_panels_f32(const float* w, float* panels, int64_t N, int64_t K) {
 
 void gemv_f32_panels(const float* x, const float* panels, const float* bias, float* y, int64_t T, int64_t N,
                      int64_t K, int64_t p_begin, int64_t p_end) {
-  const bool spans = T > kGemvMaxTokens;          // one token tile: one pass over k, no partial sums
-  const int64_t span = spans ? kSpanK : K;
-  std::vector<float> part(spans ? static_cast<size_t>(T * kTileColumns) : 0);
   for (int64_t p = p_begin; p < p_end; ++p) {
     const float* panel = panels + p * K * kPanelWidth;
     for (int64_t c0 = 0; c0 < kPanelWidth; c0 += kTileColumns) {
       const int64_t n0 = p * kPanelWidth + c0;
       if (n0 >= N) break;
       const int64_t valid = std::min<int64_t>(kTileColumns, N - n0);
-      for (int64_t k0 = 0; k0 < K; k0 += span) {
-        const int64_t k1 = std::min(K, k0 + span);
-        for (int64_t t0 = 0; t0 < T; t0 += kGemvMaxTokens)
-          tile_tokens(std::min(kGemvMaxTokens, T - t0), x + t0 * K, K, panel + c0, bias, y + t0 * N, N, n0, valid,
-                      k0, k1, part.data() + t0 * kTileColumns);
-      }
+      for (int64_t t0 = 0; t0 < T; t0 += kGemvMaxTokens)
+        tile_tokens(std::min(kGemvMaxTokens, T - t0), x + t0 * K, K, panel + c0, bias, y + t0 * N, N, n0, valid);
     }
   }
 }
