@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 UINT64_MAX = 2**64 - 1
+INT32_MAX = 2**31 - 1    # the ensemble's INT32 inputs
+FP32_MAX = 3.4e38        # and its FP32 ones
 MAX_STOP = 64            # preprocess's limit on stop strings (RequestLimits.max_stop_words)
 
 
@@ -93,7 +95,7 @@ class Sampling(Body):
     """What chat and completions share."""
 
     model: str
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=128)
@@ -106,11 +108,11 @@ class Sampling(Body):
     user: str | None = Field(None, max_length=256)
     logit_bias: dict[str, float] | None = None
     # vLLM's extras
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(None, gt=0.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=FP32_MAX)
     ignore_eos: bool = False
-    min_tokens: int | None = Field(None, ge=0)
+    min_tokens: int | None = Field(None, ge=0, le=INT32_MAX)
     num_speculative_tokens: int | None = Field(None, ge=0, le=64)
 
     def stop_list(self) -> list[str]:
@@ -131,7 +133,7 @@ class Sampling(Body):
 
 class ChatCompletionRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
@@ -161,7 +163,7 @@ class CompletionRequest(Sampling):
     prompt: str | list[str]
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)
-    best_of: int | None = Field(None, ge=1)
+    best_of: int | None = Field(None, ge=1, le=128)
     suffix: str | None = None
 
     def prompts(self) -> list[str]:

@@ -185,3 +185,27 @@ def test_metrics_on_the_openai_port_are_the_engines(api, server):
         keys = [k for k in served if k[0] == name and (label, value) in k[1]]
         assert keys, f"{name}{{{label}={value!r}}} missing"
         assert served[keys[0]] == direct[keys[0]]
+
+
+def test_schema_fuzzer_finds_no_server_error_and_no_hang(api, model):
+    """schemathesis' cases for the generation routes (tests/gateway/test_openai_fuzz.py runs more against a
+    fake), with the served model's name and small ``n`` / ``max_tokens`` so that each case stays short."""
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+    from schemathesis.checks import not_a_server_error
+
+    schema = schemathesis.openapi.from_url(api.openai_url + "/openapi.json")
+    ops = [r.ok() for r in schema.get_all_operations() if r.ok().method.upper() == "POST"]
+    assert {op.path for op in ops} == {"/v1/chat/completions", "/v1/completions"}
+    for op in ops:
+        @given(case=op.as_strategy())
+        @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        def run(case):
+            if isinstance(case.body, dict):
+                case.body["model"] = model
+                for key, cap in (("n", 2), ("max_tokens", 32), ("max_completion_tokens", 32), ("min_tokens", 8)):
+                    if isinstance(case.body.get(key), int):
+                        case.body[key] = min(case.body[key], cap)
+            response = case.call(base_url=api.openai_url, timeout=30)
+            case.validate_response(response, checks=[not_a_server_error])
+        run()
