@@ -49,16 +49,23 @@ class BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             return await APIError(413, f"request body over {self.limit} bytes", code="request_too_large"
                                   ).response()(scope, receive, send)
-        seen = 0
-
-        async def limited():
-            nonlocal seen
+        if declared is not None:
+            return await self.app(scope, receive, send)
+        # A body without a declared length (chunked): read it here, up to the limit, then replay it.
+        messages, seen = [], 0
+        while True:
             message = await receive()
+            messages.append(message)
             seen += len(message.get("body", b""))
             if seen > self.limit:
-                raise APIError(413, f"request body over {self.limit} bytes", code="request_too_large")
-            return message
-        return await self.app(scope, limited, send)
+                return await APIError(413, f"request body over {self.limit} bytes", code="request_too_large"
+                                      ).response()(scope, receive, send)
+            if message["type"] != "http.request" or not message.get("more_body"):
+                break
+
+        async def replay():
+            return messages.pop(0) if messages else await receive()
+        return await self.app(scope, replay, send)
 
 
 async def _until_disconnected(request: Request) -> None:

@@ -311,3 +311,21 @@ def test_models_health_openapi(srv, client):
     assert {"/v1/chat/completions", "/v1/completions", "/v1/models"} <= set(doc["paths"])
     r = httpx.post(srv.base_url + "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "body"
+
+
+def test_traceparent_reaches_triton_and_big_bodies_are_413(srv, fake):
+    tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    r = httpx.post(srv.base_url + "/v1/completions", headers={"traceparent": tp},
+                   json={"model": MODEL, "prompt": "x"})
+    assert r.status_code == 200 and fake.metadata[-1]["traceparent"] == tp
+    r = httpx.post(srv.base_url + "/v1/completions", content=b"{" + b" " * (17 * 2**20) + b"}",
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+    def chunked():
+        yield b'{"model": "demo-target", "prompt": "'
+        for _ in range(17):
+            yield b"x" * 2**20
+        yield b'"}'
+    r = httpx.post(srv.base_url + "/v1/completions", content=chunked(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
