@@ -62,7 +62,7 @@ class Admitted:
 
 
 async def admit(service: LLMService, request: Request, model: str, operation: str) -> Admitted:
-    check_auth(service, request)
+    """After ``check_auth`` (the routes' dependency): readiness, the model's name, a slot of the limit."""
     upstream = service.upstream
     if not upstream.ready:
         raise APIError(503, f"Triton's {upstream.model!r} model is not ready; retry", code="model_not_ready",

@@ -15,7 +15,7 @@ import contextlib
 import logging
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway.service import LLMService
@@ -106,7 +106,12 @@ def create_app(service: LLMService, metrics_url: str) -> FastAPI:
     http = httpx.AsyncClient(timeout=METRICS_TIMEOUT_S)
     app.router.on_shutdown.append(http.aclose)
 
-    @app.post("/v1/chat/completions")
+    async def authorized(request: Request) -> None:
+        """A dependency, so that a missing key is a 401 before the body is validated (as OpenAI answers)."""
+        check_auth(service, request)
+    guarded = [Depends(authorized)]
+
+    @app.post("/v1/chat/completions", dependencies=guarded)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         _refuse(body)
         plan = guides.plan(body)
@@ -117,8 +122,7 @@ def create_app(service: LLMService, metrics_url: str) -> FastAPI:
             facts = await upstream.facts()
             req = params.chat_request(body, prompt.prompt_messages(body), facts.max_context_tokens, plan.guide)
             runner = Runner(upstream, service.closer, [req], admitted.request_id, body.n,
-                            {**params.PARAM_OF, **{k: plan.param for k in params.PARAM_OF if k.startswith("guided")}},
-                            admitted.metadata)
+                            params.param_of(plan.param), admitted.metadata)
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             chat = ChatCompletion(runner, plan, model=body.model, completion_id="chatcmpl-" + admitted.request_id,
                                   n=body.n, logprobs=body.logprobs, include_usage=include_usage and body.stream)
@@ -129,7 +133,7 @@ def create_app(service: LLMService, metrics_url: str) -> FastAPI:
             return await respond(chat.chunks(), admitted.release)
         return await _whole(request, admitted, chat.whole())
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=guarded)
     async def completions(body: CompletionRequest, request: Request):
         _refuse(body)
         admitted = await admit(service, request, body.model, "Completions")
@@ -151,9 +155,8 @@ def create_app(service: LLMService, metrics_url: str) -> FastAPI:
             return await respond(completion.chunks(), admitted.release)
         return await _whole(request, admitted, completion.whole())
 
-    @app.get("/v1/models")
-    async def models(request: Request):
-        check_auth(service, request)
+    @app.get("/v1/models", dependencies=guarded)
+    async def models():
         names = await served_names(service)
         return {"object": "list", "data": [{"id": n, "object": "model", "created": 0, "owned_by": "triton-llm"}
                                            for n in names]}

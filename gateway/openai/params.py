@@ -19,6 +19,11 @@ PARAM_OF = {"prompt": "prompt", "messages": "messages", "num_return_sequences": 
 DEFAULT_COMPLETION_MAX_TOKENS = 16   # OpenAI's default for /v1/completions
 
 
+def param_of(guide_param: str) -> dict[str, str]:
+    """``PARAM_OF`` with the guide's fields renamed to where the guide came from (guides.OutputPlan.param)."""
+    return {**PARAM_OF, **{k: guide_param for k in PARAM_OF if k.startswith("guided")}}
+
+
 def sampling_fields(body: Sampling, max_tokens: int) -> dict:
     """The GenerateRequest fields that chat and completions set alike."""
     fields: dict = {"max_tokens": max_tokens, "stream": True, "exclude_input_in_output": True,

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from cli.launcher import free_port
-from tests.e2e.helpers import clean_env, engine_idle, kv_used, metrics, wait_until
+from tests.e2e.helpers import clean_env, engine_idle, kv_used, metrics
 from tests.helpers.guides import SCHEMAS
 
 PROMPT = [{"role": "user", "content": "def fibonacci(n):"}]

@@ -329,3 +329,11 @@ def test_traceparent_reaches_triton_and_big_bodies_are_413(srv, fake):
         yield b'"}'
     r = httpx.post(srv.base_url + "/v1/completions", content=chunked(), headers={"content-type": "application/json"})
     assert r.status_code == 413
+
+
+def test_a_missing_key_is_401_before_the_body_is_validated():
+    with served(auth_tokens=("k",)) as s:
+        r = httpx.post(s.base_url + "/v1/chat/completions", json={"model": MODEL, "temperature": 9})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(s.base_url + "/v1/models").status_code == 401
+        assert httpx.get(s.base_url + "/v1/models", headers={"authorization": "Bearer k"}).status_code == 200
