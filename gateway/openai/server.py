@@ -13,6 +13,8 @@ import uvicorn
 
 log = logging.getLogger("gateway")
 
+MIN_GRACE_S = 0.1
+
 
 class HTTPServer:
     def __init__(self, app, listen: str, *, log_level: str = "warning", grace_s: float = 30.0,
@@ -44,8 +46,8 @@ class HTTPServer:
     async def stop(self, grace: float | None = None) -> None:
         if self._task is None:
             return
-        if grace is not None:
-            self.config.timeout_graceful_shutdown = grace
+        if grace is not None:   # uvicorn reports a zero timeout as exceeded, even with nothing left to wait for
+            self.config.timeout_graceful_shutdown = max(grace, MIN_GRACE_S)
         self.server.should_exit = True
         await self._task
         self._task = None
