@@ -7,7 +7,6 @@ server stop the stream; closing ``events`` then cancels the upstream request.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from typing import AsyncIterator
@@ -26,9 +25,27 @@ def event(payload: dict) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
+class EventStream(StreamingResponse):
+    """A StreamingResponse that closes its events and runs ``on_close`` however the response ends (also
+    when the client is gone before the body starts, so the body's own ``finally`` would never run)."""
+
+    def __init__(self, body, events: AsyncIterator[bytes], on_close) -> None:
+        super().__init__(body, media_type="text/event-stream", headers=HEADERS)
+        self._events = events
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._events.aclose()
+            if self._on_close is not None:
+                self._on_close()
+
+
 async def respond(events: AsyncIterator[bytes], on_close=None) -> StreamingResponse:
-    """A StreamingResponse of ``events`` (each already ``event()``-encoded), ``DONE`` after the last;
-    raises the first event's ``APIError`` itself. ``on_close()`` runs once the stream is over."""
+    """An ``EventStream`` of ``events`` (each already ``event()``-encoded), ``DONE`` after the last;
+    raises the first event's ``APIError`` itself. ``on_close()`` (idempotent) runs once the stream is over."""
     try:
         first = await events.__anext__()
     except StopAsyncIteration:
@@ -40,19 +57,14 @@ async def respond(events: AsyncIterator[bytes], on_close=None) -> StreamingRespo
         raise
 
     async def body() -> AsyncIterator[bytes]:
+        if first:
+            yield first
         try:
-            async with contextlib.aclosing(events):
-                if first:
-                    yield first
-                try:
-                    async for chunk in events:
-                        yield chunk
-                except APIError as e:
-                    yield event(e.body())
-                    return
-                yield DONE
-        finally:
-            if on_close is not None:
-                on_close()
+            async for chunk in events:
+                yield chunk
+        except APIError as e:
+            yield event(e.body())
+            return
+        yield DONE
 
-    return StreamingResponse(body(), media_type="text/event-stream", headers=HEADERS)
+    return EventStream(body(), events, on_close)

@@ -284,6 +284,10 @@ def test_client_disconnect_cancels_upstream(srv, fake):
     while fake.cancelled == before and time.monotonic() < deadline:
         time.sleep(0.02)
     assert fake.cancelled == before + 1
+    deadline = time.monotonic() + 5
+    while srv.gw.service.inflight and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert srv.gw.service.inflight == 0      # every slot of the limit is back
 
 
 def test_auth_and_concurrency_limit():
