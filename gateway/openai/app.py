@@ -26,7 +26,7 @@ from .chat import ChatCompletion
 from .completions import Completion
 from .errors import APIError, bad_request, install
 from .runner import Runner
-from .schemas import ChatCompletionRequest, CompletionRequest
+from .schemas import ChatCompletionRequest, CompletionRequest, ErrorResponse
 from .sse import respond
 
 log = logging.getLogger("gateway")
@@ -97,10 +97,35 @@ def _refuse(body) -> None:
         raise bad_request(*refused)
 
 
+def _errors(*statuses: int) -> dict:
+    return {status: {"model": ErrorResponse} for status in statuses}
+
+
+GENERATION_ERRORS = _errors(400, 401, 404, 413, 429, 503)
+SSE = {200: {"content": {"application/json": {}, "text/event-stream": {}},
+             "description": "the completion, or with stream: true its chunks as server-sent events"}}
+
+
+def _without_422(app: FastAPI):
+    """FastAPI's schema, less the 422 it documents for every body: validation errors are 400 here."""
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = FastAPI.openapi(app)
+            for path in schema.get("paths", {}).values():
+                for op in path.values():
+                    op.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+    return openapi
+
+
 def create_app(service: LLMService, metrics_url: str) -> FastAPI:
     app = FastAPI(title="triton-llm: OpenAI-compatible API", version="1.0",
                   description="Chat and text completions on Triton's ensemble (docs/api-openai.md).")
     install(app)
+    app.openapi = _without_422(app)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     upstream = service.upstream
     http = httpx.AsyncClient(timeout=METRICS_TIMEOUT_S)
@@ -111,7 +136,7 @@ def create_app(service: LLMService, metrics_url: str) -> FastAPI:
         check_auth(service, request)
     guarded = [Depends(authorized)]
 
-    @app.post("/v1/chat/completions", dependencies=guarded)
+    @app.post("/v1/chat/completions", dependencies=guarded, responses={**SSE, **GENERATION_ERRORS})
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         _refuse(body)
         plan = guides.plan(body)
@@ -133,7 +158,7 @@ def create_app(service: LLMService, metrics_url: str) -> FastAPI:
             return await respond(chat.chunks(), admitted.release)
         return await _whole(request, admitted, chat.whole())
 
-    @app.post("/v1/completions", dependencies=guarded)
+    @app.post("/v1/completions", dependencies=guarded, responses={**SSE, **GENERATION_ERRORS})
     async def completions(body: CompletionRequest, request: Request):
         _refuse(body)
         admitted = await admit(service, request, body.model, "Completions")
@@ -155,7 +180,7 @@ def create_app(service: LLMService, metrics_url: str) -> FastAPI:
             return await respond(completion.chunks(), admitted.release)
         return await _whole(request, admitted, completion.whole())
 
-    @app.get("/v1/models", dependencies=guarded)
+    @app.get("/v1/models", dependencies=guarded, responses=_errors(401, 503))
     async def models():
         names = await served_names(service)
         return {"object": "list", "data": [{"id": n, "object": "model", "created": 0, "owned_by": "triton-llm"}
@@ -165,14 +190,14 @@ def create_app(service: LLMService, metrics_url: str) -> FastAPI:
     async def health():
         return {"status": "ok"}
 
-    @app.get("/health/ready")
+    @app.get("/health/ready", responses=_errors(503))
     async def ready():
         if upstream.ready:
             return {"status": "ready"}
         return APIError(503, f"Triton's {upstream.model!r} model is not ready", code="model_not_ready",
                         headers={"Retry-After": "1"}).response()
 
-    @app.get("/metrics")
+    @app.get("/metrics", responses=_errors(503), response_class=Response)
     async def metrics():
         try:
             r = await http.get(metrics_url)

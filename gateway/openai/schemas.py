@@ -186,3 +186,16 @@ class CompletionRequest(Sampling):
         if self.echo and self.logprobs is not None:
             return "echo", "echo with logprobs is not supported (the prompt's logprobs are not computed)"
         return None
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error body (errors.py); documented in /openapi.json for every status a route may answer."""
+
+    error: ErrorDetail

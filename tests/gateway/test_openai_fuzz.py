@@ -1,11 +1,11 @@
 """schemathesis against the HTTP API's own /openapi.json (a fake Triton behind it): whatever the fuzzer sends,
-no 500 and no hang (the served model's name put in ``model``, so that bodies reach the upstream). Each operation's cases come from schemathesis' hypothesis strategy, run by hypothesis."""
+no 500, no hang, and only the statuses and content types the document declares (the served model's name put in ``model``, so that bodies reach the upstream). Each operation's cases come from schemathesis' hypothesis strategy, run by hypothesis."""
 from __future__ import annotations
 
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
-from schemathesis.checks import not_a_server_error
+from schemathesis.checks import content_type_conformance, not_a_server_error, status_code_conformance
 
 from tests.gateway.openai_harness import MODEL, served
 
@@ -40,5 +40,6 @@ def test_no_server_error_and_no_hang(base_url):
             if isinstance(case.body, dict) and "model" in case.body:
                 case.body["model"] = MODEL        # else nearly every case stops at 404 model_not_found
             response = case.call(base_url=base_url, timeout=REQUEST_TIMEOUT_S)
-            case.validate_response(response, checks=[not_a_server_error])
+            case.validate_response(response, checks=[not_a_server_error, status_code_conformance,
+                                                     content_type_conformance])
         run()
