@@ -1,5 +1,7 @@
 """schemathesis against the HTTP API's own /openapi.json (a fake Triton behind it): whatever the fuzzer sends,
-no 500, no hang, and only the statuses and content types the document declares (the served model's name put in ``model``, so that bodies reach the upstream). Each operation's cases come from schemathesis' hypothesis strategy, run by hypothesis."""
+no 500, no hang, and only the statuses and content types the document declares. The served model's name
+goes in ``model``, so that bodies reach the upstream. Each operation's cases come from schemathesis'
+hypothesis strategy, run by hypothesis."""
 from __future__ import annotations
 
 import pytest
