@@ -139,7 +139,8 @@ class LLMService(pb_grpc.LLMServiceServicer):
                 span.end()
 
     # ---- Tokenize ---------------------------------------------------------------------------------
-    def _tokenizer(self, path: Path):
+    def tokenizer(self, path: Path):
+        """The tokenizer of the checkpoint at ``path``, loaded once (Tokenize; the HTTP API's logprobs)."""
         tok = self._tokenizers.get(path)
         if tok is None:
             from preprocess import load_tokenizer
@@ -162,7 +163,7 @@ class LLMService(pb_grpc.LLMServiceServicer):
             await abort(context, grpc.StatusCode.FAILED_PRECONDITION,
                         "the gateway cannot find the model's tokenizer (set --tokenizer-path)")
         try:
-            tok = await asyncio.to_thread(self._tokenizer, facts.tokenizer_path)
+            tok = await asyncio.to_thread(self.tokenizer, facts.tokenizer_path)
         except Exception as e:  # TokenizerError names the file
             log.error("Tokenize: cannot load the tokenizer: %s", e)
             await abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"cannot load the model's tokenizer: {e}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 
 import httpx
@@ -25,6 +26,7 @@ from .admission import Admitted, admit, check_auth, served_names
 from .chat import ChatCompletion
 from .completions import Completion
 from .errors import APIError, bad_request, install
+from .logprobs import Splitter, token_strings
 from .runner import Runner
 from .schemas import ChatCompletionRequest, CompletionRequest, ErrorResponse
 from .sse import respond
@@ -121,6 +123,19 @@ def _without_422(app: FastAPI):
     return openapi
 
 
+async def _splitter(service: LLMService, wanted: bool) -> Splitter | None:
+    """The token-text splitter of logprobs.py, with the served model's tokenizer (when logprobs are asked)."""
+    if not wanted:
+        return None
+    path = (await service.upstream.facts()).tokenizer_path
+    try:
+        tok = await asyncio.to_thread(service.tokenizer, path) if path is not None else None
+    except Exception as e:      # TokenizerError names the file: logprobs without token texts then
+        log.warning("logprobs: cannot load the tokenizer at %s: %s", path, e)
+        tok = None
+    return functools.partial(token_strings, tok)
+
+
 def create_app(service: LLMService, metrics_url: str) -> FastAPI:
     app = FastAPI(title="triton-llm: OpenAI-compatible API", version="1.0",
                   description="Chat and text completions on Triton's ensemble (docs/api-openai.md).")
@@ -150,7 +165,8 @@ def create_app(service: LLMService, metrics_url: str) -> FastAPI:
                             params.param_of(plan.param), admitted.metadata)
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             chat = ChatCompletion(runner, plan, model=body.model, completion_id="chatcmpl-" + admitted.request_id,
-                                  n=body.n, logprobs=body.logprobs, include_usage=include_usage and body.stream)
+                                  n=body.n, logprobs=body.logprobs, include_usage=include_usage and body.stream,
+                                  split=await _splitter(service, body.logprobs))
         except BaseException:
             admitted.release()
             raise
@@ -172,7 +188,8 @@ def create_app(service: LLMService, metrics_url: str) -> FastAPI:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             completion = Completion(runner, model=body.model, completion_id="cmpl-" + admitted.request_id,
                                     prompts=prompts, n=body.n, echo=body.echo, logprobs=body.logprobs is not None,
-                                    include_usage=include_usage and body.stream)
+                                    include_usage=include_usage and body.stream,
+                                    split=await _splitter(service, body.logprobs is not None))
         except BaseException:
             admitted.release()
             raise

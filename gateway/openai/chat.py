@@ -3,8 +3,8 @@
 Streamed: each choice's first chunk carries ``role: assistant``; content and tool-call deltas carry
 the choice's ``index``; the last chunk of a choice has its ``finish_reason``; with
 ``stream_options.include_usage`` every chunk has ``usage: null`` and a last chunk with ``choices: []``
-and the usage comes before ``data: [DONE]``. ``logprobs`` gives each returned token's logprob; a
-response of several tokens (the engine's stream interval under load) puts its text on the first.
+and the usage comes before ``data: [DONE]``. ``logprobs`` gives each returned token's logprob
+(logprobs.py: how the token texts are found).
 """
 from __future__ import annotations
 
@@ -12,22 +12,15 @@ import time
 from typing import AsyncIterator
 
 from .guides import OutputPlan
-from .runner import Piece, Runner
+from .logprobs import Splitter, logprob_entries
+from .runner import Runner
 from .sse import event
 from .tool_calls import ChoiceReader
 
 
-def logprob_entries(piece: Piece) -> list[dict]:
-    out = []
-    for i, lp in enumerate(piece.logprobs):
-        token = piece.text if i == 0 else ""
-        out.append({"token": token, "logprob": lp, "bytes": list(token.encode()), "top_logprobs": []})
-    return out
-
-
 class ChatCompletion:
     def __init__(self, runner: Runner, plan: OutputPlan, *, model: str, completion_id: str, n: int,
-                 logprobs: bool, include_usage: bool) -> None:
+                 logprobs: bool, include_usage: bool, split: Splitter | None = None) -> None:
         self.runner = runner
         self.plan = plan
         self.model = model
@@ -36,6 +29,7 @@ class ChatCompletion:
         self.n = n
         self.logprobs = logprobs
         self.include_usage = include_usage
+        self.split = split
 
     def _chunk(self, choices: list[dict]) -> bytes:
         chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
@@ -57,7 +51,7 @@ class ChatCompletion:
                 for i in range(self.n):
                     yield self._chunk([self._choice(i, {"role": "assistant", "content": ""})])
             reader = readers[piece.index]
-            lps = logprob_entries(piece) if self.logprobs else None
+            lps = logprob_entries(piece.text, piece.logprobs, self.split) if self.logprobs else None
             deltas = reader.feed(piece.text)
             if piece.finish is not None:
                 deltas += reader.finish()
@@ -78,7 +72,7 @@ class ChatCompletion:
         lps: list[list[dict]] = [[] for _ in range(self.n)]
         async for piece in self.runner.pieces():
             readers[piece.index].feed(piece.text)
-            lps[piece.index] += logprob_entries(piece)
+            lps[piece.index] += logprob_entries(piece.text, piece.logprobs, self.split)
             if piece.finish is not None:
                 finish[piece.index] = piece.finish
         choices = []

@@ -3,21 +3,21 @@
 A list of prompts gives ``len(prompt) * n`` choices (``Runner``'s numbering). ``echo`` puts the
 prompt before the completion (in the first chunk when streamed). ``logprobs: 0`` gives each returned
 token's logprob (``tokens``, ``token_logprobs``, ``text_offset``; ``top_logprobs`` null), the token
-strings as chat.py's ``logprob_entries`` makes them.
+strings as logprobs.py finds them.
 """
 from __future__ import annotations
 
 import time
 from typing import AsyncIterator
 
-from .chat import logprob_entries
+from .logprobs import Splitter, logprob_entries
 from .runner import Runner
 from .sse import event
 
 
 class Completion:
     def __init__(self, runner: Runner, *, model: str, completion_id: str, prompts: list[str], n: int, echo: bool,
-                 logprobs: bool, include_usage: bool) -> None:
+                 logprobs: bool, include_usage: bool, split: Splitter | None = None) -> None:
         self.runner = runner
         self.model = model
         self.id = completion_id
@@ -27,6 +27,7 @@ class Completion:
         self.echo = echo
         self.logprobs = logprobs
         self.include_usage = include_usage
+        self.split = split
 
     def _lp_block(self, entries: list[dict], offset: int) -> dict:
         offsets, pos = [], offset
@@ -56,7 +57,8 @@ class Completion:
                 text = self._prefix(p.index) + text
             lps = None
             if self.logprobs:
-                lps = self._lp_block(logprob_entries(p), offsets[p.index] + len(text) - len(p.text))
+                start = offsets[p.index] + len(text) - len(p.text)
+                lps = self._lp_block(logprob_entries(p.text, p.logprobs, self.split), start)
             offsets[p.index] += len(text)
             if text or lps or p.finish:
                 yield self._chunk({"index": p.index, "text": text, "logprobs": lps, "finish_reason": p.finish})
@@ -71,7 +73,7 @@ class Completion:
         finish = ["stop"] * count
         async for p in self.runner.pieces():
             texts[p.index] += p.text
-            entries[p.index] += logprob_entries(p)
+            entries[p.index] += logprob_entries(p.text, p.logprobs, self.split)
             if p.finish is not None:
                 finish[p.index] = p.finish
         choices = [{"index": i, "text": texts[i],

@@ -56,7 +56,9 @@ def test_chat_streamed_equals_not_streamed_and_counts_its_tokens(client, model):
                                                  stream=True, logprobs=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content and text
-    tokens = sum(len(c.choices[0].logprobs.content) for c in chunks if c.choices and c.choices[0].logprobs)
+    entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    tokens = len(entries)
+    assert "".join(e.token for e in entries) == text
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == tokens
     assert whole.usage.completion_tokens == tokens == 24 and whole.choices[0].finish_reason == "length"
 
