@@ -76,3 +76,12 @@ def test_the_pool_needs_the_openai_api_and_a_picker():
                                                     "inferencePool.endpointPicker.serviceName=epp")
     assert "serviceName" in render_error("inferencePool.enabled=true", "gateway.enabled=true",
                                          "gateway.openai.enabled=true")
+
+
+def test_notes_name_the_openai_port_and_the_pool(tmp_path):
+    from tests.helm.test_chart import notes
+
+    text = notes(tmp_path, "gateway.enabled=true", "gateway.openai.enabled=true", "inferencePool.enabled=true",
+                 "inferencePool.endpointPicker.serviceName=epp")
+    assert "port-forward svc/llm-triton-llm 9000:9000" in text and "InferencePool llm-triton-llm" in text
+    assert "9000" not in notes(tmp_path)
