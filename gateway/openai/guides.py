@@ -6,7 +6,7 @@
 | ``response_format: json_schema`` | that schema | the message content | stop / length |
 | ``tool_choice: {function: f}`` | ``f``'s ``parameters`` | ``f``'s arguments | stop (as OpenAI) |
 | ``tool_choice: required`` | ``anyOf`` of ``{"name": const f, "arguments": f's parameters}`` | one call | tool_calls |
-| ``tool_choice: auto`` (or tools without a choice) | none | text; ``<tool_call>{...}</tool_call>`` parsed | tool_calls |
+| ``tool_choice: auto`` (or tools without a choice) | none | text; each ``<tool_call>{...}</tool_call>`` parsed | tool_calls |
 
 The schemas are checked by the ensemble's preprocess (grammar/schema.py's allow-list); its error names
 the keyword, and ``OutputPlan.param`` names the OpenAI parameter the guide came from.
@@ -33,6 +33,7 @@ class OutputPlan:
     tool: str = ""
     param: str = "response_format"
     tools: tuple[str, ...] = ()
+    single_call: bool = False       # auto: keep the first call only (parallel_tool_calls: false)
 
 
 def _parameters(tool: Tool) -> dict:
@@ -65,7 +66,7 @@ def plan(body: ChatCompletionRequest) -> OutputPlan:
             raise bad_request("response_format", "response_format cannot be combined with tools "
                                                  "(set tool_choice to none)")
         if choice is None or choice == "auto":
-            return OutputPlan("auto", tools=names)
+            return OutputPlan("auto", tools=names, single_call=body.parallel_tool_calls is False)
         if choice == "required":
             return OutputPlan("required", _schema_guide(required_schema(tools)), param="tools", tools=names)
         name = choice.function.name

@@ -149,13 +149,14 @@ class ChatCompletionRequest(Sampling):
             return "top_logprobs", "top_logprobs needs logprobs: true"
         if self.top_logprobs:
             return "top_logprobs", "top_logprobs > 0 is not supported yet (the chosen token's logprob is)"
-        if self.parallel_tool_calls:
-            return "parallel_tool_calls", "one tool call per choice: set parallel_tool_calls to false or omit it"
         if self.response_format is not None and self.response_format.type == "json_schema" \
                 and self.response_format.json_schema is None:
             return "response_format.json_schema", "required when response_format.type is json_schema"
         if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
             return "tool_choice", "tool_choice needs tools"
+        for i, m in enumerate(self.messages):
+            if m.name is not None and m.role != "tool":
+                return f"messages[{i}].name", "participant names are not supported (the chat template has no place for them)"
         return None
 
 

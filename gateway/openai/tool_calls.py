@@ -104,6 +104,7 @@ class ChoiceReader:
             return self._arguments(self.args_start, max(end, self.sent))
         unsent = self.text[self.sent:]
         content, calls = parse_auto_calls(unsent, self.plan.tools) if TOOL_CALL_OPEN in unsent else (unsent, [])
+        calls = calls[:1] if self.plan.single_call else calls
         out = [{"content": content}] if content else []
         for i, (name, args) in enumerate(calls):
             out += [_call_delta(i, call_id(), name, ""), _call_delta(i, None, None, args)]
@@ -152,6 +153,7 @@ class ChoiceReader:
                 pass           # cut by max_tokens: the text as it is, finish_reason length
         elif mode == "auto":
             content, calls = parse_auto_calls(text, self.plan.tools)
+            calls = calls[:1] if self.plan.single_call else calls
             content = content or None
         self.called = bool(calls)
         msg: dict = {"role": "assistant", "content": content}

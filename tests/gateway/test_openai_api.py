@@ -194,6 +194,19 @@ def test_auto_tool_call_is_parsed(client, fake):
     assert json.loads("".join(tc.function.arguments for tc in calls)) == {"city": "Oslo"}
 
 
+def test_auto_parses_every_call_unless_parallel_calls_are_off(client, fake):
+    call = '<tool_call>{"name": "weather", "arguments": {"city": "%s"}}</tool_call>'
+    fake.script = lambda req: [response(call % "Oslo" + call % "Rome", finish="stop", final=True)]
+    out = chat(client, tools=[WEATHER])
+    assert [json.loads(c.function.arguments)["city"] for c in out.choices[0].message.tool_calls] == ["Oslo", "Rome"]
+    assert len({c.id for c in out.choices[0].message.tool_calls}) == 2
+    out = chat(client, tools=[WEATHER], parallel_tool_calls=False)
+    assert [json.loads(c.function.arguments)["city"] for c in out.choices[0].message.tool_calls] == ["Oslo"]
+    chunks = list(chat(client, tools=[WEATHER], stream=True))
+    calls = [tc for c in chunks for ch in c.choices for tc in (ch.delta.tool_calls or [])]
+    assert sorted({tc.index for tc in calls}) == [0, 1] and sum(1 for tc in calls if tc.id) == 2
+
+
 def test_tool_turns_go_back_through_the_template(client, fake):
     chat(client, messages=[{"role": "user", "content": "weather?"},
                            {"role": "assistant", "content": None, "tool_calls": [
@@ -213,6 +226,7 @@ def test_tool_turns_go_back_through_the_template(client, fake):
     ({"extra_body": {"no_such_field": 1}}, "no_such_field"),
     ({"logit_bias": {"1": 2.0}}, "logit_bias"),
     ({"top_logprobs": 2}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x", "name": "bob"}]}, "messages[0].name"),
     ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": [WEATHER]}, "tool_choice.function.name"),
 ])
 def test_bad_fields_are_400_naming_the_param(client, fake, kw, param):
