@@ -1,10 +1,10 @@
 """The OpenAI-compatible HTTP API as a FastAPI app, beside the gRPC service and sharing its state.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streamed as SSE or not),
-``GET /v1/models``, ``GET /health`` (the process is up), ``GET /health/ready`` (Triton's ensemble is
-ready: 200, else 503), ``GET /metrics`` (Triton's Prometheus metrics, fetched from
-``metrics_url``, so a router that scrapes the pool's target port reads the engine's gauges) and
-FastAPI's ``/openapi.json``. Every generation passes ``admission.admit``; a non-streamed request whose
+``GET /v1/models`` (and ``/v1/models/{model}``), ``GET /health`` (the process is up),
+``GET /health/ready`` (Triton's ensemble is ready: 200, else 503), ``GET /metrics`` (Triton's
+Prometheus metrics, fetched from ``metrics_url``, so a router that scrapes the pool's target port
+reads the engine's gauges) and FastAPI's ``/openapi.json``. Every generation passes ``admission.admit``; a non-streamed request whose
 client disconnects is cancelled as a streamed one is. Bodies over ``MAX_BODY_BYTES`` (the gRPC
 port's message limit) get 413.
 """
@@ -197,11 +197,18 @@ def create_app(service: LLMService, metrics_url: str) -> FastAPI:
             return await respond(completion.chunks(), admitted.release)
         return await _whole(request, admitted, completion.whole())
 
+    def model_object(name: str) -> dict:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "triton-llm"}
+
     @app.get("/v1/models", dependencies=guarded, responses=_errors(401, 503))
     async def models():
-        names = await served_names(service)
-        return {"object": "list", "data": [{"id": n, "object": "model", "created": 0, "owned_by": "triton-llm"}
-                                           for n in names]}
+        return {"object": "list", "data": [model_object(n) for n in await served_names(service)]}
+
+    @app.get("/v1/models/{model}", dependencies=guarded, responses=_errors(401, 404, 503))
+    async def model(model: str):
+        if model not in await served_names(service):
+            raise APIError(404, f"The model {model!r} does not exist", param="model", code="model_not_found")
+        return model_object(model)
 
     @app.get("/health")
     async def health():

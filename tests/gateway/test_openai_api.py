@@ -325,6 +325,8 @@ def test_auth_and_concurrency_limit():
 
 def test_models_health_openapi(srv, client):
     assert [m.id for m in client.models.list()] == [MODEL, "ensemble"]
+    assert client.models.retrieve(MODEL).id == MODEL
+    assert api_error(lambda: client.models.retrieve("gpt-9")).status_code == 404
     doc = httpx.get(srv.base_url + "/openapi.json").json()
     assert {"/v1/chat/completions", "/v1/completions", "/v1/models"} <= set(doc["paths"])
     r = httpx.post(srv.base_url + "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
