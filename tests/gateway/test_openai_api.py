@@ -357,3 +357,14 @@ def test_a_missing_key_is_401_before_the_body_is_validated():
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         assert httpx.get(s.base_url + "/v1/models").status_code == 401
         assert httpx.get(s.base_url + "/v1/models", headers={"authorization": "Bearer k"}).status_code == 200
+
+
+def test_triton_closing_the_stream_is_503_before_the_first_byte_and_an_event_after(client, srv, fake):
+    fake.script = lambda req: ["close"]
+    e = api_error(lambda: chat(client))
+    assert e.status_code == 503 and e.response.headers["retry-after"] and e.body["code"] == "model_not_ready"
+    fake.script = lambda req: [response("a"), "close"]
+    with httpx.stream("POST", srv.base_url + "/v1/completions", json={"model": MODEL, "prompt": "x",
+                                                                      "stream": True}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert events[0]["choices"][0]["text"] == "a" and events[-1]["error"]["type"] == "service_unavailable"
