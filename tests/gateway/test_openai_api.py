@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 
 import httpx
@@ -368,3 +369,16 @@ def test_triton_closing_the_stream_is_503_before_the_first_byte_and_an_event_aft
                                                                       "stream": True}) as r:
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     assert events[0]["choices"][0]["text"] == "a" and events[-1]["error"]["type"] == "service_unavailable"
+
+
+def test_tls_covers_the_http_api_too(tmp_path):
+    from tests.gateway.test_gateway_service import self_signed
+
+    key, cert = self_signed(tmp_path)
+    with served(tls_cert=cert, tls_key=key) as s:
+        base = s.base_url.replace("http://", "https://").replace("127.0.0.1", "localhost")
+        tls = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0,
+                            http_client=httpx.Client(verify=ssl.create_default_context(cafile=str(cert))))
+        assert chat(tls).choices[0].message.content == "hello world"
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(s.base_url + "/health", timeout=5)      # plaintext is refused
