@@ -1,7 +1,8 @@
 """Run ``python -m gateway`` as a child process (``make serve``, end-to-end tests, the benchmark).
 
 ``GatewayProcess(listen, triton_url, ...).start()`` then ``wait_ready()`` (the standard gRPC health
-check on the listen port says SERVING, i.e. the ensemble is ready) and ``stop()`` (SIGTERM: the
+check on the listen port says SERVING, i.e. the ensemble is ready, and the OpenAI-compatible API
+answers ``/health`` when ``openai_listen`` turns it on; off by default) and ``stop()`` (SIGTERM: the
 gateway's graceful shutdown, SIGKILL after ``timeout``). Auth and TLS settings travel as flags or
 through the environment (``GATEWAY_AUTH_TOKEN_FILE``, ``GATEWAY_AUTH_TOKENS``, ``GATEWAY_TLS_CERT``,
 ``GATEWAY_TLS_KEY``), which the child inherits. The child gets SIGTERM when this process dies
@@ -27,8 +28,11 @@ class GatewayError(RuntimeError):
 
 class GatewayProcess(ChildProcess):
     def __init__(self, listen: str, triton_url: str, *, extra_args: list[str] | None = None,
-                 env: dict[str, str] | None = None, log_path: Path | None = None, python: str = sys.executable) -> None:
+                 env: dict[str, str] | None = None, log_path: Path | None = None, python: str = sys.executable,
+                 openai_listen: str | None = None, triton_metrics_url: str | None = None) -> None:
         self.listen = listen
+        self.openai_listen = openai_listen
+        self.triton_metrics_url = triton_metrics_url
         self.triton_url = triton_url
         self.extra_args = list(extra_args or [])
         self.env = env
@@ -46,9 +50,20 @@ class GatewayProcess(ChildProcess):
         """Where a client on this machine connects."""
         return f"localhost:{self.port}"
 
+    @property
+    def openai_url(self) -> str | None:
+        """The OpenAI-compatible API's base URL for a client on this machine (None: off)."""
+        if self.openai_listen is None:
+            return None
+        scheme = "https" if (self.env or os.environ).get("GATEWAY_TLS_CERT") else "http"
+        return f"{scheme}://localhost:{self.openai_listen.rsplit(':', 1)[1]}"
+
     def command(self) -> list[str]:
-        return [self.python, "-m", "gateway", "--listen", self.listen, "--triton-url", self.triton_url,
-                *self.extra_args]
+        cmd = [self.python, "-m", "gateway", "--listen", self.listen, "--triton-url", self.triton_url,
+               "--openai-listen", self.openai_listen or "off"]
+        if self.triton_metrics_url:
+            cmd += ["--triton-metrics-url", self.triton_metrics_url]
+        return cmd + self.extra_args
 
     def start(self) -> "GatewayProcess":
         env = dict(os.environ if self.env is None else self.env)
@@ -83,6 +98,20 @@ class GatewayProcess(ChildProcess):
         finally:
             channel.close()
 
+    def http_up(self) -> bool:
+        """The OpenAI-compatible API answers /health (True when it is off)."""
+        if self.openai_url is None:
+            return True
+        import ssl
+        import urllib.request
+
+        ctx = ssl._create_unverified_context() if self.openai_url.startswith("https") else None
+        try:
+            with urllib.request.urlopen(self.openai_url + "/health", timeout=1.0, context=ctx) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
     def wait_ready(self, timeout: float = 60.0, root_certificates: bytes | None = None) -> None:
         """Block until health says SERVING; raise with the log tail if the process exits or time runs out."""
         deadline = time.monotonic() + timeout
@@ -92,7 +121,7 @@ class GatewayProcess(ChildProcess):
             code = self.proc.poll()
             if code is not None:
                 raise GatewayError(f"gateway exited with code {code}.\n--- gateway log ---\n{self.log_tail()}")
-            if self.health(root_certificates=root_certificates) == "SERVING":
+            if self.health(root_certificates=root_certificates) == "SERVING" and self.http_up():
                 return
             time.sleep(0.2)
         raise GatewayError(f"gateway not SERVING after {timeout:.0f}s.\n--- gateway log ---\n{self.log_tail()}")

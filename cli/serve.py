@@ -14,8 +14,9 @@ tritonserver and its Python models, ``OTEL_EXPORTER_OTLP_ENDPOINT`` included. tr
 interfaces (its default ``0.0.0.0``), so probes from outside the container reach ``/v2/health/{live,ready}``.
 
 Beside it, the typed gRPC gateway (``python -m gateway``, docs/api-grpc.md) listens on GATEWAY_PORT
-(default 50051); its auth and TLS come from GATEWAY_AUTH_TOKEN_FILE / GATEWAY_AUTH_TOKENS /
-GATEWAY_TLS_CERT / GATEWAY_TLS_KEY. ``--no-gateway`` runs tritonserver alone.
+(default 50051) and the OpenAI-compatible HTTP API on OPENAI_PORT (default 9000, docs/api-openai.md);
+their auth and TLS come from GATEWAY_AUTH_TOKEN_FILE / GATEWAY_AUTH_TOKENS / GATEWAY_TLS_CERT /
+GATEWAY_TLS_KEY. ``--no-gateway`` runs tritonserver alone.
 
 ``OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318`` sends traces there (docs/observability.md).
 """
@@ -201,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="MODEL.KEY=VALUE",
                     help="override a config.pbtxt parameter for this run (repeatable)")
     ap.add_argument("--log-verbose", type=int, default=0)
-    ap.add_argument("--no-gateway", action="store_true", help="do not start the typed gRPC gateway (GATEWAY_PORT)")
+    ap.add_argument("--no-gateway", action="store_true",
+                    help="do not start the gateway (the typed gRPC API on GATEWAY_PORT, the OpenAI API on OPENAI_PORT)")
     args = ap.parse_args(argv)
     gateway = None
     try:
@@ -245,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         if gateway is not None:
             print(f"  gateway  {gateway.target}  (triton_llm.v1.LLMService, gRPC health and reflection)")
             print(f"  try:     {client} \"def fibonacci(n):\" --max-tokens 64 --gateway --url {gateway.target}")
+            print(f"  OpenAI   {gateway.openai_url}/v1  (chat, completions, models; /metrics; docs/api-openai.md)")
         print("Ctrl-C to stop.", flush=True)
         return server.proc.wait() if server.proc else 0
     except KeyboardInterrupt:
@@ -267,15 +270,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def start_gateway(server: TritonServer):
-    """``python -m gateway`` on 0.0.0.0:$GATEWAY_PORT in front of ``server``; returns once it is SERVING."""
+    """``python -m gateway`` on 0.0.0.0:$GATEWAY_PORT (gRPC) and 0.0.0.0:$OPENAI_PORT (the OpenAI-compatible
+    HTTP API) in front of ``server``; returns once both answer."""
     import os
 
     from cli.gateway_process import GatewayProcess
 
-    raw = os.environ.get("GATEWAY_PORT", "50051")
-    if not raw.isdigit() or not 0 < int(raw) < 65536:
-        raise LauncherError(f"GATEWAY_PORT: expected a port number, got {raw!r}")
-    gateway = GatewayProcess(f"0.0.0.0:{raw}", server.grpc_url).start()
+    ports = {}
+    for name, default in (("GATEWAY_PORT", "50051"), ("OPENAI_PORT", "9000")):
+        raw = os.environ.get(name, default)
+        if not raw.isdigit() or not 0 < int(raw) < 65536:
+            raise LauncherError(f"{name}: expected a port number, got {raw!r}")
+        ports[name] = raw
+    gateway = GatewayProcess(f"0.0.0.0:{ports['GATEWAY_PORT']}", server.grpc_url,
+                             openai_listen=f"0.0.0.0:{ports['OPENAI_PORT']}",
+                             triton_metrics_url=server.metrics_url).start()
     try:
         cert = os.environ.get("GATEWAY_TLS_CERT")
         gateway.wait_ready(timeout=60, root_certificates=open(cert, "rb").read() if cert else None)

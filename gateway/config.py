@@ -13,6 +13,8 @@
 | ``--health-interval-s S`` | ``GATEWAY_HEALTH_INTERVAL_S`` | 1.0 |
 | ``--tokenizer-path PATH`` | ``GATEWAY_TOKENIZER_PATH`` | the ``preprocess`` model's ``tokenizer_path`` |
 | ``--model-root PATH`` | ``GATEWAY_MODEL_ROOT`` | (relative model paths: tried under it, the cwd, the repository) |
+| ``--openai-listen HOST:PORT`` | ``OPENAI_LISTEN`` (else ``0.0.0.0:$OPENAI_PORT``) | ``0.0.0.0:9000``; ``off``: no HTTP API |
+| ``--triton-metrics-url URL`` | ``GATEWAY_TRITON_METRICS_URL`` (else ``http://localhost:$METRICS_PORT/metrics``) | port 8002 |
 | ``--log-level LEVEL`` | ``GATEWAY_LOG_LEVEL`` | ``INFO`` |
 | (tracing) | the standard ``OTEL_*`` variables (``tracing/``) | off |
 
@@ -53,6 +55,8 @@ class GatewayConfig:
     tokenizer_path: Path | None = None
     model_root: Path | None = None
     log_level: str = "INFO"
+    openai_listen: str | None = None          # the OpenAI-compatible HTTP API (gateway/openai/); None: off
+    triton_metrics_url: str = "http://localhost:8002/metrics"   # served again at the HTTP API's /metrics
     tracing: TracingSettings | None = None   # the server span (gateway/tracing.py); None: off
 
     def __post_init__(self) -> None:
@@ -66,6 +70,10 @@ class GatewayConfig:
             path = getattr(self, name)
             if path is not None and not path.is_file():
                 raise ConfigError(f"--{name.replace('_', '-')}: {path} is not a file")
+        if self.openai_listen is not None and ":" not in self.openai_listen:
+            raise ConfigError(f"--openai-listen: expected HOST:PORT or off, got {self.openai_listen!r}")
+        if not self.triton_metrics_url.startswith(("http://", "https://")):
+            raise ConfigError(f"--triton-metrics-url: expected an http(s) URL, got {self.triton_metrics_url!r}")
         if self.max_inflight < 1:
             raise ConfigError(f"--max-inflight: must be >= 1, got {self.max_inflight}")
         if self.grace_period_s < 0:
@@ -93,6 +101,8 @@ def parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     env = os.environ if env is None else env
     port = _env_default(env, "GATEWAY_PORT", "50051")
     grpc_port = _env_default(env, "GRPC_PORT", "8001")
+    openai_port = _env_default(env, "OPENAI_PORT", "9000")
+    metrics_port = _env_default(env, "METRICS_PORT", "8002")
     ap = argparse.ArgumentParser(prog="python -m gateway",
                                  description="The typed gRPC API (triton_llm.v1.LLMService) in front of Triton's ensemble.")
     ap.add_argument("--listen", default=_env_default(env, "GATEWAY_LISTEN", f"0.0.0.0:{port}"),
@@ -121,6 +131,13 @@ def parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
                          "default: the preprocess model's tokenizer_path, read from Triton)")
     ap.add_argument("--model-root", type=Path, default=_env_default(env, "GATEWAY_MODEL_ROOT", None),
                     help="folder that relative paths in Triton's model configs are relative to (env GATEWAY_MODEL_ROOT)")
+    ap.add_argument("--openai-listen", default=_env_default(env, "OPENAI_LISTEN", f"0.0.0.0:{openai_port}"),
+                    help="address of the OpenAI-compatible HTTP API, HOST:PORT or off (env OPENAI_LISTEN, "
+                         "else 0.0.0.0:$OPENAI_PORT; default 0.0.0.0:9000)")
+    ap.add_argument("--triton-metrics-url",
+                    default=_env_default(env, "GATEWAY_TRITON_METRICS_URL", f"http://localhost:{metrics_port}/metrics"),
+                    help="Triton's Prometheus endpoint, served again at the HTTP API's /metrics "
+                         "(env GATEWAY_TRITON_METRICS_URL; default http://localhost:$METRICS_PORT/metrics)")
     ap.add_argument("--log-level", default=_env_default(env, "GATEWAY_LOG_LEVEL", "INFO"),
                     help="env GATEWAY_LOG_LEVEL; default INFO")
     return ap
@@ -141,7 +158,9 @@ def from_args(argv: list[str] | None = None, env: Mapping[str, str] | None = Non
                          auth_token_file=args.auth_token_file, auth_tokens=tokens, tls_cert=args.tls_cert,
                          tls_key=args.tls_key, max_inflight=args.max_inflight, grace_period_s=args.grace_period_s,
                          health_interval_s=args.health_interval_s, tokenizer_path=args.tokenizer_path,
-                         model_root=args.model_root, log_level=args.log_level, tracing=tracing)
+                         model_root=args.model_root, log_level=args.log_level, tracing=tracing,
+                         openai_listen=None if args.openai_listen.strip().lower() in ("off", "") else args.openai_listen,
+                         triton_metrics_url=args.triton_metrics_url)
 
 
 # ---- bearer tokens -------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from triton_llm.v1 import llm_service_pb2 as pb
 from triton_llm.v1 import llm_service_pb2_grpc as pb_grpc
 
 from .config import GatewayConfig, TokenSet
+from .openai import HTTPServer, create_app
 from .service import LLMService
 from .tracing import GatewayTracing
 from .upstream import TritonUpstream
@@ -44,6 +45,7 @@ class Gateway:
     service: LLMService
     health: health.aio.HealthServicer
     port: int
+    http: HTTPServer | None = None      # the OpenAI-compatible API (gateway/openai/), when openai_listen is set
 
     async def set_serving(self, ready: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -55,7 +57,10 @@ class Gateway:
         grace = self.config.grace_period_s if grace is None else grace
         await self.health.enter_graceful_shutdown()
         log.info("shutting down: %d Generate call(s) in flight, grace period %.0fs", self.service.inflight, grace)
-        await self.server.stop(grace)
+        if self.http is not None:
+            await asyncio.gather(self.server.stop(grace), self.http.stop(grace))
+        else:
+            await self.server.stop(grace)
         await self.upstream.close()
         if self.service.tracing is not None:   # flush the last spans (bounded: a hanging collector is left behind)
             await asyncio.to_thread(self.service.tracing.shutdown)
@@ -96,6 +101,19 @@ async def start(config: GatewayConfig, *, span_exporter=None) -> Gateway:
     await upstream.poll_once()
     upstream.start()
     await server.start()
+    if config.openai_listen is not None:
+        gw.http = HTTPServer(create_app(service, config.triton_metrics_url), config.openai_listen,
+                             log_level=config.log_level if config.log_level.upper() == "DEBUG" else "warning",
+                             grace_s=config.grace_period_s,
+                             tls_cert=str(config.tls_cert) if config.tls else None,
+                             tls_key=str(config.tls_key) if config.tls else None)
+        try:
+            await gw.http.start()
+        except RuntimeError:
+            await server.stop(0)
+            await upstream.close()
+            raise
+        log.info("OpenAI-compatible API on %s (port %d)", config.openai_listen, gw.http.port)
     log.info("gateway listening on %s (port %d, %s, auth %s, tracing %s) -> Triton %s model %r (%s)", config.listen,
              port, "TLS" if creds else "plaintext", "on" if tokens.enabled else "off",
              f"to {config.tracing.traces_url}" if tracing is not None else "off", config.triton_url,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -16,6 +17,7 @@ from triton_llm.v1 import llm_service_pb2_grpc as pb_grpc
 
 from . import mapping
 from .config import TokenSet
+from .generation import Generation, StreamCloser
 from .tracing import GatewayTracing, generate_attributes, usage_attributes
 from .upstream import TritonUpstream
 
@@ -23,7 +25,6 @@ log = logging.getLogger("gateway")
 
 TRACE_HEADERS = ("traceparent", "tracestate")
 MAX_TOKENIZE_BYTES = 1_000_000
-DRAIN_TIMEOUT_S = 30.0  # how long a finished request's upstream stream may take to close before it is cancelled
 
 
 async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str,
@@ -75,8 +76,7 @@ class LLMService(pb_grpc.LLMServiceServicer):
         self.max_inflight = max_inflight
         self.inflight = 0
         self._tokenizers: dict[Path, object] = {}
-        self._closing: set[asyncio.Task] = set()
-        self.drain_timeout_s = DRAIN_TIMEOUT_S
+        self.closer = StreamCloser()
 
     # ---- cross-cutting ----------------------------------------------------------------------------
     async def _authorize(self, context: grpc.aio.ServicerContext) -> dict[str, str]:
@@ -93,7 +93,6 @@ class LLMService(pb_grpc.LLMServiceServicer):
 
     # ---- Generate ---------------------------------------------------------------------------------
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
-        # One generator (no nested one): each streamed message costs one yield, not two.
         span = self.tracing.start("Generate", _metadata(context), time.time_ns()) if self.tracing is not None else None
         try:
             md = await self._authorize(context)
@@ -106,7 +105,7 @@ class LLMService(pb_grpc.LLMServiceServicer):
                     if request.request_id:
                         mapping.validate_request_id(request.request_id)
                     rid = request.request_id or uuid.uuid4().hex
-                    infer_request = mapping.build_infer_request(request, rid, self.upstream.model)
+                    generation = Generation(self.upstream, request, rid, self.closer)
                 except mapping.FieldError as e:
                     await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e), e.field)
                     return
@@ -120,47 +119,15 @@ class LLMService(pb_grpc.LLMServiceServicer):
                     upstream_md = tuple((k, md[k]) for k in TRACE_HEADERS if k in md)
                 else:   # Triton's spans become children of the gateway's
                     upstream_md = span.upstream_metadata()
-                remaining = context.time_remaining()
-                call = self.upstream.stub.ModelStreamInfer(metadata=upstream_md or None, timeout=remaining)
-                assembler = mapping.ResponseAssembler(rid)
-                error: mapping.UpstreamError | None = None
-                ended = False  # Triton has ended the request (final response or error response)
                 try:
-                    await call.write(infer_request)
-                    while not assembler.finished:
-                        resp = await call.read()
-                        if resp is grpc.aio.EOF:
-                            error = mapping.UpstreamError(grpc.StatusCode.UNAVAILABLE,
-                                                          f"Triton closed the stream early; retry (request id {rid})")
-                            break
-                        if resp.error_message:
-                            ended = True
-                            error = mapping.map_triton_error(resp.error_message, request, rid)
-                            if error.code == grpc.StatusCode.INTERNAL:
-                                log.error("request %s: ensemble error: %s", rid, resp.error_message)
-                            break
-                        out = assembler.on_response(resp.infer_response)
-                        ended = assembler.finished
-                        if out is not None:
+                    async with contextlib.aclosing(generation.responses(upstream_md, context.time_remaining())) as outs:
+                        async for out in outs:
                             yield out
                 except mapping.UpstreamError as e:
-                    log.error("request %s: %s", rid, e.message)
-                    error = e
-                except grpc.aio.AioRpcError as e:
-                    error = mapping.map_rpc_error(e.code(), e.details() or "", rid, self.upstream.url)
-                    if error.code == grpc.StatusCode.INTERNAL:
-                        log.error("request %s: upstream gRPC error %s: %s", rid, e.code().name, e.details())
+                    await abort(context, e.code, e.message, e.field)
                 finally:
-                    if ended:
-                        self._release(call)
-                    elif not call.done():
-                        # Deadline, client cancellation or a broken stream: cancelling the upstream stream makes
-                        # Triton cancel the request, and the engine frees its KV blocks.
-                        call.cancel()
                     if span is not None:
-                        span.attributes.update(usage_attributes(assembler))
-                if error is not None:
-                    await abort(context, error.code, error.message, error.field)
+                        span.attributes.update(usage_attributes(generation.assembler))
             finally:
                 self.inflight -= 1
         except BaseException as e:
@@ -171,36 +138,9 @@ class LLMService(pb_grpc.LLMServiceServicer):
             if span is not None:
                 span.end()
 
-    def _release(self, call) -> None:
-        """Close a finished request's upstream stream in the background, without delaying the caller."""
-        task = asyncio.get_running_loop().create_task(self._half_close(call, self.drain_timeout_s))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
-
-    @staticmethod
-    async def _half_close(call, timeout: float) -> None:
-        """Half-close and wait for Triton to end the stream (it does once the request is complete).
-
-        Not a cancel: on Triton 2.51, cancelling the stream right after the ensemble's *error* response
-        can leave the ensemble counting a request in flight (its shutdown then waits out the exit
-        timeout); a half-close lets Triton finish its bookkeeping first."""
-        try:
-            await call.done_writing()
-
-            async def drain():
-                while await call.read() is not grpc.aio.EOF:
-                    pass
-            await asyncio.wait_for(drain(), timeout)
-        except asyncio.TimeoutError:
-            log.warning("Triton did not close a finished request's stream within %.0fs; cancelling it", timeout)
-        except (grpc.aio.AioRpcError, asyncio.CancelledError):
-            pass
-        finally:
-            if not call.done():
-                call.cancel()
-
     # ---- Tokenize ---------------------------------------------------------------------------------
-    def _tokenizer(self, path: Path):
+    def tokenizer(self, path: Path):
+        """The tokenizer of the checkpoint at ``path``, loaded once (Tokenize; the HTTP API's logprobs)."""
         tok = self._tokenizers.get(path)
         if tok is None:
             from preprocess import load_tokenizer
@@ -223,7 +163,7 @@ class LLMService(pb_grpc.LLMServiceServicer):
             await abort(context, grpc.StatusCode.FAILED_PRECONDITION,
                         "the gateway cannot find the model's tokenizer (set --tokenizer-path)")
         try:
-            tok = await asyncio.to_thread(self._tokenizer, facts.tokenizer_path)
+            tok = await asyncio.to_thread(self.tokenizer, facts.tokenizer_path)
         except Exception as e:  # TokenizerError names the file
             log.error("Tokenize: cannot load the tokenizer: %s", e)
             await abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"cannot load the model's tokenizer: {e}")
@@ -289,7 +229,7 @@ class LLMService(pb_grpc.LLMServiceServicer):
                     return None
         finally:
             if ended:
-                self._release(call)
+                self.closer.release(call)
             else:
                 call.cancel()
 

@@ -51,9 +51,33 @@ def test_run_level_alternates_sides_per_segment_on_the_same_items():
         return one
 
     items = [WorkItem(f"p{i}", 2) for i in range(5)]
-    row = asyncio.run(bg.run_level(items, 1, side("direct"), side("gateway"), segment=2))
+    row = asyncio.run(bg.run_level(items, 1, {"direct": side("direct"), "gateway": side("gateway")}, segment=2))
     assert calls == [("direct", "p0"), ("direct", "p1"), ("gateway", "p0"), ("gateway", "p1"),
                      ("gateway", "p2"), ("gateway", "p3"), ("direct", "p2"), ("direct", "p3"),
                      ("direct", "p4"), ("gateway", "p4")]
     assert row["direct"]["completed"] == row["gateway"]["completed"] == 5 and row["identical_text"] == 5
     assert row["paired_tpot_ratio_p50"] == 1.0 and len(row["segment_throughput_ratios"]) == 3
+
+
+def test_openai_request_records_chunks_as_tokens_and_errors():
+    import httpx
+
+    from bench.harness.openai_client import openai_request
+    from tests.gateway.openai_harness import FAKE_PARAMS, MODEL, served
+
+    def script(req):
+        if b"bad" in req.raw_input_contents[0]:
+            return [error("in ensemble 'ensemble', top_p: must be <= 1.0, got 2.0")]
+        return [response("a", n_out=1), response("bcd", n_out=4), response("e", n_out=5, finish="length", final=True)]
+
+    with served(FakeTriton(llm_parameters=dict(FAKE_PARAMS), script=script)) as s:
+        async def body():
+            async with httpx.AsyncClient() as http:
+                ok = await openai_request(http, s.base_url, MODEL, WorkItem("ok", 5), timeout=10)
+                bad = await openai_request(http, s.base_url, MODEL, WorkItem("bad", 5), timeout=10)
+            return ok, bad
+        ok, bad = asyncio.run(body())
+    assert [n for _, n in ok.events] == [1, 1, 3] and ok.tokens == 5 and ok.text == "abcde"
+    assert ok.finish_reason == "length" and ok.error is None and ok.num_input_tokens == 4
+    assert bad.error.startswith("HTTP 400") and not bad.events
+    assert s.fake.requests and {"min_tokens", "max_tokens"} <= {t.name for t in s.fake.requests[0].inputs}

@@ -30,11 +30,18 @@ def test_environment_fallbacks_and_flags_win(tmp_path):
 def test_port_variables_shared_with_make_serve():
     c = from_args([], env={"GATEWAY_PORT": "50099", "GRPC_PORT": "9101"})
     assert (c.listen, c.triton_url) == ("0.0.0.0:50099", "localhost:9101")
+    c = from_args([], env={"OPENAI_PORT": "9444", "METRICS_PORT": "9102"})
+    assert (c.openai_listen, c.triton_metrics_url) == ("0.0.0.0:9444", "http://localhost:9102/metrics")
+    assert from_args([], env={}).openai_listen == "0.0.0.0:9000"
+    assert from_args(["--openai-listen", "off"], env={"OPENAI_LISTEN": "1.2.3.4:5"}).openai_listen is None
+    assert from_args([], env={"OPENAI_LISTEN": "1.2.3.4:5"}).openai_listen == "1.2.3.4:5"
 
 
 @pytest.mark.parametrize("argv, env, needle", [
     (["--tls-cert", "/nonexistent.pem"], {}, "--tls-cert and --tls-key"),
     (["--listen", "50051"], {}, "--listen"),
+    (["--openai-listen", "9000"], {}, "--openai-listen"),
+    (["--triton-metrics-url", "localhost:8002"], {}, "--triton-metrics-url"),
     (["--max-inflight", "0"], {}, "--max-inflight"),
     (["--grace-period-s", "-1"], {}, "--grace-period-s"),
     (["--auth-token-file", "/nonexistent/tokens"], {}, "--auth-token-file"),

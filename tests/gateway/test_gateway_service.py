@@ -116,7 +116,7 @@ def test_an_upstream_stream_left_open_after_the_end_is_cancelled_after_the_drain
     async def body():
         fake = FakeTriton(script=lambda r: [response("x", finish="length", final=True), "hang"])
         async with harness(fake) as (gw, stub, _, _):
-            gw.service.drain_timeout_s = 1.0
+            gw.service.closer.drain_timeout_s = 1.0
             t = time.monotonic()
             out = await collect(stub.Generate(REQ))
             assert out[-1].finish_reason == pb.FINISH_REASON_LENGTH

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import subprocess
@@ -66,6 +67,18 @@ def render_error(*sets: str, values_file: str | None = None) -> str:
     proc = run_helm(*args)
     assert proc.returncode != 0, f"helm accepted {sets}:\n{proc.stdout[:2000]}"
     return proc.stderr
+
+
+def check_inferencepool(doc: dict) -> None:
+    """Raises ``jsonschema.ValidationError`` for an InferencePool that v1 does not admit (the schema in
+    tests/helm/schemas/, written from the API reference; port numbers unique, which it cannot say)."""
+    import jsonschema
+
+    schema = json.loads((REPO / "tests" / "helm" / "schemas" / "inferencepool-v1.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(doc)
+    numbers = [p["number"] for p in doc["spec"]["targetPorts"]]
+    if len(numbers) != len(set(numbers)):
+        raise jsonschema.ValidationError(f"spec.targetPorts: port numbers must be unique, got {numbers}")
 
 
 def by_kind(docs: list[dict]) -> dict[str, list[dict]]:

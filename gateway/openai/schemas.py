@@ -1,0 +1,202 @@
+"""The request bodies of the OpenAI-compatible API, as pydantic models (they also write /openapi.json).
+
+Field names and ranges are OpenAI's; the extras vLLM accepts in the body (``top_k``, ``min_p``,
+``repetition_penalty``, ``ignore_eos``, ``min_tokens``) and ``num_speculative_tokens`` sit beside
+them. Unknown fields are refused (400 naming the field), and so are the known ones that would change
+the output and are not implemented (``logit_bias``, ``best_of`` > 1, ``suffix``; see ``refused``):
+a setting we accept does what it says. Ranges that depend on the served model (the context, ``n``'s
+limit) are left to the ensemble's preprocess, the one authority, whose errors name the field too.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+UINT64_MAX = 2**64 - 1
+INT32_MAX = 2**31 - 1    # the ensemble's INT32 inputs
+FP32_MAX = 3.4e38        # and its FP32 ones
+MAX_STOP = 64            # preprocess's limit on stop strings (RequestLimits.max_stop_words)
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class StreamOptions(Body):
+    include_usage: bool = False
+
+
+class TextPart(Body):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(Body):
+    name: str
+    arguments: str
+
+
+class ToolCall(Body):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(Body):
+    """One chat message; ``developer`` is treated as ``system``, ``tool`` carries a tool's result."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class FunctionDef(Body):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(Body):
+    name: str
+
+
+class NamedToolChoice(Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(Body):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class Sampling(Body):
+    """What chat and completions share."""
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=128)
+    seed: int | None = Field(None, ge=0, le=UINT64_MAX)
+    stop: str | list[str] | None = Field(None, max_length=MAX_STOP)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(None, max_length=256)
+    logit_bias: dict[str, float] | None = None
+    # vLLM's extras
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=FP32_MAX)
+    ignore_eos: bool = False
+    min_tokens: int | None = Field(None, ge=0, le=INT32_MAX)
+    num_speculative_tokens: int | None = Field(None, ge=0, le=64)
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def refused(self) -> tuple[str, str] | None:
+        """(param, message) for a setting that would change the output and is not implemented."""
+        if self.logit_bias:
+            return "logit_bias", "logit_bias is not supported"
+        if self.ignore_eos:
+            return "ignore_eos", "ignore_eos is not supported by this server's ensemble"
+        if any(s == "" for s in self.stop_list()):
+            return "stop", "stop strings must not be empty"
+        return None
+
+
+class ChatCompletionRequest(Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    def refused(self) -> tuple[str, str] | None:
+        base = super().refused()
+        if base is not None:
+            return base
+        if self.top_logprobs is not None and not self.logprobs:
+            return "top_logprobs", "top_logprobs needs logprobs: true"
+        if self.top_logprobs:
+            return "top_logprobs", "top_logprobs > 0 is not supported yet (the chosen token's logprob is)"
+        if self.response_format is not None and self.response_format.type == "json_schema" \
+                and self.response_format.json_schema is None:
+            return "response_format.json_schema", "required when response_format.type is json_schema"
+        if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
+            return "tool_choice", "tool_choice needs tools"
+        for i, m in enumerate(self.messages):
+            if m.name is not None and m.role != "tool":
+                return f"messages[{i}].name", "participant names are not supported (the chat template has no place for them)"
+        return None
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[str]
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=20)
+    best_of: int | None = Field(None, ge=1, le=128)
+    suffix: str | None = None
+
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+    def refused(self) -> tuple[str, str] | None:
+        base = super().refused()
+        if base is not None:
+            return base
+        if self.suffix is not None:
+            return "suffix", "suffix (insertion) is not supported"
+        if self.best_of is not None and self.best_of != self.n:
+            return "best_of", "best_of is not supported (omit it or set it equal to n)"
+        if not self.prompts():
+            return "prompt", "at least one prompt is required"
+        if any(p == "" for p in self.prompts()):
+            return "prompt", "empty prompt"
+        if self.logprobs:
+            return "logprobs", "logprobs > 0 (top alternatives) is not supported yet; 0 gives the chosen token's"
+        if self.echo and self.logprobs is not None:
+            return "echo", "echo with logprobs is not supported (the prompt's logprobs are not computed)"
+        return None
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error body (errors.py); documented in /openapi.json for every status a route may answer."""
+
+    error: ErrorDetail

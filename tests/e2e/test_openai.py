@@ -1,0 +1,213 @@
+"""The OpenAI-compatible API through the real ``openai`` SDK (sync and async, ``max_retries=0``) against the
+gateway in front of the real tritonserver: text, n, seeds, stops, logprobs, usage, structured output and
+tool calls that validate, errors, a disconnect that frees KV, 32 concurrent streams, the router's metrics.
+One gateway (module scope) in front of the session's server."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from cli.launcher import free_port
+from tests.e2e.helpers import clean_env, engine_idle, kv_used, metrics
+from tests.helpers.guides import SCHEMAS
+
+PROMPT = [{"role": "user", "content": "def fibonacci(n):"}]
+
+
+@pytest.fixture(scope="module")
+def api(server, tmp_path_factory):
+    from cli.gateway_process import GatewayProcess
+
+    gw = GatewayProcess(f"127.0.0.1:{free_port()}", server.grpc_url, env=clean_env(),
+                        openai_listen=f"127.0.0.1:{free_port()}", triton_metrics_url=server.metrics_url,
+                        extra_args=["--health-interval-s", "0.2"], log_path=tmp_path_factory.mktemp("gw") / "gateway.log")
+    gw.start()
+    try:
+        gw.wait_ready(timeout=60)
+        yield gw
+    finally:
+        code = gw.stop()
+        assert code == 0, f"the gateway exited with {code}\n{gw.log_tail()}"
+
+
+@pytest.fixture(scope="module")
+def model(api) -> str:
+    return httpx.get(api.openai_url + "/v1/models").json()["data"][0]["id"]
+
+
+@pytest.fixture(scope="module")
+def client(api):
+    return openai.OpenAI(base_url=api.openai_url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+@pytest.fixture()
+def aclient(api):
+    return openai.AsyncOpenAI(base_url=api.openai_url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def test_chat_streamed_equals_not_streamed_and_counts_its_tokens(client, model):
+    whole = client.chat.completions.create(model=model, messages=PROMPT, max_tokens=24, temperature=0)
+    chunks = list(client.chat.completions.create(model=model, messages=PROMPT, max_tokens=24, temperature=0,
+                                                 stream=True, logprobs=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content and text
+    entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    tokens = len(entries)
+    assert "".join(e.token for e in entries) == text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == tokens
+    assert whole.usage.completion_tokens == tokens == 24 and whole.choices[0].finish_reason == "length"
+
+
+def test_completions_and_n_2(client, model):
+    out = client.completions.create(model=model, prompt=["import os\n", "class A:"], max_tokens=8, n=2, seed=3,
+                                    temperature=1.0)
+    assert sorted(c.index for c in out.choices) == [0, 1, 2, 3] and all(c.text for c in out.choices)
+    assert out.usage.completion_tokens == 32
+
+
+def test_seeded_sampling_replays(client, model):
+    kw = dict(model=model, messages=PROMPT, max_tokens=32, temperature=1.0, top_p=0.95, seed=1234)
+    first = client.chat.completions.create(**kw).choices[0].message.content
+    assert client.chat.completions.create(**kw).choices[0].message.content == first
+
+
+def test_stop_is_trimmed_and_not_counted(client, model):
+    full = client.completions.create(model=model, prompt="def fibonacci(n):", max_tokens=40, temperature=0)
+    text = full.choices[0].text
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    assert stop.strip(), text
+    cut = client.completions.create(model=model, prompt="def fibonacci(n):", max_tokens=40, temperature=0,
+                                    stop=[stop], logprobs=0)
+    choice = cut.choices[0]
+    assert choice.finish_reason == "stop" and choice.text == text[:text.index(stop)]
+    assert cut.usage.completion_tokens == len(choice.logprobs.token_logprobs) < 40
+
+
+def test_top_logprobs_are_refused_until_the_ensemble_returns_them(client, model):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model, messages=PROMPT, max_tokens=4, logprobs=True, top_logprobs=3)
+    assert e.value.body["param"] == "top_logprobs"
+
+
+@pytest.mark.parametrize("name", list(SCHEMAS)[:10])
+def test_json_schema_output_is_valid_at_temperature_1(client, model, name):
+    schema = SCHEMAS[name]
+    out = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "a record"}],
+                                         max_tokens=200, temperature=1.0, seed=11,
+                                         response_format={"type": "json_schema",
+                                                          "json_schema": {"name": name, "schema": schema}})
+    choice = out.choices[0]
+    assert choice.finish_reason == "stop", choice.message.content
+    jsonschema.validate(json.loads(choice.message.content), schema)
+
+
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                     "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"], "additionalProperties": False}}}
+CLOCK = {"type": "function", "function": {"name": "clock", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+    "additionalProperties": False}}}
+
+
+def test_named_and_required_tool_calls_validate(client, model):
+    named = client.chat.completions.create(model=model, messages=PROMPT, max_tokens=64, temperature=1.0, seed=5,
+                                           tools=[WEATHER, CLOCK],
+                                           tool_choice={"type": "function", "function": {"name": "weather"}})
+    call = named.choices[0].message.tool_calls[0]
+    assert call.function.name == "weather" and named.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    chunks = list(client.chat.completions.create(model=model, messages=PROMPT, max_tokens=64, temperature=1.0,
+                                                 seed=6, tools=[WEATHER, CLOCK], tool_choice="required", stream=True))
+    calls = [tc for c in chunks for ch in c.choices for tc in (ch.delta.tool_calls or [])]
+    name = calls[0].function.name
+    tool = {"weather": WEATHER, "clock": CLOCK}[name]
+    jsonschema.validate(json.loads("".join(tc.function.arguments for tc in calls)), tool["function"]["parameters"])
+    assert [ch.finish_reason for c in chunks for ch in c.choices if ch.finish_reason] == ["tool_calls"]
+
+
+def test_bad_inputs_get_openai_errors(client, model):
+    cases = [(dict(temperature=-1), 400, "temperature"), (dict(n=0), 400, "n"),
+             (dict(extra_body={"best_of": 2}), 400, "best_of"), (dict(max_tokens=0), 400, "max_tokens")]
+    for kw, status, param in cases:
+        with pytest.raises(openai.APIStatusError) as e:
+            client.chat.completions.create(model=model, messages=PROMPT, **kw)
+        assert e.value.status_code == status and e.value.body["param"] == param, kw
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="no-such-model", messages=PROMPT)
+    assert e.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as e:   # the ensemble's own check: a prompt over the context
+        client.completions.create(model=model, prompt="x " * 5000, max_tokens=4)
+    assert e.value.body["param"] == "prompt"
+
+
+def test_disconnect_mid_stream_frees_kv(api, server, model):
+    """As tests/e2e/test_cancel.py through the ensemble: the engine stops long before the request's end."""
+    long = 600     # min_tokens keeps EOS away
+    base = engine_idle(server.metrics_url, "the previous tests")
+    with httpx.stream("POST", api.openai_url + "/v1/completions", timeout=60, json={
+            "model": model, "prompt": "def parse(lines):\n", "max_tokens": long, "min_tokens": long,
+            "temperature": 1.0, "seed": 9, "stream": True}) as r:   # sampled: about one token a step
+        for i, _ in enumerate(r.iter_lines()):
+            if i >= 3:
+                break
+    used_steps = engine_idle(server.metrics_url, "the client's disconnect") - base
+    assert used_steps < long // 2, f"the engine ran {used_steps} steps for a request abandoned after 3 chunks"
+    assert kv_used(server.metrics_url) == 0
+
+
+def test_32_concurrent_streams_complete(aclient, model):
+    async def one(i: int) -> int:
+        stream = await aclient.chat.completions.create(model=model, messages=PROMPT, max_tokens=16, seed=i,
+                                                       temperature=1.0, stream=True,
+                                                       stream_options={"include_usage": True})
+        usage = None
+        async for chunk in stream:
+            usage = chunk.usage or usage
+        return usage.completion_tokens
+
+    async def all_of():
+        return await asyncio.gather(*(one(i) for i in range(32)))
+    counts = asyncio.run(all_of())
+    assert len(counts) == 32 and all(0 < c <= 16 for c in counts)
+
+
+def test_metrics_on_the_openai_port_are_the_engines(api, server):
+    served = metrics(api.openai_url + "/metrics")
+    direct = metrics(server.metrics_url)
+    for name, label, value in (("nv_trt_llm_request_metrics", "request_type", "waiting"),
+                               ("nv_trt_llm_request_metrics", "request_type", "scheduled"),
+                               ("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "max"),
+                               ("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "tokens_per")):
+        keys = [k for k in served if k[0] == name and (label, value) in k[1]]
+        assert keys, f"{name}{{{label}={value!r}}} missing"
+        assert served[keys[0]] == direct[keys[0]]
+
+
+def test_schema_fuzzer_finds_no_server_error_and_no_hang(api, model):
+    """schemathesis' cases for the generation routes (tests/gateway/test_openai_fuzz.py runs more against a
+    fake), with the served model's name and small ``n`` / ``max_tokens`` so that each case stays short."""
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+    from schemathesis.checks import not_a_server_error
+
+    schema = schemathesis.openapi.from_url(api.openai_url + "/openapi.json")
+    ops = [r.ok() for r in schema.get_all_operations() if r.ok().method.upper() == "POST"]
+    assert {op.path for op in ops} == {"/v1/chat/completions", "/v1/completions"}
+    for op in ops:
+        @given(case=op.as_strategy())
+        @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        def run(case):
+            if isinstance(case.body, dict):
+                case.body["model"] = model
+                for key, cap in (("n", 2), ("max_tokens", 32), ("max_completion_tokens", 32), ("min_tokens", 8)):
+                    if isinstance(case.body.get(key), int):
+                        case.body[key] = min(case.body[key], cap)
+            response = case.call(base_url=api.openai_url, timeout=30)
+            case.validate_response(response, checks=[not_a_server_error])
+        run()
