@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from contracts.validation import check_float as _check_float
 from contracts.validation import check_int as _check_int
 
-GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
+GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
 
 
 @dataclass(frozen=True)
 class GuideSpec:
-    """A structured-output constraint: ``kind`` is json | json_schema | regex | ebnf_grammar."""
+    """A structured-output constraint: ``kind`` is json | json_schema | regex | ebnf_grammar | structural_tag."""
 
     kind: str
     guide: str = ""
@@ -78,7 +78,7 @@ class SamplingParams:
             if self.guide.kind not in GUIDE_TYPES:
                 raise ValueError(
                     f"guided_decoding_guide_type: unknown type {self.guide.kind!r} "
-                    "(expected json, json_schema, regex or ebnf_grammar)"
+                    "(expected json, json_schema, regex, ebnf_grammar or structural_tag)"
                 )
             # the grammar decides where a guided output ends: nothing else may end it or hold off its end
             if self.stop_token_ids:

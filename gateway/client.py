@@ -39,7 +39,8 @@ def generate(target: str, request: pb.GenerateRequest, *, token: str | None = No
 
 
 # The ensemble's guided_decoding_guide_type -> the GuidedDecoding case that carries it.
-GUIDE_CASES = {"json": "any_json", "json_schema": "json_schema", "regex": "regex", "ebnf_grammar": "ebnf_grammar"}
+GUIDE_CASES = {"json": "any_json", "json_schema": "json_schema", "regex": "regex", "ebnf_grammar": "ebnf_grammar",
+               "structural_tag": "structural_tag"}
 
 
 def generate_request(prompt: str, *, chat: bool = False, guide_type: str | None = None, guide: str = "",

@@ -48,9 +48,10 @@ LIST_FIELDS: dict[str, str] = {"stop_words": "stop_words", "bad_words": "bad_wor
 
 # GuidedDecoding case -> the ensemble's guided_decoding_guide_type.
 GUIDE_TYPES: dict[str, str] = {"json_schema": "json_schema", "any_json": "json", "regex": "regex",
-                               "ebnf_grammar": "ebnf_grammar"}
+                               "ebnf_grammar": "ebnf_grammar", "structural_tag": "structural_tag"}
 GUIDE_ENUM: dict[str, int] = {"json_schema": pb.GUIDE_TYPE_JSON_SCHEMA, "json": pb.GUIDE_TYPE_ANY_JSON,
-                              "regex": pb.GUIDE_TYPE_REGEX, "ebnf_grammar": pb.GUIDE_TYPE_EBNF_GRAMMAR}
+                              "regex": pb.GUIDE_TYPE_REGEX, "ebnf_grammar": pb.GUIDE_TYPE_EBNF_GRAMMAR,
+                              "structural_tag": pb.GUIDE_TYPE_STRUCTURAL_TAG}
 
 FINISH_REASONS: dict[str, int] = {
     "": pb.FINISH_REASON_UNSPECIFIED, "stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH,
@@ -108,7 +109,7 @@ def guide_case(request: pb.GenerateRequest) -> str | None:
         return None
     case = request.guided_decoding.WhichOneof("guide")
     if case is None:
-        raise FieldError("guided_decoding", "set one of json_schema, any_json, regex, ebnf_grammar")
+        raise FieldError("guided_decoding", "set one of json_schema, any_json, regex, ebnf_grammar, structural_tag")
     return case
 
 

@@ -6,6 +6,7 @@
 | ``json_schema`` | a JSON schema on the allow-list of ``schema.py`` | ``schema_grammar(schema)``, compact |
 | ``regex`` | a pattern (ECMAScript classes, as xgrammar reads it), matched in full | the pattern |
 | ``ebnf_grammar`` | GBNF/EBNF as xgrammar reads it, with a ``root`` rule | the grammar |
+| ``structural_tag`` | ``{"structures": [{"begin", "schema", "end"}], "triggers"}`` (structural_tag.py) | free text with each tagged region's schema, compact |
 
 "Compact": separators ``", "`` and ``": "`` and no other whitespace; with free whitespace a sampled
 output can wander into spaces and newlines until ``max_tokens``.
@@ -31,6 +32,7 @@ from contracts.sampling_params import GUIDE_TYPES
 from grammar.errors import GUIDE, GUIDE_TYPE, GuideError
 from grammar.regex import compile_python
 from grammar.schema import check_schema
+from grammar.structural_tag import parse_structural_tag, tag_grammar
 
 ANY_JSON = "{}"                  # the schema every JSON value satisfies
 # xgrammar 0.2.9's classes for string characters (length-bounded strings, other strings), and their
@@ -68,7 +70,7 @@ def prepare_guide(kind: str | None, guide: str | None) -> PreparedGuide:
             raise GuideError(GUIDE_TYPE, "guided_decoding_guide was given without a type")
         raise GuideError(GUIDE_TYPE, "required for guided decoding")
     if kind not in GUIDE_TYPES:
-        raise GuideError(GUIDE_TYPE, f"unknown type {kind!r} (expected json, json_schema, regex or ebnf_grammar)")
+        raise GuideError(GUIDE_TYPE, f"unknown type {kind!r} (expected {', '.join(GUIDE_TYPES[:-1])} or {GUIDE_TYPES[-1]})")
     guide = guide or ""
     if len(guide) > MAX_GUIDE_CHARS:
         raise GuideError(GUIDE, f"{len(guide)} characters, more than the limit of {MAX_GUIDE_CHARS}")
@@ -85,8 +87,22 @@ def prepare_guide(kind: str | None, guide: str | None) -> PreparedGuide:
             raise GuideError(GUIDE, f"not a valid regular expression ({e})") from None
         _parse(xgr.Grammar.from_regex, guide, "not a regular expression xgrammar can compile")
         return PreparedGuide(kind, guide)
+    if kind == "structural_tag":
+        return PreparedGuide(kind, structural_tag_source(guide))
     _parse(xgr.Grammar.from_ebnf, guide, "not a valid EBNF grammar")
     return PreparedGuide(kind, guide)
+
+
+def structural_tag_source(guide: str) -> str:
+    """The EBNF of a ``structural_tag`` guide, each structure's schema checked as a ``json_schema`` guide."""
+    spec = parse_structural_tag(guide)
+    grammars = []
+    for i, s in enumerate(spec.structures):
+        try:
+            grammars.append(_prepare_schema(s.schema))
+        except GuideError as e:
+            raise GuideError(GUIDE, f"structures[{i}].schema: {e.message}") from None
+    return tag_grammar(spec, grammars)
 
 
 def check_guide(kind: str | None, guide: str | None) -> None:

@@ -4,7 +4,9 @@
 - ``json_schema``: it parses and validates with ``jsonschema`` (the schema's own draft), with
   ``pattern`` read as xgrammar reads it (ECMAScript classes) and the formats of the allow-list checked;
 - ``regex``: the whole text matches (``re.fullmatch`` of ``regex.python_pattern``);
-- ``ebnf_grammar``: xgrammar's string matcher accepts the whole text (character level, no tokenizer).
+- ``ebnf_grammar``: xgrammar's string matcher accepts the whole text (character level, no tokenizer);
+- ``structural_tag``: the same, over the guide's grammar (structural_tag.py), and every tagged region's
+  JSON validates against its structure's schema as ``json_schema`` checks it.
 
 A guided output that finished with ``stop`` and fails here is a bug in the grammar layer or in
 xgrammar: postprocess reports it as an error, logs it, and counts it.
@@ -37,6 +39,8 @@ def check_output(kind: str, guide: str, text: str) -> str | None:
     if kind == "ebnf_grammar":
         matcher = _ebnf_matcher(guide)
         return None if matcher.accept_string(text) and matcher.is_terminated() else "not derivable from the grammar"
+    if kind == "structural_tag":
+        return _check_tagged(guide, text)
     return f"unknown guide type {kind!r}"
 
 
@@ -52,6 +56,36 @@ def _schema_validator(schema_text: str):
     base = validators.validator_for(schema)
     cls = validators.extend(base, {"pattern": pattern})
     return cls(schema, format_checker=FormatChecker(formats=sorted(FORMATS)))
+
+
+def _check_tagged(guide: str, text: str) -> str | None:
+    from grammar.guides import structural_tag_source
+    from grammar.structural_tag import parse_structural_tag
+
+    matcher = _ebnf_matcher(structural_tag_source(guide))
+    if not (matcher.accept_string(text) and matcher.is_terminated()):
+        return "not derivable from the structural tag's grammar"
+    spec = parse_structural_tag(guide)
+    for s in spec.structures:
+        pos = text.find(s.begin)
+        while pos >= 0:
+            end = text.find(s.end, pos + len(s.begin))
+            if end < 0:
+                break
+            body = text[pos + len(s.begin):end]
+            reason = check_output("json_schema", s.schema, body) if _is_json(body) else None
+            if reason is not None:
+                return f"a {s.begin!r} region {reason}"
+            pos = text.find(s.begin, end + len(s.end))
+    return None
+
+
+def _is_json(body: str) -> bool:
+    try:
+        json.loads(body)
+    except (json.JSONDecodeError, RecursionError):
+        return False
+    return True
 
 
 @lru_cache(maxsize=64)

@@ -9,9 +9,10 @@
 #   1. download the llama-cpp-python sdist (it vendors the llama.cpp sources) with pip;
 #   2. unpack it;
 #   3. configure (Release, no CUDA/Metal/curl/OpenSSL, no tests/examples/server). CPU=noamx (the default):
-#      -DGGML_NATIVE=OFF with AVX2, AVX-512 (F, BW, DQ, VL, VBMI, BF16), VNNI and AVX-VNNI on and AMX off, because
-#      on CPUs that advertise AMX the quantized AMX kernels of the vendored ggml die with "Illegal instruction";
-#      CPU=native: -DGGML_NATIVE=ON. Each mode has its own build directory;
+#      -DGGML_NATIVE=OFF with each of AVX2, FMA, F16C, BMI2, AVX-VNNI and AVX-512 (F, VBMI, VNNI, BF16) on when
+#      /proc/cpuinfo lists it, and AMX off, because on CPUs that advertise AMX the quantized AMX kernels of the
+#      vendored ggml die with "Illegal instruction"; CPU=native: -DGGML_NATIVE=ON. Each mode and set of
+#      extensions has its own build directory;
 #   4. build the llama-batched-bench and llama-quantize targets, with at most $JOBS (default 2) jobs;
 #   5. make a converter venv at .cache/llamacpp/venv (gguf from the vendored gguf-py with the numpy it requires,
 #      sentencepiece) that sees torch/transformers of the project venv through a .pth file appended at the end of
@@ -31,10 +32,16 @@ DIR=${LLAMACPP_DIR:-$REPO/.cache/llamacpp}
 JOBS=${JOBS:-2}
 CPU=${CPU:-noamx}
 TYPES=${TYPES-q8_0 q4_0}
+# The x86 extensions this CPU has (from /proc/cpuinfo), each turned on only when present: a build for
+# another CPU's extensions dies with "Illegal instruction" here.
+has() { grep -qw "$1" /proc/cpuinfo 2>/dev/null; }
+onoff() { if has "$1"; then echo ON; else echo OFF; fi; }
 case $CPU in
-    noamx) cpu_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
-                      -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON
-                      -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF) ;;
+    noamx) cpu_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=$(onoff avx) -DGGML_AVX2=$(onoff avx2) -DGGML_FMA=$(onoff fma)
+                      -DGGML_F16C=$(onoff f16c) -DGGML_BMI2=$(onoff bmi2) -DGGML_AVX_VNNI=$(onoff avx_vnni)
+                      -DGGML_AVX512=$(onoff avx512f) -DGGML_AVX512_VBMI=$(onoff avx512vbmi)
+                      -DGGML_AVX512_VNNI=$(onoff avx512_vnni) -DGGML_AVX512_BF16=$(onoff avx512_bf16)
+                      -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF) ;;
     native) cpu_flags=(-DGGML_NATIVE=ON) ;;
     *) echo "CPU must be noamx or native, got '$CPU'" >&2; exit 1 ;;
 esac
@@ -70,7 +77,8 @@ else
 fi
 
 # 3. configure
-BUILD=$DIR/build-$name-$CPU
+# one build directory per mode and set of extensions (a cache carried to another CPU builds anew)
+BUILD=$DIR/build-$name-$CPU-$(printf '%s\n' "${cpu_flags[@]}" | sha256sum | cut -c1-8)
 if [[ ! -f $BUILD/build.ninja ]]; then
     say "configuring $BUILD ($CPU)"
     cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cpu_flags[@]}" -DGGML_CUDA=OFF \

@@ -6,7 +6,7 @@
 | ``response_format: json_schema`` | that schema | the message content | stop / length |
 | ``tool_choice: {function: f}`` | ``f``'s ``parameters`` | ``f``'s arguments | stop (as OpenAI) |
 | ``tool_choice: required`` | ``anyOf`` of ``{"name": const f, "arguments": f's parameters}`` | one call | tool_calls |
-| ``tool_choice: auto`` (or tools without a choice) | none | text; each ``<tool_call>{...}</tool_call>`` parsed | tool_calls |
+| ``tool_choice: auto`` (or tools without a choice) | a structural tag: free text, each ``<tool_call>`` region one call as ``required`` | text; each ``<tool_call>{...}</tool_call>`` parsed | tool_calls |
 
 The schemas are checked by the ensemble's preprocess (grammar/schema.py's allow-list); its error names
 the keyword, and ``OutputPlan.param`` names the OpenAI parameter the guide came from.
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from triton_llm.v1 import llm_service_pb2 as pb
 
 from .errors import bad_request
+from .prompt import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from .schemas import ChatCompletionRequest, Tool
 
 ANY_OBJECT = {"type": "object"}
@@ -52,6 +53,13 @@ def required_schema(tools: list[Tool]) -> dict:
     return branches[0] if len(branches) == 1 else {"anyOf": branches}
 
 
+def auto_guide(tools: list[Tool]) -> pb.GuidedDecoding:
+    """Free text; from ``<tool_call>`` on, one call of any of ``tools`` (``required_schema``), then the close tag."""
+    tag = {"structures": [{"begin": TOOL_CALL_OPEN, "schema": required_schema(tools), "end": TOOL_CALL_CLOSE}],
+           "triggers": [TOOL_CALL_OPEN]}
+    return pb.GuidedDecoding(structural_tag=json.dumps(tag, ensure_ascii=False, separators=(",", ":")))
+
+
 def plan(body: ChatCompletionRequest) -> OutputPlan:
     """The guide and the reading of the output for one chat request (``APIError`` 400 on a bad combination)."""
     tools = body.tools or []
@@ -66,7 +74,8 @@ def plan(body: ChatCompletionRequest) -> OutputPlan:
             raise bad_request("response_format", "response_format cannot be combined with tools "
                                                  "(set tool_choice to none)")
         if choice is None or choice == "auto":
-            return OutputPlan("auto", tools=names, single_call=body.parallel_tool_calls is False)
+            return OutputPlan("auto", auto_guide(tools), param="tools", tools=names,
+                              single_call=body.parallel_tool_calls is False)
         if choice == "required":
             return OutputPlan("required", _schema_guide(required_schema(tools)), param="tools", tools=names)
         name = choice.function.name

@@ -113,7 +113,8 @@ def test_tokenize_and_model_info_agree_with_generate(stub, model_path):
     assert info.vocab_size > 0 and info.max_context_tokens > 0 and info.architecture.endswith("ForCausalLM")
     assert info.speculative_method == pb.SPECULATIVE_METHOD_NGRAM and info.num_speculative_tokens == 8  # e2e server
     assert sorted(info.supported_guide_types) == sorted(  # the engine constrains every guide type
-        [pb.GUIDE_TYPE_JSON_SCHEMA, pb.GUIDE_TYPE_ANY_JSON, pb.GUIDE_TYPE_REGEX, pb.GUIDE_TYPE_EBNF_GRAMMAR])
+        [pb.GUIDE_TYPE_JSON_SCHEMA, pb.GUIDE_TYPE_ANY_JSON, pb.GUIDE_TYPE_REGEX, pb.GUIDE_TYPE_EBNF_GRAMMAR,
+         pb.GUIDE_TYPE_STRUCTURAL_TAG])
     tok = stub.Tokenize(pb.TokenizeRequest(text=PROMPTS[2]), timeout=30)
     out = generate(stub, prompt=PROMPTS[2], max_tokens=2, temperature=0.0)
     assert tok.token_count == out[-1].usage.prompt_tokens

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -9,7 +10,7 @@ from backend.engine.llm_engine import output_token_ids
 from contracts.sampling_params import GuideSpec, SamplingParams
 from grammar import check_output
 from tests.e2e.helpers import Stream, kv_used, metrics, run, wait_until
-from tests.helpers.guides import GRAMMARS, REGEXES, SCHEMAS, all_guides
+from tests.helpers.guides import GRAMMARS, REGEXES, SCHEMAS, STRUCTURAL_TAGS, all_guides
 from cli.client import build_inputs
 
 PROMPTS = ["# a record as JSON\nrecord = ", "def parse(text):\n    return ", "x = "]
@@ -50,15 +51,18 @@ def test_sampled_guided_outputs_are_valid_through_the_pipeline(server):
 
 
 @pytest.mark.parametrize("kind, text", [("json_schema", json.dumps(SCHEMAS["nested_object"])),
-                                        ("regex", REGEXES["email"]), ("ebnf_grammar", GRAMMARS["arithmetic"])])
+                                        ("regex", REGEXES["email"]), ("ebnf_grammar", GRAMMARS["arithmetic"]),
+                                        ("structural_tag", json.dumps(STRUCTURAL_TAGS["paren_int"]))])
 def test_greedy_guided_text_equals_the_engine_in_process(server, tokenizer, reference_engine, kind, text):
-    prompt = PROMPTS[0]
+    prompt = "def fibonacci(n):\n    return fibonacci" if kind == "structural_tag" else PROMPTS[0]
     res = run(server.grpc_url, prompt, 40, temperature=0.0, exclude_input_in_output=True, **guide_opts(kind, text))
     assert res.error is None
     outs, = reference_engine.generate([tokenizer.encode(prompt)],
                                       SamplingParams(max_tokens=40, temperature=0.0, guide=GuideSpec(kind, text)))
     assert res.text == tokenizer.decode(output_token_ids(outs), skip_special_tokens=True)
     assert res.finish_reason == outs[-1].finish_reason.value
+    if kind == "structural_tag":     # code opens brackets, and each one the tag made an integer's
+        assert "(" in res.text and not re.search(r"\((?!\d+\)|\d*$)", res.text), res.text
 
 
 def test_guided_requests_speculate_and_stay_exact(server, tokenizer, reference_engine):

@@ -140,6 +140,19 @@ def test_named_and_required_tool_calls_validate(client, model):
     assert [ch.finish_reason for c in chunks for ch in c.choices if ch.finish_reason] == ["tool_calls"]
 
 
+def test_auto_tool_choice_is_served_under_its_structural_tag(client, model):
+    """The ensemble compiles the auto guide (free text, calls under the tools' schemas); the demo model
+    writes code, not calls, so the answer is content (parsing calls: tests/gateway/test_openai_api.py)."""
+    weather = {"type": "function", "function": {"name": "weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    out = client.chat.completions.create(model=model, messages=PROMPT, max_tokens=16, temperature=0,
+                                         tools=[weather])
+    choice = out.choices[0]
+    assert choice.finish_reason in ("stop", "length", "tool_calls") and (choice.message.content or choice.message.tool_calls)
+    for call in choice.message.tool_calls or []:
+        jsonschema.validate(json.loads(call.function.arguments), weather["function"]["parameters"])
+
+
 def test_bad_inputs_get_openai_errors(client, model):
     cases = [(dict(temperature=-1), 400, "temperature"), (dict(n=0), 400, "n"),
              (dict(extra_body={"best_of": 2}), 400, "best_of"), (dict(max_tokens=0), 400, "max_tokens")]

@@ -414,7 +414,7 @@ def test_model_info_from_the_served_configs():
         async with harness(fake) as (_, stub, _, _):
             info = await stub.GetModelInfo(pb.GetModelInfoRequest())
             assert info.max_context_tokens == 1024 and info.speculative_method == pb.SPECULATIVE_METHOD_NONE
-            assert len(info.supported_guide_types) == 4  # the fake accepted the guided probe
+            assert len(info.supported_guide_types) == 5  # the fake accepted the guided probe
     run(body())
 
 

@@ -211,6 +211,10 @@ def test_auto_tool_call_is_parsed(client, fake):
     assert msg.content == "Let me look." and msg.tool_calls[0].function.name == "weather"
     assert out.choices[0].finish_reason == "tool_calls"
     assert "<tools>" in json.loads(sent(fake)["messages"][0])[0]["content"]
+    kind, guide = sent(fake)["guided_decoding_guide_type"][0], sent(fake)["guided_decoding_guide"][0]
+    tag = json.loads(guide)            # the call is decoded under the tools' schemas once it starts
+    assert kind in ("structural_tag", b"structural_tag") and tag["triggers"] == ["<tool_call>"]
+    assert tag["structures"][0]["schema"]["properties"]["name"] == {"const": "weather"}
     chunks = list(chat(client, tools=[WEATHER], stream=True))
     content = "".join(ch.delta.content or "" for c in chunks for ch in c.choices)
     assert content == "Let me look."

@@ -106,10 +106,27 @@ string ::= "\"" [a-zA-Z0-9 ]{0,12} "\""
 }
 
 
+# structural tags: free text, with each tagged region's JSON under its schema
+STRUCTURAL_TAGS = {
+    # code writes "(" often: every one opens an integer and its ")"
+    "paren_int": {"structures": [{"begin": "(", "schema": {"type": "integer", "minimum": 0}, "end": ")"}],
+                  "triggers": ["("]},
+    # the OpenAI API's tool_choice "auto" (gateway/openai/guides.py): a Hermes-style call of one of two tools
+    "tool_call": {"structures": [{"begin": "<tool_call>", "end": "</tool_call>", "schema": {"anyOf": [
+        {"type": "object", "properties": {"name": {"const": "weather"}, "arguments": {
+            "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+            "additionalProperties": False}}, "required": ["name", "arguments"], "additionalProperties": False},
+        {"type": "object", "properties": {"name": {"const": "time"}, "arguments": {"type": "object", "properties": {},
+         "additionalProperties": False}}, "required": ["name", "arguments"], "additionalProperties": False}]}}],
+        "triggers": ["<tool_"]},
+}
+
+
 def all_guides() -> list[tuple[str, str, str]]:
     """(name, guide type, guide text) of every shared guide, plus the schema-free ``json`` type."""
     out = [(f"schema:{k}", "json_schema", json.dumps(v)) for k, v in SCHEMAS.items()]
     out += [(f"regex:{k}", "regex", v) for k, v in REGEXES.items()]
     out += [(f"ebnf:{k}", "ebnf_grammar", v) for k, v in GRAMMARS.items()]
+    out += [(f"tag:{k}", "structural_tag", json.dumps(v)) for k, v in STRUCTURAL_TAGS.items()]
     out.append(("json", "json", ""))
     return out

@@ -21,6 +21,7 @@ class GuideType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     GUIDE_TYPE_ANY_JSON: _ClassVar[GuideType]
     GUIDE_TYPE_REGEX: _ClassVar[GuideType]
     GUIDE_TYPE_EBNF_GRAMMAR: _ClassVar[GuideType]
+    GUIDE_TYPE_STRUCTURAL_TAG: _ClassVar[GuideType]
 
 class SpeculativeMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -37,6 +38,7 @@ GUIDE_TYPE_JSON_SCHEMA: GuideType
 GUIDE_TYPE_ANY_JSON: GuideType
 GUIDE_TYPE_REGEX: GuideType
 GUIDE_TYPE_EBNF_GRAMMAR: GuideType
+GUIDE_TYPE_STRUCTURAL_TAG: GuideType
 SPECULATIVE_METHOD_UNSPECIFIED: SpeculativeMethod
 SPECULATIVE_METHOD_NONE: SpeculativeMethod
 SPECULATIVE_METHOD_NGRAM: SpeculativeMethod
@@ -57,7 +59,7 @@ class ChatMessages(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class GuidedDecoding(_message.Message):
-    __slots__ = ("json_schema", "any_json", "regex", "ebnf_grammar")
+    __slots__ = ("json_schema", "any_json", "regex", "ebnf_grammar", "structural_tag")
     class AnyJson(_message.Message):
         __slots__ = ()
         def __init__(self) -> None: ...
@@ -65,11 +67,13 @@ class GuidedDecoding(_message.Message):
     ANY_JSON_FIELD_NUMBER: _ClassVar[int]
     REGEX_FIELD_NUMBER: _ClassVar[int]
     EBNF_GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURAL_TAG_FIELD_NUMBER: _ClassVar[int]
     json_schema: str
     any_json: GuidedDecoding.AnyJson
     regex: str
     ebnf_grammar: str
-    def __init__(self, json_schema: _Optional[str] = ..., any_json: _Optional[_Union[GuidedDecoding.AnyJson, _Mapping]] = ..., regex: _Optional[str] = ..., ebnf_grammar: _Optional[str] = ...) -> None: ...
+    structural_tag: str
+    def __init__(self, json_schema: _Optional[str] = ..., any_json: _Optional[_Union[GuidedDecoding.AnyJson, _Mapping]] = ..., regex: _Optional[str] = ..., ebnf_grammar: _Optional[str] = ..., structural_tag: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("prompt", "messages", "max_tokens", "stream", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop_words", "bad_words", "end_id", "pad_id", "min_tokens", "num_return_sequences", "beam_width", "exclude_input_in_output", "return_log_probs", "return_num_input_tokens", "return_num_output_tokens", "skip_special_tokens", "include_stop_str_in_output", "guided_decoding", "request_id", "num_speculative_tokens", "top_logprobs")
