@@ -9,7 +9,7 @@ Decode at batch 1 reads every weight once per token, so narrower weights mean fe
 On the CPU (fp32 compute, the native kernels built), a layer whose width is whole blocks of 32 columns (and int4
 groups whole blocks) runs every step through the quantized GEMM (``backend/native/csrc/quant_gemm.h``, the weight in
 its strips, ``quant_strips.py``): the activations quantized to int8 per token and block of 32 columns, integer dot
-products (VNNI), any token count, each weight byte read once a step, and each token's output independent of the
+products (VNNI, else AVX2), any token count, each weight byte read once a step, and each token's output independent of the
 other tokens of the step (batch-invariant). Other layers take the older few-token kernels (``quant_gemv.cpp``, up to
 ``FEW_TOKENS``, ``native_kernel``) or convert the layer's integers into a reused full-precision buffer shared by all
 layers of the same shape, then one matmul. fp8 needs CUDA (the CPU converts float8 in software, 40x slower than

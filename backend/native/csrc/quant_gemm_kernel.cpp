@@ -1,5 +1,5 @@
-// The kernels of quant_gemm.h: block-wise activation quantization and the strip tiles, AVX-512 VNNI or plain C++
-// (the same integer dots and float operations per output, so both give the same bits). No torch here.
+// The kernels of quant_gemm.h: block-wise activation quantization and the strip tiles, AVX-512 VNNI, AVX2 or plain
+// C++ (the same integer dots and float operations per output, so all give the same bits). No torch here.
 #include "quant_gemm.h"
 
 #include <algorithm>
@@ -10,6 +10,9 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define QGEMM_VNNI 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define QGEMM_AVX2 1
 #endif
 
 namespace triton_llm_native::qgemm {
@@ -111,6 +114,106 @@ void tile(const Weights& w, int64_t s0, const uint8_t* xq, const float* sx, cons
   }
 }
 constexpr const char* kIsa = "avx512_vnni";
+
+#elif defined(QGEMM_AVX2)
+
+// A strip's 16 rows x 4 bytes of one k quad, as four int16 vectors of 4 rows each: bytes widened (signed weights of
+// int8, or int4 nibbles 0..15), so _mm256_madd_epi16 gives exact int32 pair sums (maddubs would saturate).
+// pairs[c] lane 2i (2i+1): row 4c+i's products of k0+k1 (k2+k3); `pair_rows` folds them into rows 0..7, 8..15.
+inline __m256i pair_rows(__m256i c0, __m256i c1) {   // rows 4c..4c+3 of c0 and 4c+4..4c+7 of c1 -> 8 row sums
+  return _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(c0, c1), _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+}
+
+// x's 4 bytes at p, widened to int16 and repeated for each of 4 rows (offset int8 activations are unsigned)
+inline __m256i x_quad(const uint8_t* p, bool is_unsigned) {
+  const __m128i b = _mm_set1_epi32(load4(p));
+  return is_unsigned ? _mm256_cvtepu8_epi16(b) : _mm256_cvtepi8_epi16(b);
+}
+
+template <int NT, int R>
+void tile(const Weights& w, int64_t s0, const uint8_t* xq, const float* sx, const int32_t* xsum, const float* bias,
+          float* y, int64_t n_out, const Span& span) {
+  const int64_t K = w.k, nb = K / kQBlock, G = w.groups, bpg = nb / G;
+  __m256 acc[NT][R][2];
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < 2; ++h)
+        acc[t][r][h] = span.b0 == 0 ? _mm256_setzero_ps()
+                                    : _mm256_loadu_ps(span.part + t * kPartStride + r * kStrip + 8 * h);
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  for (int64_t b = span.b0; b < span.b1; ++b) {
+    __m256i pairs[NT][R][4];
+    for (int t = 0; t < NT; ++t)
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < 4; ++c) pairs[t][r][c] = _mm256_setzero_si256();
+    // one k quad: wv[r][c] the weights of rows 4c..4c+3, xk the token's 4 activations
+    auto quad = [&](const __m256i (&wv)[R][4], int64_t k) {
+      for (int t = 0; t < NT; ++t) {
+        const __m256i xk = x_quad(xq + t * K + k, !w.int4);
+        for (int r = 0; r < R; ++r)
+          for (int c = 0; c < 4; ++c)
+            pairs[t][r][c] = _mm256_add_epi32(pairs[t][r][c], _mm256_madd_epi16(wv[r][c], xk));
+      }
+    };
+    if (!w.int4) {
+      const uint8_t* base = w.strips + s0 * K * kStrip + b * kQBlock * kStrip;
+      for (int q = 0; q < 8; ++q) {
+        __m256i wv[R][4];
+        for (int r = 0; r < R; ++r)
+          for (int c = 0; c < 4; ++c)
+            wv[r][c] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(base + r * K * kStrip + q * 64 + 16 * c)));
+        quad(wv, b * kQBlock + q * 4);
+      }
+    } else {
+      const uint8_t* base = w.strips + s0 * K * (kStrip / 2) + b * kQBlock * (kStrip / 2);
+      for (int o = 0; o < 4; ++o) {
+        __m256i lo[R][4], hi[R][4];
+        for (int r = 0; r < R; ++r)
+          for (int c = 0; c < 4; ++c) {
+            const __m128i raw = _mm_loadu_si128((const __m128i*)(base + r * K * (kStrip / 2) + o * 64 + 16 * c));
+            lo[r][c] = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low4));
+            hi[r][c] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low4));
+          }
+        quad(lo, b * kQBlock + o * 8);
+        quad(hi, b * kQBlock + o * 8 + 4);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < 2; ++h) {
+        const int64_t gi = ((s0 + r) * G + b / bpg) * kStrip + 8 * h;
+        const __m256 sc = _mm256_loadu_ps(w.scales + gi);
+        for (int t = 0; t < NT; ++t) {
+          const __m256i dot = pair_rows(pairs[t][r][2 * h], pairs[t][r][2 * h + 1]);
+          __m256 v;
+          if (!w.int4) {
+            const __m256i ws = _mm256_loadu_si256((const __m256i*)(w.wsum + ((s0 + r) * nb + b) * kStrip + 8 * h));
+            v = _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, ws));
+          } else {
+            v = _mm256_fnmadd_ps(_mm256_loadu_ps(w.zeros + gi), _mm256_set1_ps(float(xsum[t * nb + b])),
+                                 _mm256_cvtepi32_ps(dot));
+          }
+          acc[t][r][h] = _mm256_fmadd_ps(v, _mm256_mul_ps(sc, _mm256_set1_ps(sx[t * nb + b])), acc[t][r][h]);
+        }
+      }
+  }
+  if (span.b1 < nb) {
+    for (int t = 0; t < NT; ++t)
+      for (int r = 0; r < R; ++r)
+        for (int h = 0; h < 2; ++h) _mm256_storeu_ps(span.part + t * kPartStride + r * kStrip + 8 * h, acc[t][r][h]);
+    return;
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float out[NT][kStrip];
+    for (int t = 0; t < NT; ++t)
+      for (int h = 0; h < 2; ++h) _mm256_store_ps(out[t] + 8 * h, acc[t][r][h]);
+    for (int j = 0; j < kStrip; ++j) {
+      const int64_t row = (s0 + r) * kStrip + j;
+      if (row >= n_out) break;
+      for (int t = 0; t < NT; ++t) y[t * n_out + row] = out[t][j] + (bias ? bias[row] : 0.f);
+    }
+  }
+}
+constexpr const char* kIsa = "avx2";
 
 #else  // plain C++, lanes innermost (the compiler vectorizes them; no reduction to reassociate)
 
