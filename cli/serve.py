@@ -245,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         supervisor.write_liveness()
         server.wait_ready(timeout=600)
+        supervisor.arm()      # the stubs of the ready server; the liveness file says serving
         if not args.no_gateway:
             gateway = start_gateway(server)
         print("\nready:")
