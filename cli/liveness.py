@@ -23,7 +23,8 @@ from cli.supervisor import liveness_path_from_env
 DEFAULT_MAX_AGE_S = 10.0
 
 
-def check(path: Path, max_age_s: float = DEFAULT_MAX_AGE_S, *, now: float | None = None, proc: Path = PROC) -> str | None:
+def check(path: Path, max_age_s: float = DEFAULT_MAX_AGE_S, *, now: float | None = None,
+          proc: Path = PROC) -> str | None:
     """Why the container is not alive, or None."""
     try:
         state = json.loads(path.read_text())

@@ -53,7 +53,7 @@ class LLMServing:
         self.telemetry = telemetry        # RequestTelemetry for finished requests, or None
         self.tracing = tracing            # read Triton's span context of each request
         self.model_name = model_name      # the served checkpoint, for the log line and spans
-        self.queue_cap = queue_cap        # (max_num_seqs, max_queued_requests): refuse beyond their sum; None: no cap
+        self.queue_cap = queue_cap        # (max_num_seqs, max_queued_requests): refuse past their sum; None: none
         self._lock = threading.Lock()
         self._inflight: dict[str, InFlight] = {}
         self._unhealthy: str | None = None    # why the engine is gone (backend/serving/health.py), or None

@@ -3,10 +3,10 @@ Triton (gateway/stream_buffer.py: each stream's output waits coalesced, within `
 engine finishes those requests and frees their KV blocks while the clients still have not read, other streams
 complete meanwhile, and the unread clients later get every token.
 
-The demo model's context is 1,024 tokens (600 are asked here), so a stream carries a few KB of text: less than gRPC's own windows
-hold, and the gateway's cap (1 MiB by default) is never reached here. Reaching it (RESOURCE_EXHAUSTED, the request
-stopped) is tested against a fake Triton that streams faster than any client reads:
-tests/gateway/test_gateway_backpressure.py."""
+The demo model's context is 1,024 tokens (600 are asked here), so a stream carries a few KB of text: less than
+gRPC's own windows hold, and the gateway's cap (1 MiB by default) is never reached here. Reaching it
+(RESOURCE_EXHAUSTED, the request stopped) is tested against a fake Triton that streams faster than any client
+reads: tests/gateway/test_gateway_backpressure.py."""
 from __future__ import annotations
 
 import time

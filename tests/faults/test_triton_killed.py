@@ -18,7 +18,8 @@ ERROR_WITHIN_S = 5.0
 
 def test_a_killed_tritonserver_fails_calls_fast_and_is_served_again(faulty, record):
     server, gw = faulty.server, faulty.gateway
-    calls = [("grpc", clients.gateway_grpc, (gw.target,)), ("http", clients.gateway_http, (gw.openai_url, faulty.model)),
+    calls = [("grpc", clients.gateway_grpc, (gw.target,)),
+             ("http", clients.gateway_http, (gw.openai_url, faulty.model)),
              ("http-whole", clients.gateway_http_whole, (gw.openai_url, faulty.model))]
     outs, threads = [], []
     for kind, fn, args in calls * 4:
