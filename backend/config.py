@@ -37,6 +37,8 @@ class EngineConfig:
                                                # what gpu_memory_utilization leaves after weights (draft included)
     gpu_memory_utilization: float = 0.85       # fraction of GPU memory the engine may use (weights + KV + activations)
     max_num_seqs: int = 64                     # sequences running at once
+    max_queued_requests: int = 256             # requests held beyond max_num_seqs; the next one is refused
+                                               # at once (backend/engine/inbox.py queue_full_error)
     max_num_batched_tokens: int = 1024         # tokens computed per step (prefill chunks + decodes + drafts)
     max_model_len: int | None = None           # None: the model's max_position_embeddings
     enable_prefix_caching: bool = True
@@ -76,6 +78,7 @@ class EngineConfig:
             _check_int("kv_cache_bytes", self.kv_cache_bytes, lo=1)
         _check_fraction("gpu_memory_utilization", self.gpu_memory_utilization, lo_open=True)
         _check_int("max_num_seqs", self.max_num_seqs, lo=1)
+        _check_int("max_queued_requests", self.max_queued_requests, lo=0)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, lo=1)
         if self.max_model_len is not None:
             _check_int("max_model_len", self.max_model_len, lo=2)
@@ -222,6 +225,7 @@ _PARSERS = {
     "model_path": _parse_str, "draft_model_path": _optional(_parse_str), "block_size": _parse_int,
     "num_kv_blocks": _optional(_parse_int), "kv_cache_bytes": _optional(_parse_bytes),
     "gpu_memory_utilization": _parse_float, "max_num_seqs": _parse_int, "max_num_batched_tokens": _parse_int,
+    "max_queued_requests": _parse_int,
     "max_model_len": _optional(_parse_int), "enable_prefix_caching": _parse_bool, "watermark": _parse_float,
     "stream_interval": _parse_int, "stream_responses_per_s": _parse_float, "device": _parse_str, "dtype": _parse_str,
     "num_speculative_tokens": _parse_int, "speculative_method": _parse_str, "ngram_min": _parse_int,

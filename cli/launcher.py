@@ -246,6 +246,7 @@ class TritonServer(ChildProcess):
         self.log_verbose = log_verbose
         self.proc: subprocess.Popen | None = None
         self._log_file = None
+        self._started = False
 
     @property
     def grpc_url(self) -> str:
@@ -296,10 +297,11 @@ class TritonServer(ChildProcess):
         command = self.command()
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log_file = open(self.log_path, "wb")
+            self._log_file = open(self.log_path, "ab" if self._started else "wb")   # a restart appends
             out = self._log_file
         else:
             out = None  # inherit the terminal
+        self._started = True
         self.proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
                                      start_new_session=True, cwd=str(REPO), preexec_fn=die_with_parent())
         return self
@@ -337,12 +339,13 @@ class TritonServer(ChildProcess):
             time.sleep(0.5)
         raise LauncherError(f"tritonserver not ready after {timeout:.0f}s{self._tail_note()}")
 
-    def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGINT (Triton's graceful shutdown), then SIGKILL of the process group after ``timeout``."""
+    def stop(self, timeout: float = 30.0, signum: int = signal.SIGINT) -> int | None:
+        """``signum`` (SIGINT or SIGTERM: Triton's graceful shutdown), then SIGKILL of the process group after
+        ``timeout``."""
         proc, self.proc = self.proc, None
         code = None
         if proc is not None:
-            code = stop_process(proc, signal.SIGINT, timeout)
+            code = stop_process(proc, signum, timeout)
             # Python backend stubs live in the server's process group; reap any stragglers.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)

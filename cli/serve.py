@@ -18,6 +18,10 @@ Beside it, the typed gRPC gateway (``python -m gateway``, docs/api-grpc.md) list
 their auth and TLS come from GATEWAY_AUTH_TOKEN_FILE / GATEWAY_AUTH_TOKENS / GATEWAY_TLS_CERT /
 GATEWAY_TLS_KEY. ``--no-gateway`` runs tritonserver alone.
 
+While it serves, the launcher watches the Python stubs of tritonserver every second and restarts tritonserver
+when one dies (``cli/supervisor.py``); its liveness file (``TRITON_LLM_LIVENESS_FILE``) backs the container's
+liveness probe, ``python -m cli.liveness`` (docs/reliability.md).
+
 ``OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318`` sends traces there (docs/observability.md).
 """
 from __future__ import annotations
@@ -36,6 +40,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tracing import TracingConfigError, TracingSettings
+from cli.supervisor import Supervisor, liveness_path_from_env
 from cli.launcher import (
     CACHE,
     MODEL_REPOSITORY,
@@ -149,11 +154,14 @@ def drain(read_active, seconds: float, *, quiet_s: float = 2.5, poll_s: float = 
     return False
 
 
-def stop_on_sigterm(server: TritonServer, drain_s: float) -> None:
-    """SIGTERM: drain for up to ``drain_s`` (in a thread), then SIGINT to tritonserver (its graceful stop)."""
+def stop_on_sigterm(server: TritonServer, drain_s: float, supervisor: Supervisor | None = None) -> None:
+    """SIGTERM: drain for up to ``drain_s`` (in a thread), then SIGINT to tritonserver (its graceful stop);
+    ``supervisor`` stops restarting it from the start of the drain."""
     started = threading.Event()
 
     def interrupt() -> None:
+        if supervisor is not None:
+            supervisor.request_stop()
         if drain_s > 0:
             print(f"SIGTERM: letting in-flight requests finish (up to {drain_s:.0f} s) ...", flush=True)
             drained = drain(lambda: active_requests(server.metrics_url), drain_s)
@@ -232,9 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     # tritonserver runs in its own session: Ctrl-C (KeyboardInterrupt here) and SIGTERM become one
     # SIGINT to it (its graceful shutdown), then SIGKILL if it has not exited 30 s later. SIGTERM first
     # drains for $TRITON_LLM_DRAIN_SECONDS (stop_on_sigterm).
-    stop_on_sigterm(server, drain_s)
+    supervisor = Supervisor(server, liveness_path=liveness_path_from_env())
+    stop_on_sigterm(server, drain_s, supervisor)
     try:
+        supervisor.write_liveness()
         server.wait_ready(timeout=600)
+        supervisor.arm()      # the stubs of the ready server; the liveness file says serving
         if not args.no_gateway:
             gateway = start_gateway(server)
         print("\nready:")
@@ -249,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  try:     {client} \"def fibonacci(n):\" --max-tokens 64 --gateway --url {gateway.target}")
             print(f"  OpenAI   {gateway.openai_url}/v1  (chat, completions, models; /metrics; docs/api-openai.md)")
         print("Ctrl-C to stop.", flush=True)
-        return server.proc.wait() if server.proc else 0
+        # A dead Python stub restarts tritonserver (cli/supervisor.py); its own exit ends the launcher.
+        return supervisor.run()
     except KeyboardInterrupt:
         print("\nstopping tritonserver ...", flush=True)
         return 0

@@ -88,7 +88,7 @@ def _raw(dtype: str, values: list) -> bytes:
     return struct.pack(f"<{len(values)}{fmt}", *values)
 
 
-def _add(req: service_pb2.ModelInferRequest, name: str, dtype: str, values: list) -> None:
+def add_input(req: service_pb2.ModelInferRequest, name: str, dtype: str, values: list) -> None:
     t = req.inputs.add()
     t.name = name
     t.datatype = dtype
@@ -154,7 +154,7 @@ def build_infer_request(request: pb.GenerateRequest, request_id: str, model: str
     # of every request is seen (tritonclient's aio stream_infer cannot set this reserved parameter).
     req.parameters["triton_enable_empty_final_response"].bool_param = True
     for name, dtype, vals in ensemble_values(request):
-        _add(req, name, dtype, vals)
+        add_input(req, name, dtype, vals)
     return req
 
 
@@ -204,11 +204,13 @@ def is_final(resp: service_pb2.ModelInferResponse) -> bool:
 class UpstreamError(Exception):
     """The ensemble reported something the gateway turns into a gRPC status."""
 
-    def __init__(self, code: grpc.StatusCode, message: str, field: str | None = None) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, field: str | None = None,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.field = field
+        self.retry_after_s = retry_after_s   # a google.rpc.RetryInfo delay (HTTP: Retry-After) when set
 
 
 @dataclass
@@ -300,6 +302,8 @@ _UNAVAILABLE = re.compile(r"unknown model|not ready|no available versions|is not
                           r"server is (?:stopping|shutting down|exiting)|unavailable", re.I)
 _DEADLINE = re.compile(r"timeout|deadline", re.I)
 _CANCELLED = re.compile(r"\bcancel", re.I)
+_QUEUE_FULL = re.compile(r"\bmax_queued_requests: ")
+QUEUE_RETRY_AFTER_S = 1.0      # the delay a refused request is told to wait (the engine frees slots every step)
 
 
 def field_for_input(name: str, request: pb.GenerateRequest) -> str:
@@ -316,6 +320,10 @@ def map_triton_error(message: str, request: pb.GenerateRequest, request_id: str)
     """An ensemble error string as a status: client errors name the proto field; the rest is INTERNAL
     with the request id (the upstream text is logged by the caller, never returned)."""
     text = _PREFIX.sub("", message.strip())
+    if _QUEUE_FULL.search(text):   # the engine's queue cap (backend/engine/inbox.py queue_full_error)
+        return UpstreamError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             "the engine is full (max_queued_requests requests wait already); retry later",
+                             retry_after_s=QUEUE_RETRY_AFTER_S)
     m = _FIELD.match(text)
     if m and m.group(1) in ENSEMBLE_INPUTS:
         path = field_for_input(m.group(1), request)

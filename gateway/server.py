@@ -79,7 +79,8 @@ async def start(config: GatewayConfig, *, span_exporter=None) -> Gateway:
                               roots=config.roots, tokenizer_path=config.tokenizer_path)
     tokens = TokenSet(config.auth_tokens, config.auth_token_file)
     tracing = GatewayTracing.from_settings(config.tracing, span_exporter)
-    service = LLMService(upstream, tokens=tokens, max_inflight=config.max_inflight, tracing=tracing)
+    service = LLMService(upstream, tokens=tokens, max_inflight=config.max_inflight, tracing=tracing,
+                         stream_buffer_bytes=config.stream_buffer_bytes)
     server = grpc.aio.server(options=SERVER_OPTIONS)
     pb_grpc.add_LLMServiceServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()

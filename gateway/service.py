@@ -18,6 +18,7 @@ from triton_llm.v1 import llm_service_pb2_grpc as pb_grpc
 from . import mapping
 from .config import TokenSet
 from .generation import Generation, StreamCloser
+from .stream_buffer import DEFAULT_CAP_BYTES
 from .tracing import GatewayTracing, generate_attributes, usage_attributes
 from .upstream import TritonUpstream
 
@@ -28,14 +29,22 @@ MAX_TOKENIZE_BYTES = 1_000_000
 
 
 async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str,
-                field: str | None = None) -> None:
-    """End the call with ``code``; INVALID_ARGUMENT also carries a google.rpc.BadRequest naming the field."""
-    trailing = ()
+                field: str | None = None, retry_after_s: float | None = None) -> None:
+    """End the call with ``code``; INVALID_ARGUMENT also carries a google.rpc.BadRequest naming the field,
+    a refusal to retry later (RESOURCE_EXHAUSTED) a google.rpc.RetryInfo with the delay."""
+    details = []
     if field is not None:
-        bad = error_details_pb2.BadRequest(field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(field=field, description=message)])
+        details.append(error_details_pb2.BadRequest(field_violations=[
+            error_details_pb2.BadRequest.FieldViolation(field=field, description=message)]))
+    if retry_after_s is not None:
+        info = error_details_pb2.RetryInfo()
+        info.retry_delay.FromMilliseconds(int(retry_after_s * 1000))
+        details.append(info)
+    trailing = ()
+    if details:
         status = status_pb2.Status(code=getattr(code_pb2, code.name), message=message)
-        status.details.add().Pack(bad)
+        for detail in details:
+            status.details.add().Pack(detail)
         trailing = (("grpc-status-details-bin", status.SerializeToString()),)
     await context.abort(code, message, trailing_metadata=trailing)
 
@@ -69,11 +78,12 @@ def traced_unary(method: str):
 
 class LLMService(pb_grpc.LLMServiceServicer):
     def __init__(self, upstream: TritonUpstream, *, tokens: TokenSet | None = None, max_inflight: int = 256,
-                 tracing: GatewayTracing | None = None) -> None:
+                 tracing: GatewayTracing | None = None, stream_buffer_bytes: int = DEFAULT_CAP_BYTES) -> None:
         self.upstream = upstream
         self.tracing = tracing        # the server spans when OTEL_* turns tracing on (gateway/tracing.py), else None
         self.tokens = tokens
         self.max_inflight = max_inflight
+        self.stream_buffer_bytes = stream_buffer_bytes   # per stream (gateway/stream_buffer.py)
         self.inflight = 0
         self._tokenizers: dict[Path, object] = {}
         self.closer = StreamCloser()
@@ -98,14 +108,15 @@ class LLMService(pb_grpc.LLMServiceServicer):
             md = await self._authorize(context)
             if self.inflight >= self.max_inflight:
                 await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                            f"too many Generate calls in flight (limit {self.max_inflight}); retry later")
+                            f"too many Generate calls in flight (limit {self.max_inflight}); retry later",
+                            retry_after_s=mapping.QUEUE_RETRY_AFTER_S)
             self.inflight += 1
             try:
                 try:
                     if request.request_id:
                         mapping.validate_request_id(request.request_id)
                     rid = request.request_id or uuid.uuid4().hex
-                    generation = Generation(self.upstream, request, rid, self.closer)
+                    generation = Generation(self.upstream, request, rid, self.closer, self.stream_buffer_bytes)
                 except mapping.FieldError as e:
                     await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e), e.field)
                     return
@@ -124,7 +135,7 @@ class LLMService(pb_grpc.LLMServiceServicer):
                         async for out in outs:
                             yield out
                 except mapping.UpstreamError as e:
-                    await abort(context, e.code, e.message, e.field)
+                    await abort(context, e.code, e.message, e.field, e.retry_after_s)
                 finally:
                     if span is not None:
                         span.attributes.update(usage_attributes(generation.assembler))

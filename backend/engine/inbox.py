@@ -33,6 +33,18 @@ class AbortRequest:
 InboxMessage = AddRequest | AbortRequest
 
 
+def queue_full_error(in_engine: int, max_num_seqs: int, max_queued_requests: int) -> str | None:
+    """The error for a request arriving while ``in_engine`` requests are in the engine (running, waiting, or
+    in the inbox), or None when it may join them. The engine holds up to ``max_num_seqs`` running plus
+    ``max_queued_requests`` waiting; beyond that a request is refused at once rather than queued without
+    bound. The message names the setting and says to retry (the gateway answers RESOURCE_EXHAUSTED with a
+    retry delay, HTTP 429 with Retry-After; Triton has no such status, so a direct client reads the text)."""
+    if in_engine < max_num_seqs + max_queued_requests:
+        return None
+    return (f"max_queued_requests: the engine is full ({in_engine} requests: max_num_seqs {max_num_seqs} "
+            f"running + max_queued_requests {max_queued_requests} waiting); unavailable, retry later")
+
+
 def apply_messages(messages: list[InboxMessage], scheduler: Scheduler) -> list[RequestOutput]:
     """The drained messages applied to the scheduler in order; returns the outputs to dispatch (the final
     output of an abort, or an error for a request the scheduler refused at enqueue)."""

@@ -31,6 +31,7 @@ import uuid
 import numpy as np
 
 from backend.core.outputs import RequestOutput
+from backend.engine.inbox import queue_full_error
 from backend.serving.cancel_watch import CancelWatcher
 from backend.serving.health import UNHEALTHY_ACTIONS, EngineWatchdog, shutdown_server
 from backend.serving.inflight import InFlight, finished_request, prompt_digest
@@ -45,13 +46,14 @@ class LLMServing:
     """Owns the in-flight table between Triton's requests and the engine's callbacks."""
 
     def __init__(self, engine, pb_utils, *, cancel_poll_interval_s: float = 0.2, metrics=None, telemetry=None,
-                 tracing: bool = False, model_name: str = ""):
+                 tracing: bool = False, model_name: str = "", queue_cap: tuple[int, int] | None = None):
         self.engine = engine
         self.pb = pb_utils
         self.metrics = metrics            # EngineMetrics publishing the engine's gauges, or None
         self.telemetry = telemetry        # RequestTelemetry for finished requests, or None
         self.tracing = tracing            # read Triton's span context of each request
         self.model_name = model_name      # the served checkpoint, for the log line and spans
+        self.queue_cap = queue_cap        # (max_num_seqs, max_queued_requests): refuse past their sum; None: none
         self._lock = threading.Lock()
         self._inflight: dict[str, InFlight] = {}
         self._unhealthy: str | None = None    # why the engine is gone (backend/serving/health.py), or None
@@ -147,17 +149,24 @@ class LLMServing:
             if self.tracing:
                 flight.trace_context = request_trace_context(r)
         with self._lock:
-            self._inflight[engine_id] = flight
+            full = None if self.queue_cap is None else queue_full_error(len(self._inflight), *self.queue_cap)
+            if full is None:
+                self._inflight[engine_id] = flight
+        if full is not None:
+            return self._refuse(flight, full)
         try:
             self.engine.add_request(engine_id, prompt, llm_req.sampling, self._on_output)
         except Exception as e:
             with self._lock:
                 self._inflight.pop(engine_id, None)
-            msg = engine_error_message(e)
-            self._send_error(sender, client_id, msg)
-            if self.telemetry is not None:   # a rejected request is a finished one too (log line, error count)
-                self.telemetry.submit(finished_request(flight, RequestOutput(
-                    engine_id, 0, [], finished=True, request_finished=True, error=msg), self.model_name))
+            self._refuse(flight, engine_error_message(e))
+
+    def _refuse(self, flight: InFlight, msg: str) -> None:
+        """End a request the engine did not take with an error naming why."""
+        self._send_error(flight.sender, flight.request.request_id() or "", msg)
+        if self.telemetry is not None:   # a rejected request is a finished one too (log line, error count)
+            self.telemetry.submit(finished_request(flight, RequestOutput(
+                flight.engine_id, 0, [], finished=True, request_finished=True, error=msg), self.model_name))
 
     # ---- engine side (engine thread) -------------------------------------------------------
     def _on_output(self, out: RequestOutput) -> None:

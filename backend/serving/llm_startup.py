@@ -52,7 +52,8 @@ def build_llm_serving(model_config: dict, pb_utils, *, model_version: str = "1")
     log_load_summary(pb_utils, getattr(engine.parts, "summary", ""))
     llm = LLMServing(engine, pb_utils, cancel_poll_interval_s=poll, metrics=metrics, telemetry=telemetry,
                      tracing=tracer is not None,
-                     model_name=os.path.basename(os.path.normpath(engine.config.model_path)))
+                     model_name=os.path.basename(os.path.normpath(engine.config.model_path)),
+                     queue_cap=(engine.config.max_num_seqs, engine.config.max_queued_requests))
     llm.watch(positive_float_param(serving, "engine_stall_timeout_s", 30.0), serving["engine_unhealthy_action"])
     return llm
 

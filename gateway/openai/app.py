@@ -162,7 +162,7 @@ def create_app(service: LLMService, metrics_url: str) -> FastAPI:
             facts = await upstream.facts()
             req = params.chat_request(body, prompt.prompt_messages(body), facts.max_context_tokens, plan.guide)
             runner = Runner(upstream, service.closer, [req], admitted.request_id, body.n,
-                            params.param_of(plan.param), admitted.metadata)
+                            params.param_of(plan.param), admitted.metadata, service.stream_buffer_bytes)
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             chat = ChatCompletion(runner, plan, model=body.model, completion_id="chatcmpl-" + admitted.request_id,
                                   n=body.n, logprobs=body.logprobs, include_usage=include_usage and body.stream,
@@ -184,7 +184,7 @@ def create_app(service: LLMService, metrics_url: str) -> FastAPI:
             prompts = body.prompts()
             reqs = [params.completion_request(body, p) for p in prompts]
             runner = Runner(upstream, service.closer, reqs, admitted.request_id, body.n, params.PARAM_OF,
-                            admitted.metadata)
+                            admitted.metadata, service.stream_buffer_bytes)
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             completion = Completion(runner, model=body.model, completion_id="cmpl-" + admitted.request_id,
                                     prompts=prompts, n=body.n, echo=body.echo, logprobs=body.logprobs is not None,

@@ -57,7 +57,8 @@ def from_upstream(e: UpstreamError, param_of: dict[str, str] | None = None) -> A
         param = (param_of or {}).get(e.field, e.field)
         message = e.message.replace(f"{e.field}:", f"{param}:", 1)
         return APIError(400, message, param=param, code="invalid_value")
-    headers = {"Retry-After": "1"} if status in (429, 503) else None
+    retry = f"{max(1, round(e.retry_after_s))}" if e.retry_after_s is not None else "1"
+    headers = {"Retry-After": retry} if status in (429, 503) else None
     code = {429: "rate_limit_exceeded", 503: "model_not_ready"}.get(status)
     return APIError(status, e.message, code=code, headers=headers)
 

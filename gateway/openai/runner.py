@@ -16,6 +16,7 @@ from triton_llm.v1 import llm_service_pb2 as pb
 
 from gateway.generation import Generation, StreamCloser
 from gateway.mapping import UpstreamError
+from gateway.stream_buffer import DEFAULT_CAP_BYTES
 from gateway.upstream import TritonUpstream
 
 from .errors import APIError, from_upstream
@@ -46,12 +47,12 @@ class Usage:
 class Runner:
     def __init__(self, upstream: TritonUpstream, closer: StreamCloser, requests: list[pb.GenerateRequest],
                  request_id: str, n: int, param_of: dict[str, str],
-                 metadata: tuple[tuple[str, str], ...] = ()) -> None:
+                 metadata: tuple[tuple[str, str], ...] = (), buffer_bytes: int = DEFAULT_CAP_BYTES) -> None:
         self.n = n
         self.param_of = param_of
         self.metadata = metadata
         ids = [request_id] if len(requests) == 1 else [f"{request_id}-{i}" for i in range(len(requests))]
-        self.generations = [Generation(upstream, r, rid, closer) for r, rid in zip(requests, ids)]
+        self.generations = [Generation(upstream, r, rid, closer, buffer_bytes) for r, rid in zip(requests, ids)]
 
     def usage(self) -> Usage:
         totals = [g.assembler.usage() for g in self.generations]

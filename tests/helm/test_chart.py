@@ -33,7 +33,9 @@ from cli.launcher import render_model_repository
 
 SCENARIOS = ["default", "cpu", "pvc", "autoscaling", "gateway-secret", "gateway-tokens", "inferencepool"]
 FULLNAME = f"{RELEASE}-triton-llm"
-HEALTH = {"startupProbe": "/v2/health/ready", "readinessProbe": "/v2/health/ready", "livenessProbe": "/v2/health/live"}
+HEALTH = {"startupProbe": "/v2/health/ready", "readinessProbe": "/v2/health/ready"}
+# Liveness is the launcher's stub watch (cli/liveness.py): Triton's /v2/health/live stays 200 with a dead stub.
+LIVENESS = ["python3", "-m", "cli.liveness"]
 # What the chart asks Prometheus / the HPA for: a family our llm model exports, with this label.
 METRIC, METRIC_LABEL, METRIC_VALUE = "nv_trt_llm_request_metrics", "request_type", "waiting"
 
@@ -101,6 +103,7 @@ def test_probes_ports_and_service(name):
     assert (env["HTTP_PORT"], env["GRPC_PORT"], env["METRICS_PORT"]) == ("8000", "8001", "8002")
     for probe, path in HEALTH.items():
         assert triton[probe]["httpGet"] == {"path": path, "port": "http"}, probe
+    assert triton["livenessProbe"]["exec"]["command"] == LIVENESS
     startup = triton["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # model load: 10 min at least
     assert "--no-gateway" in triton["args"]   # the launcher's own gateway would take the gateway container's port

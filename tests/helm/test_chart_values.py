@@ -100,7 +100,7 @@ def test_every_engine_parameter_renders(tmp_path):
     from tests.helm.chart import container, env_of
     from cli.serve import parse_overrides, settings_from_env
     sample = {"block_size": 32, "num_kv_blocks": 4096, "kv_cache_bytes": "2GiB", "gpu_memory_utilization": 0.8,
-              "max_num_seqs": 32, "max_num_batched_tokens": 2048, "max_model_len": 4096,
+              "max_num_seqs": 32, "max_queued_requests": 64, "max_num_batched_tokens": 2048, "max_model_len": 4096,
               "enable_prefix_caching": False, "watermark": 0.05, "stream_interval": 2, "device": "cuda:0",
               "dtype": "float16", "num_speculative_tokens": 3, "speculative_method": "ngram", "ngram_min": 2,
               "ngram_max": 5, "speculative_adaptive": False, "draft_coupling": "gumbel", "seed": 11, "stream_responses_per_s": 60,

@@ -290,3 +290,24 @@ def test_parameters_split_and_paths_resolved(tmp_path):
     assert "metrics_interval_s" not in engine and serving["metrics_interval_s"] == "2"
     assert serving["cancel_poll_interval_s"] == "0.2"
     assert resolve_paths({"model_path": "/abs"})["model_path"] == "/abs"
+
+
+def test_the_queue_cap_refuses_at_once_naming_max_queued_requests():
+    engine, pb = FakeEngine(), make_pb_utils()
+    serving = LLMServing(engine, pb, cancel_poll_interval_s=0.01, queue_cap=(2, 1))   # 2 running + 1 waiting
+    try:
+        admitted = [llm_request() for _ in range(3)]
+        serving.execute(admitted)
+        refused = llm_request(request_id="client-4")
+        serving.execute([refused])
+        assert len(engine.added) == 3
+        (resp, flags), = refused.sender.sent
+        meta = meta_of(resp)
+        assert flags == FINAL and meta.error.startswith("max_queued_requests: ") and "unavailable" in meta.error
+        assert meta.request_id == "client-4"
+        engine.emit(engine.added[0][0], [7], True, True, FinishReason.LENGTH)   # a slot frees: the next one enters
+        again = llm_request()
+        serving.execute([again])
+        assert len(engine.added) == 4 and again.sender.sent == []
+    finally:
+        serving.shutdown()
