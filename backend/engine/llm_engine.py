@@ -53,6 +53,7 @@ class LLMEngine:
         self.runner = self.parts.runner
         self.speculator = self.parts.speculator   # None unless speculative_method is ngram or draft
         self.structured = self.parts.structured_output      # None: guided requests are refused
+        self.lora = self.parts.lora                          # None: requests naming an adapter are refused
         self.pacer = StreamPacer(config.stream_interval, config.stream_responses_per_s)
         self.threads = ThreadPolicy(self.parts.cpu_threads)   # per-step threads on the CPU (1 = fixed)
         self.observers = self._observers()
@@ -92,6 +93,10 @@ class LLMEngine:
             raise ValueError("request_id: must be a non-empty string")
         if params.guide is not None and self.structured is None:
             raise ValueError("guided_decoding_guide_type: guided decoding is not available in this engine")
+        if params.lora_name is not None:
+            if self.lora is None:
+                raise ValueError(f"lora_name: {params.lora_name!r}: this engine serves no LoRA adapters")
+            self.lora.check(params)
         self.scheduler.check_request(prompt_token_ids, params)   # the one validation; the loop trusts it
         prompt = [int(t) for t in prompt_token_ids]
         with self._cv:
@@ -190,6 +195,8 @@ class LLMEngine:
         if not self.scheduler.has_unfinished():
             self.observers.idle()
             return None
+        if self.lora is not None:
+            self.lora.admission.begin_step()                   # adapters waiting for a slot: one step more
         plan = self.scheduler.schedule()
         self._idle = not plan.scheduled
         return None if self._idle else plan
