@@ -26,7 +26,7 @@ KNOWN_INPUTS = frozenset({
     "end_id", "pad_id", "min_tokens", "min_length", "num_return_sequences", "beam_width",
     "exclude_input_in_output", "return_log_probs", "return_num_input_tokens", "return_num_output_tokens",
     "guided_decoding_guide_type", "guided_decoding_guide", "skip_special_tokens", "include_stop_str_in_output",
-    "num_speculative_tokens", "return_perf_metrics",
+    "num_speculative_tokens", "return_perf_metrics", "lora_name",
 })
 
 # Boolean inputs carried in the output options, with their defaults (TensorRT-LLM's where it has one).
@@ -258,6 +258,7 @@ class RequestParser:
             logprobs=0 if logprobs else None,
             guide=guide,
             num_speculative_tokens=get_int(inputs, "num_speculative_tokens", None),
+            lora_name=get_str(inputs, "lora_name") or None,   # the engine checks that it is served
         )
         try:
             return SamplingParams(**kwargs)
