@@ -63,7 +63,7 @@ class EngineConfig:
     guided_jump_forward: bool = False          # append the tokens a grammar forces without a forward pass each
     fast_decode: bool = False                  # every CPU step through the native fused forward (fp32); CUDA graphs
     python_switch_interval_ms: float = 0.0     # > 0: sys.setswitchinterval while the loop runs (process-wide)
-    lora_adapters: tuple[tuple[str, str], ...] = ()   # LoRA adapters served: (name, PEFT folder) pairs (docs/lora.md)
+    lora_adapters: tuple[tuple[str, str], ...] | None = None   # LoRA adapters: (name, PEFT folder) pairs (docs/lora.md)
     lora_dir: str | None = None                # also serve every adapter sub-folder of this folder, by its name
     max_loras: int = 4                         # adapters resident in a step's stacked weights at once
     max_cpu_loras: int | None = None           # adapters kept loaded in memory (None: every served one)
@@ -135,9 +135,9 @@ class EngineConfig:
         self._check_lora()
 
     def _check_lora(self) -> None:
-        if not isinstance(self.lora_adapters, tuple):
+        if self.lora_adapters is not None and not isinstance(self.lora_adapters, tuple):
             raise ValueError(f"lora_adapters: expected (name, folder) pairs, got {self.lora_adapters!r}")
-        for pair in self.lora_adapters:
+        for pair in self.lora_adapters or ():
             if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
                 raise ValueError(f"lora_adapters: expected (name, folder) pairs, got {pair!r}")
             if not re.fullmatch(LORA_NAME, pair[0]):
@@ -274,7 +274,7 @@ _PARSERS = {
     "quantization": _parse_str, "quantization_group_size": _parse_int, "kv_cache_dtype": _parse_str,
     "guided_compile_timeout_s": _parse_float, "guided_compile_workers": _parse_int, "guided_jump_forward": _parse_bool,
     "fast_decode": _parse_bool, "python_switch_interval_ms": _parse_float,
-    "lora_adapters": _parse_lora_adapters, "lora_dir": _optional(_parse_str), "max_loras": _parse_int,
+    "lora_adapters": _optional(_parse_lora_adapters), "lora_dir": _optional(_parse_str), "max_loras": _parse_int,
     "max_cpu_loras": _optional(_parse_int), "max_lora_rank": _parse_int,
 }
 

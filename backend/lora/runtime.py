@@ -36,7 +36,7 @@ class LoraRuntime:
 
     @classmethod
     def build(cls, config: EngineConfig, cfg: ModelConfig, device: torch.device, scheduler: Scheduler) -> LoraRuntime:
-        folders = adapter_folders(tuple((n, str(resolve_path(f))) for n, f in config.lora_adapters), config.lora_dir)
+        folders = adapter_folders(tuple((n, str(resolve_path(f))) for n, f in config.lora_adapters or ()), config.lora_dir)
         registry = LoraRegistry(folders, cfg, max_cpu_loras=config.max_cpu_loras or max(len(folders), 1),
                                 max_rank=config.max_lora_rank)
         weights = StackedLoraWeights(cfg, config.max_loras, config.max_lora_rank, device)
