@@ -106,6 +106,8 @@ class LLMEngine:
                 raise ValueError(f"request_id: {request_id!r} is already in flight")
             if params.seed is None and params.temperature >= GREEDY_EPS:
                 params = dataclasses.replace(params, seed=self._seeds.getrandbits(63))
+            if params.lora_name is not None:
+                on_output = self.lora.hold(params.lora_name, on_output)   # a TensorRT-LLM task stays cached
             self.outputs.callbacks[request_id] = on_output
             if params.guide is not None:
                 self.structured.submit(request_id, params.guide)   # compiles off the loop; admitted when ready

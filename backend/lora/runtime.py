@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
 
 import torch
 
@@ -17,6 +20,7 @@ from backend.core.scheduler import Scheduler
 from backend.lora.registry import LoraRegistry, adapter_folders
 from backend.lora.residency import LoraAdmission, LoraSlots
 from backend.lora.stacked import StackedLoraWeights
+from backend.lora.trtllm import adapter_from_trtllm, not_found_message, task_name
 from backend.model.config import ModelConfig
 from contracts.sampling_params import SamplingParams
 from contracts.triton_config import resolve_path
@@ -51,6 +55,37 @@ class LoraRuntime:
         """``ValueError`` naming ``lora_name`` when the request's adapter is not served."""
         if params.lora_name is not None:
             self.registry.check_name(params.lora_name)
+
+    def resolve_task(self, task_id: int, weights: np.ndarray | None, config: np.ndarray | None) -> str:
+        """The adapter name of a TensorRT-LLM task: cached from ``weights`` / ``config`` when sent, else looked up
+        (``ValueError`` with TensorRT-LLM's message when it is not cached)."""
+        name = task_name(task_id)
+        if weights is None and config is None:
+            if self.registry.task(name) is None:
+                raise ValueError(not_found_message(task_id))
+            return name
+        if weights is None or config is None:
+            raise ValueError(f"{'lora_config' if config is None else 'lora_weights'}: required with "
+                             f"{'lora_weights' if config is None else 'lora_config'}")
+        adapter = adapter_from_trtllm(task_id, weights, config, self.registry.cfg, self.registry.max_rank)
+        cached = self.registry.task(name)
+        if cached is not None and cached.identity != adapter.identity:
+            raise ValueError(f"lora_weights: LoRA task {task_id} is cached with other weights; use a new task id")
+        if cached is None:
+            self.registry.add_task(adapter)
+        return name
+
+    def hold(self, name: str, on_output: Callable) -> Callable:
+        """``on_output`` that keeps a task's adapter cached until its request's final output."""
+        if self.registry.task(name) is None:
+            return on_output
+        self.registry.pin(name)
+
+        def released(out) -> None:
+            if out.request_finished:
+                self.registry.unpin(name)
+            on_output(out)
+        return released
 
     def stats(self) -> LoraStats:
         """Read from any thread: the loop may change the queues meanwhile (a changed deque is read again)."""

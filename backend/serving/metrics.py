@@ -20,8 +20,7 @@ core; runqueue: waiting for a core; blocked: asleep inside steps, mostly waiting
 The inter-token latency, a histogram (``triton_llm_inter_token_latency_seconds``, vLLM's buckets): the gaps
 ``DecodeGaps`` (backend/serving/decode_gaps.py) recorded, one per decode step, observed at each update.
 
-LoRA adapters' gauges, when the engine serves them: backend/serving/lora_metrics.py. What serves requests,
-as an info gauge (always 1; backend/engine/builder.py ``ServedFormats``):
+LoRA gauges: backend/serving/lora_metrics.py. What serves requests, as an info gauge (always 1; ``ServedFormats``):
 ``triton_llm_model_info{quantization="int8",kv_cache_dtype="int8",dtype="float32"} 1``.
 
 A small thread reads ``engine.stats()`` every ``interval_s`` and sets the gauges through Triton's

@@ -20,9 +20,21 @@ ADAPTERS = {
 
 
 def write_adapters(base: Path, root: Path) -> dict[str, Path]:
+    """The three adapters, their weights rounded to fp16 values: with scalings that are powers of two (all of
+    ADAPTERS'), TensorRT-LLM's FP16 ``lora_weights`` then carry them exactly."""
     from tools.make_lora_adapter import make_adapter
 
-    return {name: make_adapter(base, root / name, **opts) for name, opts in ADAPTERS.items()}
+    folders = {name: make_adapter(base, root / name, **opts) for name, opts in ADAPTERS.items()}
+    for folder in folders.values():
+        fp16_exact(folder)
+    return folders
+
+
+def fp16_exact(folder: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "adapter_model.safetensors"
+    save_file({k: v.half().float() for k, v in load_file(str(path)).items()}, str(path))
 
 
 @torch.no_grad()
