@@ -140,7 +140,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     sampler = Sampler(vocab_size=mcfg.vocab_size, device=device, seed=config.seed, eos_token_ids=sorted(eos),
                       bitmask_kernels=native_bitmask_kernels(fast, device), draws=DrawKernels.for_device(device),
                       rule=DrawRule.of(config.speculative_method, config.draft_coupling))
-    lora = LoraRuntime.build(config, mcfg, device, scheduler) if config.lora_enabled else None
+    lora = LoraRuntime.build(config, mcfg, device, scheduler, dtype) if config.lora_enabled else None
     runner = ModelRunner(model, kv_cache, attn, sampler, device, fast_decode=fast.step,
                          lora=lora.slots if lora is not None else None)
     structured = StructuredOutputManager(

@@ -26,13 +26,14 @@ def lora_delta_reference(x: torch.Tensor,       # [T, K]
     return out
 
 
-def segments(slots: list[int]) -> list[tuple[int, torch.Tensor | None]]:
-    """(slot, token indices [T_s] int64) per slot present; indices None when one slot covers every token."""
+def segments(slots: list[int], device: torch.device | str = "cpu") -> list[tuple[int, torch.Tensor | None]]:
+    """(slot, token indices [T_s] int64 on ``device``) per slot present; indices None when one slot covers every
+    token."""
     present = sorted({s for s in slots if s >= 0})
     if len(present) == 1 and len(slots) and all(s == present[0] for s in slots):
         return [(present[0], None)]
     t = torch.tensor(slots)
-    return [(s, (t == s).nonzero().flatten()) for s in present]
+    return [(s, (t == s).nonzero().flatten().to(device)) for s in present]
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class LoraBatch:
     """One step's adapters: the resident stacks, each token's slot, and the per-slot token segments."""
 
     weights: StackedLoraWeights
-    slots: torch.Tensor                                  # [T] int32, -1: no adapter
+    slots: torch.Tensor                                  # [T] int32, -1: no adapter (on the weights' device)
     segments: list[tuple[int, torch.Tensor | None]]
 
     @classmethod
@@ -48,13 +49,20 @@ class LoraBatch:
         """None when no token has an adapter (the step runs as the base model)."""
         if all(s < 0 for s in token_slots):
             return None
-        return cls(weights, torch.tensor(token_slots, dtype=torch.int32), segments(token_slots))
+        device = weights.device
+        slots = torch.tensor(token_slots, dtype=torch.int32)
+        if device.type != "cpu":
+            slots = slots.to(device, non_blocking=True)
+        return cls(weights, slots, [] if weights.kernel is not None else segments(token_slots, device))
 
     def add(self, layer: int, proj: int,
             x: torch.Tensor,       # [T, K] the projection's input
             y: torch.Tensor,       # [T, N] its output, updated in place
             ) -> None:
         a, b, active = self.weights.a[layer][proj], self.weights.b[layer][proj], self.weights.active
+        if self.weights.kernel is not None:                 # CUDA: the Triton kernels (triton_delta.py)
+            self.weights.kernel(x, y, a, b, self.slots)
+            return
         for s, idx in self.segments:
             if not active[s][layer][proj]:
                 continue

@@ -34,16 +34,29 @@ class LoraStats:
     max_loras: int
 
 
+def cuda_kernel(device: torch.device, dtype: torch.dtype):
+    """On CUDA the Triton delta once it has matched its reference there; else None (torch segments)."""
+    if device.type != "cuda":
+        return None
+    try:
+        from backend.lora.triton_delta import triton_delta_matches, triton_lora_delta
+        return triton_lora_delta if triton_delta_matches(device, dtype) else None
+    except Exception:   # no triton, or a kernel that does not compile here: the torch path serves
+        return None
+
+
 class LoraRuntime:
     def __init__(self, registry: LoraRegistry, slots: LoraSlots, admission: LoraAdmission, scheduler: Scheduler):
         self.registry, self.slots, self.admission, self._scheduler = registry, slots, admission, scheduler
 
     @classmethod
-    def build(cls, config: EngineConfig, cfg: ModelConfig, device: torch.device, scheduler: Scheduler) -> LoraRuntime:
+    def build(cls, config: EngineConfig, cfg: ModelConfig, device: torch.device, scheduler: Scheduler,
+              dtype: torch.dtype = torch.float32) -> LoraRuntime:
         folders = adapter_folders(tuple((n, str(resolve_path(f))) for n, f in config.lora_adapters or ()), config.lora_dir)
         registry = LoraRegistry(folders, cfg, max_cpu_loras=config.max_cpu_loras or max(len(folders), 1),
                                 max_rank=config.max_lora_rank)
-        weights = StackedLoraWeights(cfg, config.max_loras, config.max_lora_rank, device)
+        weights = StackedLoraWeights(cfg, config.max_loras, config.max_lora_rank, device, dtype)
+        weights.kernel = cuda_kernel(device, dtype)
         admission = LoraAdmission(config.max_loras, lambda: scheduler.running, lambda: scheduler.waiting)
         return cls(registry, LoraSlots(registry, weights), admission, scheduler)
 

@@ -31,8 +31,12 @@ def projection_layout(cfg: ModelConfig) -> dict[str, tuple[int, int, list[tuple[
 
 
 class StackedLoraWeights:
-    def __init__(self, cfg: ModelConfig, num_slots: int, max_rank: int, device: torch.device | str = "cpu"):
+    def __init__(self, cfg: ModelConfig, num_slots: int, max_rank: int, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32):
+        """``dtype``: the model's compute dtype (the adapters' float32 weights are rounded to it once, here)."""
         self.num_slots, self.max_rank = num_slots, max_rank
+        self.device = torch.device(device)
+        self.kernel = None   # the delta as one call (x, y, A, B, slots) on CUDA (triton_delta.py), or torch segments
         self.num_layers = cfg.num_hidden_layers
         self.layout = projection_layout(cfg)
         self.a: list[list[torch.Tensor]] = []   # [layer][projection] -> [slots, R_p, K]
@@ -42,8 +46,8 @@ class StackedLoraWeights:
             for p in PROJECTIONS:
                 n, k, parts = self.layout[p]
                 r = len(parts) * max_rank
-                la.append(torch.zeros(num_slots, r, k, device=device))
-                lb.append(torch.zeros(num_slots, n, r, device=device))
+                la.append(torch.zeros(num_slots, r, k, device=device, dtype=dtype))
+                lb.append(torch.zeros(num_slots, n, r, device=device, dtype=dtype))
             self.a.append(la)
             self.b.append(lb)
         self.active = [[[False] * len(PROJECTIONS) for _ in range(self.num_layers)] for _ in range(num_slots)]

@@ -30,6 +30,7 @@ def test_eager_delta_matches_reference(slots):
     expected = y.double() + lora_delta_reference(x, a, b, torch.tensor(slots))
     weights = StackedLoraWeights.__new__(StackedLoraWeights)   # bare stacks of one layer and projection
     weights.a, weights.b, weights.active = [[a]], [[b]], [[[True]] for _ in range(3)]
+    weights.device, weights.kernel = torch.device("cpu"), None
     batch = LoraBatch.of(weights, slots)
     if batch is None:
         assert all(s < 0 for s in slots)
