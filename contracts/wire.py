@@ -123,6 +123,9 @@ class LLMResponseMeta:
     num_draft_tokens: int = 0          # speculative drafts verified for this sequence so far
     num_accepted_draft_tokens: int = 0  # of which accepted
     stop_ack: bool = False             # the answer to a `stop` request (no sequence of its own)
+    # per token of this response, when the request asked for top_logprobs: its [token id, logprob]
+    # alternatives, most likely first
+    top_logprobs: list[list[list[float]]] | None = None
 
     def to_json(self) -> str:
         # one per streamed response: the fields' values are flat, so vars() needs no deep copy (asdict)

@@ -42,6 +42,7 @@ OPTIONAL_SCALARS: dict[str, tuple[str, str]] = {
     "skip_special_tokens": ("skip_special_tokens", "BOOL"),
     "include_stop_str_in_output": ("include_stop_str_in_output", "BOOL"),
     "num_speculative_tokens": ("num_speculative_tokens", "INT32"),
+    "top_logprobs": ("top_logprobs", "INT32"),
     "lora_name": ("lora_name", "BYTES"),
 }
 LIST_FIELDS: dict[str, str] = {"stop_words": "stop_words", "bad_words": "bad_words"}
@@ -270,6 +271,9 @@ class ResponseAssembler:
                 cum = values.get("cum_log_probs")
                 if cum:
                     msg.cum_log_prob = float(cum[0])
+                tops = values.get("top_log_probs")
+                if tops and tops[0]:
+                    msg.top_log_probs.extend(top_log_probs(tops[0]))
             for name in ("output_ids", "token_ids"):  # not an ensemble output today (reserved field)
                 if values.get(name):
                     msg.token_ids.extend(int(v) for v in values[name])
@@ -279,6 +283,13 @@ class ResponseAssembler:
                 msg = pb.GenerateResponse(sequence_index=self.last_index, request_id=self.request_id)
             msg.usage.CopyFrom(self.usage())
         return msg
+
+
+def top_log_probs(raw: bytes) -> list[pb.TopLogprobs]:
+    """The ensemble's ``top_log_probs`` JSON (postprocess/top_logprobs.py) as messages."""
+    return [pb.TopLogprobs(candidates=[pb.TokenLogprob(token_id=c["token_id"], token=c["token"],
+                                                       log_prob=c["logprob"]) for c in token])
+            for token in json.loads(raw)]
 
 
 # ---- errors ---------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from contracts.triton_config import (
     str_param,
 )
 from postprocess.processor import Postprocessor
+from postprocess.top_logprobs import top_logprobs_json
 
 log = logging.getLogger(__name__)
 LLM_MODEL = "llm"
@@ -134,11 +135,14 @@ class PostprocessServing:
                 self._failed[rid] = out.error
                 return self._response("", "", meta, [], 0, 0)
             lps: list[float] = []
+            tops = ""
             if out.options.return_log_probs:
                 t = pb.get_input_tensor_by_name(request, wire.OUTPUT_LOG_PROBS)
                 lps = t.as_numpy().reshape(-1)[: out.num_accepted_tokens].tolist() if t is not None else []
+                if meta.top_logprobs:
+                    tops = top_logprobs_json(self.processor.tokenizer, meta.top_logprobs[: out.num_accepted_tokens])
             return self._response(out.text, out.finish_reason or "", meta, lps, out.num_input_tokens,
-                                  out.num_output_tokens, perf=out.options.return_perf_metrics)
+                                  out.num_output_tokens, perf=out.options.return_perf_metrics, tops=tops)
         except Exception as e:
             log.exception("postprocess failed for %s", rid)
             message = f"postprocess: internal error: {type(e).__name__}: {e}"
@@ -196,9 +200,10 @@ class PostprocessServing:
             self.tracing.engine_stop_sent(engine_id, reason, start)
 
     def _response(self, text: str, reason: str, meta: wire.LLMResponseMeta, lps: list[float],
-                  num_input: int, num_output: int, perf: bool = False):
+                  num_input: int, num_output: int, perf: bool = False, tops: str = ""):
         """TensorRT-LLM's output tensors; the speculative counts (cumulative for the sequence) only when
-        the request set ``return_perf_metrics``, zeros otherwise."""
+        the request set ``return_perf_metrics``, zeros otherwise; ``top_log_probs`` (ours) when the
+        request asked for ``top_logprobs``, empty otherwise."""
         pb = self.pb
         cum = meta.cum_logprob if meta.cum_logprob is not None else 0.0
         drafts = meta.num_draft_tokens if perf else 0
@@ -214,4 +219,5 @@ class PostprocessServing:
             pb.Tensor("acceptance_rate", np.asarray([[accepted / drafts if drafts else 0.0]], dtype=np.float32)),
             pb.Tensor("total_accepted_draft_tokens", np.asarray([[accepted]], dtype=np.int32)),
             pb.Tensor("total_draft_tokens", np.asarray([[drafts]], dtype=np.int32)),
+            pb.Tensor("top_log_probs", np.asarray([[tops.encode()]], dtype=np.object_)),
         ])

@@ -26,8 +26,10 @@ KNOWN_INPUTS = frozenset({
     "end_id", "pad_id", "min_tokens", "min_length", "num_return_sequences", "beam_width",
     "exclude_input_in_output", "return_log_probs", "return_num_input_tokens", "return_num_output_tokens",
     "guided_decoding_guide_type", "guided_decoding_guide", "skip_special_tokens", "include_stop_str_in_output",
-    "num_speculative_tokens", "return_perf_metrics", "lora_name",
+    "num_speculative_tokens", "return_perf_metrics", "top_logprobs", "lora_name",
 })
+
+MAX_TOP_LOGPROBS = 20   # OpenAI's bound (chat top_logprobs, completions logprobs)
 
 # Boolean inputs carried in the output options, with their defaults (TensorRT-LLM's where it has one).
 _FLAG_DEFAULTS = {
@@ -230,6 +232,16 @@ class RequestParser:
             raise RequestError(e.field, e.message) from None
         return GuideSpec(kind=kind, guide="" if kind == "json" else guide)
 
+    @staticmethod
+    def _num_logprobs(inputs: Mapping[str, Any], logprobs: bool) -> int | None:
+        """``None`` (no logprobs), ``0`` (the chosen token's) or ``k`` (plus the ``k`` most likely tokens)."""
+        top = get_int(inputs, "top_logprobs", 0)
+        if not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise RequestError("top_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {top}")
+        if top and not logprobs:
+            raise RequestError("top_logprobs", "needs return_log_probs: true")
+        return top if logprobs else None
+
     def _sampling_params(self, inputs: Mapping[str, Any], max_tokens: int, guide: GuideSpec | None,
                          logprobs: bool) -> SamplingParams:
         min_tokens = get_int(inputs, "min_tokens", None)
@@ -255,7 +267,7 @@ class RequestParser:
             stop_token_ids=(end_id,) if end_id is not None else (),
             bad_words_ids=self._bad_words(inputs),
             n=get_int(inputs, "num_return_sequences", 1),
-            logprobs=0 if logprobs else None,
+            logprobs=self._num_logprobs(inputs, logprobs),
             guide=guide,
             num_speculative_tokens=get_int(inputs, "num_speculative_tokens", None),
             lora_name=get_str(inputs, "lora_name") or None,   # the engine checks that it is served

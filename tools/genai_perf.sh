@@ -5,7 +5,10 @@
 #   tools/genai_perf.sh                          # defaults below
 #   tools/genai_perf.sh --concurrency 16         # extra arguments go to `genai-perf profile`
 #
-# Env: GRPC_PORT (8001), TOKENIZER (models/demo-target).
+#   API=openai tools/genai_perf.sh               # the OpenAI API on OPENAI_PORT (chat, streamed)
+#
+# Env: API (triton or openai), GRPC_PORT (8001), OPENAI_PORT (9000), MODEL (demo-target, the served model's
+# name on the OpenAI API), TOKENIZER (models/demo-target).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.cache/genai-perf-venv
@@ -24,8 +27,14 @@ ln -sf "$PWD/$(ls $PYLIBS/libcudart-*.so.12* | head -n1)" "$LIBS/libcudart.so.12
 export LD_LIBRARY_PATH="$PWD/$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$PWD/$VENV/bin:$PATH"
 
-exec genai-perf profile -m ensemble --endpoint-type kserve --backend tensorrtllm --streaming \
-  --tokenizer "${TOKENIZER:-models/demo-target}" -u "localhost:${GRPC_PORT:-8001}" \
-  --synthetic-input-tokens-mean 64 --synthetic-input-tokens-stddev 0 --output-tokens-mean 64 \
-  --num-prompts 50 --request-count 50 --concurrency 8 --artifact-dir .cache/genai-perf \
-  --extra-inputs exclude_input_in_output:true --extra-inputs temperature:0.0 "$@"
+common=(--tokenizer "${TOKENIZER:-models/demo-target}" --streaming
+        --synthetic-input-tokens-mean 64 --synthetic-input-tokens-stddev 0 --output-tokens-mean 64
+        --num-prompts 50 --request-count 50 --concurrency 8 --extra-inputs temperature:0.0)
+case ${API:-triton} in
+  triton) exec genai-perf profile -m ensemble --endpoint-type kserve --backend tensorrtllm \
+            -u "localhost:${GRPC_PORT:-8001}" --artifact-dir .cache/genai-perf \
+            --extra-inputs exclude_input_in_output:true "${common[@]}" "$@" ;;
+  openai) exec genai-perf profile -m "${MODEL:-demo-target}" --endpoint-type chat \
+            -u "localhost:${OPENAI_PORT:-9000}" --artifact-dir .cache/genai-perf-openai "${common[@]}" "$@" ;;
+  *) echo "API must be triton or openai, got '${API}'" >&2; exit 2 ;;
+esac

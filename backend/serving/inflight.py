@@ -22,7 +22,8 @@ class InFlight:
     stream: bool
     options: str
     seen_seqs: set = field(default_factory=set)
-    pending: dict = field(default_factory=dict)  # non-stream: seq_index -> (token ids, logprobs, options) held until it ends
+    # non-stream: seq_index -> (token ids, logprobs, top alternatives, options) held until it ends
+    pending: dict = field(default_factory=dict)
     aborted: bool = False
     cancel_checked_at: float = 0.0    # time.monotonic() of the last is_cancelled() call
     # for telemetry (only when it is on)

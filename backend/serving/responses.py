@@ -53,23 +53,34 @@ def respond(pb, flight: InFlight, out: RequestOutput) -> None:
         meta.options = flight.options
     ids = list(out.new_token_ids)
     lps = [lp.logprob for lp in out.logprobs] if out.logprobs else None
+    tops = top_alternatives(out)
     if not flight.stream:
         if out.request_finished:  # flush sequences that ended without their own `finished` output
-            for seq, (p_ids, p_lps, p_opts) in list(flight.pending.items()):
+            for seq, (p_ids, p_lps, p_tops, p_opts) in list(flight.pending.items()):
                 if seq != out.seq_index:
                     del flight.pending[seq]
                     send(pb, flight.sender, p_ids, p_lps or None, wire.LLMResponseMeta(
                         request_id=out.request_id, seq_index=seq, finished=True, finish_reason=reason,
-                        error=out.error, options=p_opts), final=False)
-        acc_ids, acc_lps, acc_opts = flight.pending.setdefault(out.seq_index, ([], [], meta.options))
+                        error=out.error, options=p_opts, top_logprobs=p_tops or None), final=False)
+        acc_ids, acc_lps, acc_tops, acc_opts = flight.pending.setdefault(out.seq_index, ([], [], [], meta.options))
         acc_ids.extend(ids)
         if lps:
             acc_lps.extend(lps)
+        if tops:
+            acc_tops.extend(tops)
         if not (out.finished or out.request_finished):
             return
         del flight.pending[out.seq_index]
-        ids, lps, meta.options = acc_ids, (acc_lps or None), acc_opts
+        ids, lps, tops, meta.options = acc_ids, (acc_lps or None), acc_tops, acc_opts
+    meta.top_logprobs = tops or None
     send(pb, flight.sender, ids, lps, meta, final=out.request_finished)
+
+
+def top_alternatives(out: RequestOutput) -> list[list[list[float]]] | None:
+    """Per new token, its ``[token id, logprob]`` alternatives (``None`` when no token has any)."""
+    if not out.logprobs or not any(lp.top for lp in out.logprobs):
+        return None
+    return [[[tid, lp] for tid, lp in t.top] for t in out.logprobs]
 
 
 def engine_error_message(e: Exception) -> str:

@@ -193,7 +193,8 @@ def create_app(service: LLMService, metrics_url: str) -> FastAPI:
             completion = Completion(runner, model=body.model, completion_id="cmpl-" + admitted.request_id,
                                     prompts=prompts, n=body.n, echo=body.echo, logprobs=body.logprobs is not None,
                                     include_usage=include_usage and body.stream,
-                                    split=await _splitter(service, body.logprobs is not None))
+                                    split=await _splitter(service, body.logprobs is not None),
+                                    top=bool(body.logprobs))
         except BaseException:
             admitted.release()
             raise

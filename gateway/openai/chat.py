@@ -3,8 +3,8 @@
 Streamed: each choice's first chunk carries ``role: assistant``; content and tool-call deltas carry
 the choice's ``index``; the last chunk of a choice has its ``finish_reason``; with
 ``stream_options.include_usage`` every chunk has ``usage: null`` and a last chunk with ``choices: []``
-and the usage comes before ``data: [DONE]``. ``logprobs`` gives each returned token's logprob
-(logprobs.py: how the token texts are found).
+and the usage comes before ``data: [DONE]``. ``logprobs`` gives each returned token's logprob and
+``top_logprobs`` its most likely alternatives (logprobs.py: how the token texts are found).
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ class ChatCompletion:
                 for i in range(self.n):
                     yield self._chunk([self._choice(i, {"role": "assistant", "content": ""})])
             reader = readers[piece.index]
-            lps = logprob_entries(piece.text, piece.logprobs, self.split) if self.logprobs else None
+            lps = logprob_entries(piece.text, piece.logprobs, self.split, piece.top) if self.logprobs else None
             deltas = reader.feed(piece.text)
             if piece.finish is not None:
                 deltas += reader.finish()
@@ -72,7 +72,7 @@ class ChatCompletion:
         lps: list[list[dict]] = [[] for _ in range(self.n)]
         async for piece in self.runner.pieces():
             readers[piece.index].feed(piece.text)
-            lps[piece.index] += logprob_entries(piece.text, piece.logprobs, self.split)
+            lps[piece.index] += logprob_entries(piece.text, piece.logprobs, self.split, piece.top)
             if piece.finish is not None:
                 finish[piece.index] = piece.finish
         choices = []

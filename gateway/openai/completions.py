@@ -2,8 +2,9 @@
 
 A list of prompts gives ``len(prompt) * n`` choices (``Runner``'s numbering). ``echo`` puts the
 prompt before the completion (in the first chunk when streamed). ``logprobs: 0`` gives each returned
-token's logprob (``tokens``, ``token_logprobs``, ``text_offset``; ``top_logprobs`` null), the token
-strings as logprobs.py finds them.
+token's logprob (``tokens``, ``token_logprobs``, ``text_offset``; ``top_logprobs`` null), ``logprobs: k``
+adds each token's ``k`` most likely alternatives (``top_logprobs``: a ``{token: logprob}`` map per token);
+the token strings as logprobs.py finds them.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from .sse import event
 
 class Completion:
     def __init__(self, runner: Runner, *, model: str, completion_id: str, prompts: list[str], n: int, echo: bool,
-                 logprobs: bool, include_usage: bool, split: Splitter | None = None) -> None:
+                 logprobs: bool, include_usage: bool, split: Splitter | None = None, top: bool = False) -> None:
         self.runner = runner
         self.model = model
         self.id = completion_id
@@ -26,6 +27,7 @@ class Completion:
         self.n = n
         self.echo = echo
         self.logprobs = logprobs
+        self.top = top
         self.include_usage = include_usage
         self.split = split
 
@@ -34,8 +36,9 @@ class Completion:
         for e in entries:
             offsets.append(pos)
             pos += len(e["token"])
+        top = [{a["token"]: a["logprob"] for a in e["top_logprobs"]} for e in entries] if self.top else None
         return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-                "top_logprobs": None, "text_offset": offsets}
+                "top_logprobs": top, "text_offset": offsets}
 
     def _chunk(self, choice: dict) -> bytes:
         chunk = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
@@ -58,7 +61,7 @@ class Completion:
             lps = None
             if self.logprobs:
                 start = offsets[p.index] + len(text) - len(p.text)
-                lps = self._lp_block(logprob_entries(p.text, p.logprobs, self.split), start)
+                lps = self._lp_block(logprob_entries(p.text, p.logprobs, self.split, p.top), start)
             offsets[p.index] += len(text)
             if text or lps or p.finish:
                 yield self._chunk({"index": p.index, "text": text, "logprobs": lps, "finish_reason": p.finish})
@@ -73,7 +76,7 @@ class Completion:
         finish = ["stop"] * count
         async for p in self.runner.pieces():
             texts[p.index] += p.text
-            entries[p.index] += logprob_entries(p.text, p.logprobs, self.split)
+            entries[p.index] += logprob_entries(p.text, p.logprobs, self.split, p.top)
             if p.finish is not None:
                 finish[p.index] = p.finish
         choices = [{"index": i, "text": texts[i],

@@ -4,7 +4,7 @@ The ensemble returns each token's logprob and the text of the response, not the 
 one token is that token's text. A response of several (the engine's stream interval, or speculation
 accepting several tokens in a step) is split by the model's tokenizer when the text re-encodes to as many
 tokens; otherwise its text goes on the first entry and the others are empty. The top alternatives
-(``top_logprobs`` > 0) are not returned by the ensemble, so they are refused (schemas.py).
+(``top_logprobs`` > 0) come from the ensemble's ``top_log_probs``, each with its own text.
 """
 from __future__ import annotations
 
@@ -24,10 +24,14 @@ def token_strings(tokenizer, text: str, count: int) -> list[str]:
     return [text] + [""] * (count - 1)
 
 
-def logprob_entries(text: str, logprobs: list[float], split: Splitter | None = None) -> list[dict]:
-    """Chat's ``logprobs.content`` entries (completions reads the same fields)."""
+def logprob_entries(text: str, logprobs: list[float], split: Splitter | None = None,
+                    top: list[list[tuple[str, float]]] | None = None) -> list[dict]:
+    """Chat's ``logprobs.content`` entries (completions reads the same fields); ``top``: per token, its
+    alternatives as ``(text, logprob)``, most likely first."""
     if not logprobs:
         return []
     tokens = split(text, len(logprobs)) if split is not None else token_strings(None, text, len(logprobs))
-    return [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-            for t, lp in zip(tokens, logprobs)]
+    tops = top if top and len(top) == len(logprobs) else [[] for _ in logprobs]
+    return [{"token": t, "logprob": lp, "bytes": list(t.encode()),
+             "top_logprobs": [{"token": a, "logprob": alp, "bytes": list(a.encode())} for a, alp in alts]}
+            for t, lp, alts in zip(tokens, logprobs, tops)]

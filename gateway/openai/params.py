@@ -60,6 +60,8 @@ def chat_request(body: ChatCompletionRequest, messages: list[Message], context_t
         **sampling_fields(body, chat_max_tokens(body, context_tokens)))
     if body.logprobs:
         req.return_log_probs = True
+        if body.top_logprobs:
+            req.top_logprobs = body.top_logprobs
     if guide is not None:
         req.guided_decoding.CopyFrom(guide)
     return req
@@ -76,4 +78,6 @@ def completion_request(body: CompletionRequest, prompt: str) -> pb.GenerateReque
     req = pb.GenerateRequest(prompt=prompt, **sampling_fields(body, max_tokens))
     if body.logprobs is not None:
         req.return_log_probs = True
+        if body.logprobs:
+            req.top_logprobs = body.logprobs
     return req

@@ -30,6 +30,7 @@ class Piece:
     text: str
     logprobs: list[float] = field(default_factory=list)
     finish: str | None = None      # set on the sequence's last piece: stop | length
+    top: list[list[tuple[str, float]]] = field(default_factory=list)   # per token: (text, logprob), best first
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ class Runner:
 
     def _piece(self, prompt: int, resp: pb.GenerateResponse) -> Piece:
         finish = FINISH.get(resp.finish_reason)
-        return Piece(prompt * self.n + resp.sequence_index, resp.text, list(resp.log_probs), finish)
+        top = [[(c.token, c.log_prob) for c in t.candidates] for t in resp.top_log_probs]
+        return Piece(prompt * self.n + resp.sequence_index, resp.text, list(resp.log_probs), finish, top)
 
     async def pieces(self) -> AsyncIterator[Piece]:
         if len(self.generations) == 1:

@@ -147,8 +147,6 @@ class ChatCompletionRequest(Sampling):
             return base
         if self.top_logprobs is not None and not self.logprobs:
             return "top_logprobs", "top_logprobs needs logprobs: true"
-        if self.top_logprobs:
-            return "top_logprobs", "top_logprobs > 0 is not supported yet (the chosen token's logprob is)"
         if self.response_format is not None and self.response_format.type == "json_schema" \
                 and self.response_format.json_schema is None:
             return "response_format.json_schema", "required when response_format.type is json_schema"
@@ -182,8 +180,6 @@ class CompletionRequest(Sampling):
             return "prompt", "at least one prompt is required"
         if any(p == "" for p in self.prompts()):
             return "prompt", "empty prompt"
-        if self.logprobs:
-            return "logprobs", "logprobs > 0 (top alternatives) is not supported yet; 0 gives the chosen token's"
         if self.echo and self.logprobs is not None:
             return "echo", "echo with logprobs is not supported (the prompt's logprobs are not computed)"
         return None

@@ -1,6 +1,7 @@
 """The OpenAI-compatible API through the real ``openai`` SDK (sync and async, ``max_retries=0``) against the
-gateway in front of the real tritonserver: text, n, seeds, stops, logprobs, usage, structured output and
-tool calls that validate, errors, a disconnect that frees KV, 32 concurrent streams, the router's metrics.
+gateway in front of the real tritonserver: text, n, seeds, stops, logprobs and top logprobs, usage,
+structured output and tool calls that validate, errors, a disconnect that frees KV, 32 concurrent streams,
+the router's metrics.
 One gateway (module scope) in front of the session's server."""
 from __future__ import annotations
 
@@ -88,10 +89,18 @@ def test_stop_is_trimmed_and_not_counted(client, model):
     assert cut.usage.completion_tokens == len(choice.logprobs.token_logprobs) < 40
 
 
-def test_top_logprobs_are_refused_until_the_ensemble_returns_them(client, model):
-    with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=model, messages=PROMPT, max_tokens=4, logprobs=True, top_logprobs=3)
-    assert e.value.body["param"] == "top_logprobs"
+def test_top_logprobs_3_rank_the_greedy_token_first(client, model):
+    out = client.chat.completions.create(model=model, messages=PROMPT, max_tokens=12, temperature=0,
+                                         logprobs=True, top_logprobs=3)
+    entries = out.choices[0].logprobs.content
+    assert len(entries) == out.usage.completion_tokens == 12
+    for e in entries:
+        lps = [a.logprob for a in e.top_logprobs]
+        assert len(lps) == 3 and lps == sorted(lps, reverse=True) and lps[0] <= 0
+        assert e.logprob == pytest.approx(lps[0], abs=1e-5)     # greedy: the chosen token is the most likely
+    comp = client.completions.create(model=model, prompt="def fibonacci(n):", max_tokens=6, temperature=0,
+                                     logprobs=2)
+    assert [len(t) for t in comp.choices[0].logprobs.top_logprobs] == [2] * 6
 
 
 @pytest.mark.parametrize("name", list(SCHEMAS)[:10])

@@ -35,7 +35,7 @@ def everything_set(**input_case) -> pb.GenerateRequest:
         exclude_input_in_output=True, return_log_probs=True, return_num_input_tokens=True,
         return_num_output_tokens=True, skip_special_tokens=False, include_stop_str_in_output=True,
         guided_decoding=pb.GuidedDecoding(json_schema='{"type": "object"}'), request_id="req-1",
-        num_speculative_tokens=2, **input_case)
+        num_speculative_tokens=2, top_logprobs=3, **input_case)
 
 
 def sent(request: pb.GenerateRequest) -> dict[str, tuple[str, list]]:
@@ -171,7 +171,7 @@ def test_proto_defaults_match_the_ensemble_defaults_in_docs_api():
         assert m, f"{fname}: no 'Default ...' in its comment: {comments[fname]!r}"
         assert _norm(m.group(1)) == _norm(docs[input_name]), (fname, m.group(1), docs[input_name])
         checked += 1
-    assert checked == len(mapping.OPTIONAL_SCALARS) + len(mapping.LIST_FIELDS) == 23
+    assert checked == len(mapping.OPTIONAL_SCALARS) + len(mapping.LIST_FIELDS) == 24
 
 
 # ---- responses ----------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+import struct
 import time
 
 import httpx
@@ -109,6 +110,28 @@ def test_logprobs_of_the_chosen_tokens(client, fake):
     out = chat(client, logprobs=True)
     assert [(t.token, t.logprob) for t in out.choices[0].logprobs.content] == [("a", -0.5), ("b", -1.5)]
     assert sent(fake)["return_log_probs"] == [True]
+
+
+def _tops(*alternatives: list[tuple[str, float]]) -> dict:
+    raw = json.dumps([[{"token_id": i, "token": t, "logprob": lp} for i, (t, lp) in enumerate(a)]
+                      for a in alternatives]).encode()
+    return {"top_log_probs": ("BYTES", struct.pack("<I", len(raw)) + raw)}
+
+
+def test_top_logprobs_chat_and_completions(client, fake):
+    fake.script = lambda req: [
+        response("a", logprobs=[-0.5], extra=_tops([("a", -0.5), ("b", -1.0)])),
+        response("b", logprobs=[-1.5], extra=_tops([("c", -0.75), ("b", -1.5)]), finish="stop", final=True)]
+    out = chat(client, logprobs=True, top_logprobs=2)
+    content = out.choices[0].logprobs.content
+    assert [[(a.token, a.logprob) for a in t.top_logprobs] for t in content] == [
+        [("a", -0.5), ("b", -1.0)], [("c", -0.75), ("b", -1.5)]]
+    assert content[1].top_logprobs[0].bytes == [ord("c")] and sent(fake)["top_logprobs"] == [2]
+    comp = client.completions.create(model=MODEL, prompt="x", logprobs=2)
+    assert comp.choices[0].logprobs.top_logprobs == [{"a": -0.5, "b": -1.0}, {"c": -0.75, "b": -1.5}]
+    assert sent(fake, -1)["top_logprobs"] == [2]
+    plain = client.completions.create(model=MODEL, prompt="x", logprobs=0)
+    assert plain.choices[0].logprobs.top_logprobs is None and "top_logprobs" not in sent(fake, -1)
 
 
 # ---- completions --------------------------------------------------------------------------------------

@@ -183,6 +183,25 @@ def test_postprocess_logprobs_and_counts(post, tokenizer):
     assert resp.tensor("num_output_tokens").reshape(-1)[0] == len(ids)
 
 
+def test_postprocess_top_logprobs_name_each_alternative_and_stop_with_the_text(post, tokenizer):
+    serving, _ = post
+    ids = tokenizer.encode("x = 1", add_special_tokens=False)
+    tops = [[[t, -0.1], [ids[0], -2.5]] for t in ids]
+    resp = serving.process(llm_response("e7", ids, lps=[-0.1] * len(ids), top_logprobs=tops,
+                                        options=options(return_log_probs=True, stop=["="]),
+                                        finished=True, request_finished=True, finish_reason="length"))
+    got = json.loads(resp.tensor("top_log_probs").reshape(-1)[0])
+    kept = len(resp.tensor("output_log_probs").reshape(-1))
+    assert 0 < kept < len(ids) and len(got) == kept        # cut with the text at the stop string
+    assert got[0] == [{"token_id": ids[0], "token": tokenizer.decode([ids[0]], skip_special_tokens=False),
+                       "logprob": pytest.approx(-0.1)},
+                      {"token_id": ids[0], "token": tokenizer.decode([ids[0]], skip_special_tokens=False),
+                       "logprob": pytest.approx(-2.5)}]
+    plain = serving.process(llm_response("e8", ids, lps=[-0.1] * len(ids), options=options(return_log_probs=True),
+                                         finished=True, request_finished=True, finish_reason="length"))
+    assert plain.tensor("top_log_probs").reshape(-1)[0] == b""
+
+
 def test_postprocess_internal_failure_midstream_is_reported_on_the_final_response(post, monkeypatch):
     serving, pb = post
     serving.process(llm_response("e6", [5], options=options()))

@@ -96,6 +96,16 @@ def test_all_sampling_inputs_reach_sampling_params(parser):
     assert r.options.n == 3 and r.options.return_log_probs
 
 
+def test_top_logprobs_asks_the_engine_for_alternatives(parser):
+    assert parser.parse(inputs(return_log_probs=True, top_logprobs=3)).sampling_params.logprobs == 3
+    assert parser.parse(inputs(return_log_probs=True)).sampling_params.logprobs == 0
+    for bad, why in ((dict(top_logprobs=2), "needs return_log_probs"),
+                     (dict(return_log_probs=True, top_logprobs=21), r"\[0, 20\]")):
+        with pytest.raises(RequestError, match=why) as e:
+            parser.parse(inputs(**bad))
+        assert e.value.field == "top_logprobs"
+
+
 def test_min_length_is_an_alias_of_min_tokens(parser):
     assert parser.parse(inputs(min_length=4)).sampling_params.min_tokens == 4
     assert parser.parse(inputs(min_length=4, min_tokens=4)).sampling_params.min_tokens == 4

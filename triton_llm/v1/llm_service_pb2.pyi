@@ -72,7 +72,7 @@ class GuidedDecoding(_message.Message):
     def __init__(self, json_schema: _Optional[str] = ..., any_json: _Optional[_Union[GuidedDecoding.AnyJson, _Mapping]] = ..., regex: _Optional[str] = ..., ebnf_grammar: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "messages", "max_tokens", "stream", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop_words", "bad_words", "end_id", "pad_id", "min_tokens", "num_return_sequences", "beam_width", "exclude_input_in_output", "return_log_probs", "return_num_input_tokens", "return_num_output_tokens", "skip_special_tokens", "include_stop_str_in_output", "guided_decoding", "request_id", "num_speculative_tokens", "lora_name")
+    __slots__ = ("prompt", "messages", "max_tokens", "stream", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop_words", "bad_words", "end_id", "pad_id", "min_tokens", "num_return_sequences", "beam_width", "exclude_input_in_output", "return_log_probs", "return_num_input_tokens", "return_num_output_tokens", "skip_special_tokens", "include_stop_str_in_output", "guided_decoding", "request_id", "num_speculative_tokens", "top_logprobs", "lora_name")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class GenerateRequest(_message.Message):
     GUIDED_DECODING_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     LORA_NAME_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     messages: ChatMessages
@@ -130,8 +131,9 @@ class GenerateRequest(_message.Message):
     guided_decoding: GuidedDecoding
     request_id: str
     num_speculative_tokens: int
+    top_logprobs: int
     lora_name: str
-    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stream: bool = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop_words: _Optional[_Iterable[str]] = ..., bad_words: _Optional[_Iterable[str]] = ..., end_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., min_tokens: _Optional[int] = ..., num_return_sequences: _Optional[int] = ..., beam_width: _Optional[int] = ..., exclude_input_in_output: bool = ..., return_log_probs: bool = ..., return_num_input_tokens: bool = ..., return_num_output_tokens: bool = ..., skip_special_tokens: bool = ..., include_stop_str_in_output: bool = ..., guided_decoding: _Optional[_Union[GuidedDecoding, _Mapping]] = ..., request_id: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., lora_name: _Optional[str] = ...) -> None: ...
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stream: bool = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop_words: _Optional[_Iterable[str]] = ..., bad_words: _Optional[_Iterable[str]] = ..., end_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., min_tokens: _Optional[int] = ..., num_return_sequences: _Optional[int] = ..., beam_width: _Optional[int] = ..., exclude_input_in_output: bool = ..., return_log_probs: bool = ..., return_num_input_tokens: bool = ..., return_num_output_tokens: bool = ..., skip_special_tokens: bool = ..., include_stop_str_in_output: bool = ..., guided_decoding: _Optional[_Union[GuidedDecoding, _Mapping]] = ..., request_id: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., top_logprobs: _Optional[int] = ..., lora_name: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "total_tokens", "draft_tokens", "accepted_draft_tokens")
@@ -148,7 +150,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("text", "sequence_index", "token_ids", "log_probs", "cum_log_prob", "finish_reason", "num_output_tokens", "usage", "request_id")
+    __slots__ = ("text", "sequence_index", "token_ids", "log_probs", "cum_log_prob", "finish_reason", "num_output_tokens", "usage", "request_id", "top_log_probs")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_INDEX_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +160,7 @@ class GenerateResponse(_message.Message):
     NUM_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
     text: str
     sequence_index: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -167,7 +170,24 @@ class GenerateResponse(_message.Message):
     num_output_tokens: int
     usage: Usage
     request_id: str
-    def __init__(self, text: _Optional[str] = ..., sequence_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., log_probs: _Optional[_Iterable[float]] = ..., cum_log_prob: _Optional[float] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., num_output_tokens: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    top_log_probs: _containers.RepeatedCompositeFieldContainer[TopLogprobs]
+    def __init__(self, text: _Optional[str] = ..., sequence_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., log_probs: _Optional[_Iterable[float]] = ..., cum_log_prob: _Optional[float] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., num_output_tokens: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., request_id: _Optional[str] = ..., top_log_probs: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ...) -> None: ...
+
+class TopLogprobs(_message.Message):
+    __slots__ = ("candidates",)
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    candidates: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    def __init__(self, candidates: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
+
+class TokenLogprob(_message.Message):
+    __slots__ = ("token_id", "token", "log_prob")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LOG_PROB_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    token: str
+    log_prob: float
+    def __init__(self, token_id: _Optional[int] = ..., token: _Optional[str] = ..., log_prob: _Optional[float] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("text", "messages", "add_special_tokens")

@@ -109,6 +109,20 @@ def test_non_stream_sends_one_response_with_every_token_and_logprob(setup):
     assert m.options == '{"v":1}' and m.finish_reason == "stop" and m.cum_logprob == -2.0
 
 
+def test_top_alternatives_travel_in_the_meta_streamed_and_not(setup):
+    engine, _, serving = setup
+    for stream in (True, False):
+        r = llm_request(stream=stream, logprobs=2)
+        serving.execute([r])
+        rid = engine.added[-1][0]
+        engine.emit(rid, [10], logprobs=[TokenLogprob(10, -0.5, [(10, -0.5), (3, -1.0)])])
+        engine.emit(rid, [11], True, True, FinishReason.STOP,
+                    logprobs=[TokenLogprob(11, -1.5, [(4, -0.9), (11, -1.5)])])
+        tops = [t for resp, _ in r.sender.sent for t in (meta_of(resp).top_logprobs or [])]
+        assert tops == [[[10, -0.5], [3, -1.0]], [[4, -0.9], [11, -1.5]]], stream
+        assert len(r.sender.sent) == (2 if stream else 1)
+
+
 def test_non_stream_n2_sends_each_sequence_once(setup):
     engine, _, serving = setup
     r = llm_request(stream=False, n=2, temperature=1.0)
