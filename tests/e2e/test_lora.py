@@ -44,16 +44,17 @@ def test_trtllm_tensors_by_id_and_errors(server, lora_adapters):
     lora = [raw_input("lora_task_id", np.asarray([[21]], dtype=np.uint64), "UINT64"),
             raw_input("lora_weights", weights[None].astype(np.float16), "FP16"),
             raw_input("lora_config", config[None], "INT32")]
-    with Stream(server.grpc_url) as s:
-        first = s.send(greedy(PROMPTS[0]) + lora)
-        again = s.send(greedy(PROMPTS[0]) + lora[:1])
-        unknown_id = s.send(greedy(PROMPTS[0]) + [raw_input("lora_task_id", np.asarray([[22]], dtype=np.uint64),
-                                                             "UINT64")])
-        unknown = s.send(greedy(PROMPTS[0], lora_name="nope"))
-        by_name = s.send(greedy(PROMPTS[0], lora_name="qv8"))
-        results = s.wait([first, again, unknown_id, unknown, by_name], 120)
-    assert results[first].error is None and results[again].error is None
-    assert results[first].text == results[by_name].text == results[again].text   # fp16-exact adapters
-    assert "LoRA task 22 not found in cache. Please send LoRA weights with request" in results[unknown_id].error
-    assert "lora_name: unknown adapter 'nope'" in results[unknown].error
+    results = {}
+    with Stream(server.grpc_url) as s:   # one at a time: an error response carries no request id on this API
+        for key, inputs in (("first", greedy(PROMPTS[0]) + lora), ("again", greedy(PROMPTS[0]) + lora[:1]),
+                            ("unknown_id", greedy(PROMPTS[0]) + [raw_input(
+                                "lora_task_id", np.asarray([[22]], dtype=np.uint64), "UINT64")]),
+                            ("unknown", greedy(PROMPTS[0], lora_name="nope")),
+                            ("by_name", greedy(PROMPTS[0], lora_name="qv8"))):
+            rid = s.send(inputs)
+            results[key] = s.wait([rid], 60)[rid]
+    assert results["first"].error is None and results["again"].error is None
+    assert results["first"].text == results["by_name"].text == results["again"].text   # fp16-exact adapters
+    assert "LoRA task 22 not found in cache. Please send LoRA weights with request" in results["unknown_id"].error
+    assert "lora_name: unknown adapter 'nope'" in results["unknown"].error
     assert gauge(server.metrics_url, "triton_llm_lora_requests", lora_name="qv8", state="running") == 0
