@@ -1,6 +1,6 @@
 """LoRA oracle: greedy output under each of three adapters (and none) in one mixed batch equals HF transformers
-with PEFT applying the same adapter, token for token: eagerly, through the native fast step, under preemption
-and with n-gram speculation; each adapter changes the greedy output of at least half the prompts. With fewer
+with PEFT applying the same adapter, token for token: eagerly, and through the native fast step under preemption,
+with n-gram speculation and with a draft model; each adapter changes the greedy output of at least half the prompts. With fewer
 slots than adapters (``max_loras=2``, four adapters in flight) every request completes, and every KV block is
 free again afterwards."""
 from __future__ import annotations
@@ -14,6 +14,7 @@ from backend.core.outputs import FinishReason
 from backend.engine.llm_engine import LLMEngine, output_token_ids
 from contracts.sampling_params import SamplingParams
 from tests.helpers.lora import ADAPTERS, peft_greedy, write_adapters
+from tests.helpers.checkpoints import DEMO_DRAFT
 from tests.helpers.oracle import assert_same_tokens
 
 PER_ADAPTER = 8
@@ -67,6 +68,8 @@ VARIANTS = {   # the last two on the native fast step (prefill chunks, decodes a
     "eager": dict(),
     "fast_preemption": dict(num_kv_blocks=24, max_model_len=128, fast_decode=True),
     "fast_ngram": dict(speculative_method="ngram", num_speculative_tokens=3, fast_decode=True),
+    "fast_draft": dict(speculative_method="draft", draft_model_path=str(DEMO_DRAFT), num_speculative_tokens=3,
+                       fast_decode=True),   # the draft proposes without adapters, the target verifies under them
 }
 
 
