@@ -1,8 +1,8 @@
 """LoRA oracle: greedy output under each of three adapters (and none) in one mixed batch equals HF transformers
 with PEFT applying the same adapter, token for token: eagerly, and through the native fast step under preemption,
-with n-gram speculation and with a draft model; each adapter changes the greedy output of at least half the prompts. With fewer
-slots than adapters (``max_loras=2``, four adapters in flight) every request completes, and every KV block is
-free again afterwards."""
+with n-gram speculation and with a draft model; each adapter changes the greedy output of at least half the
+prompts. With fewer slots than adapters (``max_loras=2``, four adapters in flight) every request completes, and
+every KV block is free again afterwards."""
 from __future__ import annotations
 
 import random
