@@ -25,6 +25,7 @@ MAX_NGRAM = 64
 SWITCH_INTERVAL_MS = (0.01, 1000.0)         # python_switch_interval_ms when not 0 (CPython counts whole microseconds)
 QUANTIZATION_MODES = ("none", "int8", "int4", "fp8")
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")   # backend/core/kv_quant.py
+LORA_NAME = r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}"   # an adapter's name (the OpenAI API's model field selects it)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,11 @@ class EngineConfig:
     guided_jump_forward: bool = False          # append the tokens a grammar forces without a forward pass each
     fast_decode: bool = False                  # every CPU step through the native fused forward (fp32); CUDA graphs
     python_switch_interval_ms: float = 0.0     # > 0: sys.setswitchinterval while the loop runs (process-wide)
+    lora_adapters: tuple[tuple[str, str], ...] | None = None   # LoRA adapters: (name, PEFT folder) pairs (docs/lora.md)
+    lora_dir: str | None = None                # also serve every adapter sub-folder of this folder, by its name
+    max_loras: int = 4                         # adapters resident in a step's stacked weights at once
+    max_cpu_loras: int | None = None           # adapters kept loaded in memory (None: every served one)
+    max_lora_rank: int = 16                    # the highest rank of any adapter module (the stacks' width)
 
     def __post_init__(self) -> None:
         _check_str("model_path", self.model_path)
@@ -129,6 +135,33 @@ class EngineConfig:
         if isinstance(si, bool) or not isinstance(si, (int, float)) or not (si == 0 or lo <= si <= hi):
             raise ValueError(f"python_switch_interval_ms: expected 0 (leave Python's) or a number in [{lo}, {hi}], "
                              f"got {si!r}")
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        if self.lora_adapters is not None and not isinstance(self.lora_adapters, tuple):
+            raise ValueError(f"lora_adapters: expected (name, folder) pairs, got {self.lora_adapters!r}")
+        for pair in self.lora_adapters or ():
+            if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+                raise ValueError(f"lora_adapters: expected (name, folder) pairs, got {pair!r}")
+            if not re.fullmatch(LORA_NAME, pair[0]):
+                raise ValueError(f"lora_adapters: adapter name {pair[0]!r} must match {LORA_NAME}")
+            _check_str("lora_adapters", pair[1])
+        if self.lora_dir is not None:
+            _check_str("lora_dir", self.lora_dir)
+        _check_int("max_loras", self.max_loras, lo=1, hi=256)
+        _check_int("max_lora_rank", self.max_lora_rank, lo=1, hi=1024)
+        if self.max_cpu_loras is not None:
+            _check_int("max_cpu_loras", self.max_cpu_loras, lo=1)
+            if self.max_cpu_loras < self.max_loras:
+                raise ValueError(f"max_cpu_loras: {self.max_cpu_loras} is below max_loras ({self.max_loras})")
+        if self.lora_enabled and self.quantization != "none":
+            raise ValueError(f"lora_adapters: LoRA over a quantized base (quantization={self.quantization!r}) "
+                             "is not supported")
+
+    @property
+    def lora_enabled(self) -> bool:
+        """The engine serves LoRA adapters (configured by name or by folder)."""
+        return bool(self.lora_adapters) or self.lora_dir is not None
 
     @property
     def speculative(self) -> bool:
@@ -221,6 +254,17 @@ def _parse_str(key: str, value: str) -> str:
     return value
 
 
+def _parse_lora_adapters(key: str, value: str) -> tuple[tuple[str, str], ...]:
+    """``name=folder,name2=folder2`` (folders relative to the repository root are resolved by the builder)."""
+    pairs = []
+    for item in value.split(","):
+        name, eq, folder = item.strip().partition("=")
+        if not eq or not name.strip() or not folder.strip():
+            raise ValueError(f"{key}: expected name=folder pairs separated by commas, got {item.strip()!r}")
+        pairs.append((name.strip(), folder.strip()))
+    return tuple(pairs)
+
+
 _PARSERS = {
     "model_path": _parse_str, "draft_model_path": _optional(_parse_str), "block_size": _parse_int,
     "num_kv_blocks": _optional(_parse_int), "kv_cache_bytes": _optional(_parse_bytes),
@@ -234,6 +278,8 @@ _PARSERS = {
     "quantization": _parse_str, "quantization_group_size": _parse_int, "kv_cache_dtype": _parse_str,
     "guided_compile_timeout_s": _parse_float, "guided_compile_workers": _parse_int, "guided_jump_forward": _parse_bool,
     "fast_decode": _parse_bool, "python_switch_interval_ms": _parse_float,
+    "lora_adapters": _optional(_parse_lora_adapters), "lora_dir": _optional(_parse_str), "max_loras": _parse_int,
+    "max_cpu_loras": _optional(_parse_int), "max_lora_rank": _parse_int,
 }
 
 

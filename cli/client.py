@@ -44,13 +44,15 @@ INPUT_TYPES: dict[str, str] = {
     "return_num_input_tokens": "BOOL", "return_num_output_tokens": "BOOL", "guided_decoding_guide_type": "BYTES",
     "guided_decoding_guide": "BYTES", "messages": "BYTES", "skip_special_tokens": "BOOL",
     "include_stop_str_in_output": "BOOL", "stop": "BOOL", "num_speculative_tokens": "INT32",
-    "return_perf_metrics": "BOOL",
+    "return_perf_metrics": "BOOL", "lora_name": "BYTES", "lora_task_id": "UINT64", "lora_weights": "FP16",
+    "lora_config": "INT32", "top_logprobs": "INT32",
 }
 LIST_INPUTS = ("stop_words", "bad_words")
 OUTPUTS = ("text_output", "finish_reason", "cum_log_probs", "output_log_probs", "num_input_tokens",
            "num_output_tokens", "sequence_index", "acceptance_rate", "total_accepted_draft_tokens",
-           "total_draft_tokens")
-_NP = {"BYTES": np.object_, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_}
+           "total_draft_tokens", "top_log_probs")
+_NP = {"BYTES": np.object_, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_,
+       "FP16": np.float16}
 
 
 def to_array(name: str, value: Any) -> np.ndarray:
@@ -170,6 +172,7 @@ SAMPLING_FLAGS = (
     ("--n", "num_return_sequences", int, None, "sequences to sample (printed one after another)"),
     ("--num-speculative-tokens", "num_speculative_tokens", int, None,
      "this request's cap on drafts per step (0: no speculation; server default: the engine's)"),
+    ("--lora", "lora_name", str, None, "the LoRA adapter to run under (server default: none, the base model)"),
 )
 LIST_FLAGS = (("--stop", "stop_words", "stop string (repeatable; \\n, \\t and \\\\ are unescaped)"),
               ("--bad-words", "bad_words", "a word never to generate (repeatable)"))

@@ -47,6 +47,7 @@ class SamplingParams:
     logprobs: int | None = None
     guide: GuideSpec | None = None
     num_speculative_tokens: int | None = None   # this request's cap on drafts per step (0: off; None: the engine's)
+    lora_name: str | None = None                # the LoRA adapter this request runs under (None: the base model)
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, lo=1)
@@ -74,6 +75,9 @@ class SamplingParams:
             _check_int("logprobs", self.logprobs, lo=0, hi=20)
         if self.num_speculative_tokens is not None:
             _check_int("num_speculative_tokens", self.num_speculative_tokens, lo=0, hi=64)
+        if self.lora_name is not None and (not isinstance(self.lora_name, str) or not self.lora_name
+                                           or len(self.lora_name) > 128):
+            raise ValueError(f"lora_name: expected an adapter name (1..128 characters), got {self.lora_name!r}")
         if self.guide is not None:
             if self.guide.kind not in GUIDE_TYPES:
                 raise ValueError(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PATH_PARAMETERS = ("model_path", "draft_model_path", "tokenizer_path")
+PATH_PARAMETERS = ("model_path", "draft_model_path", "tokenizer_path", "lora_dir")
 DEFAULT_TOKENIZER = "models/demo-target"     # the committed demo model (its folder holds the tokenizer)
 
 

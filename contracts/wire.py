@@ -9,6 +9,8 @@ preprocess -> llm:  ``input_ids`` INT32 [-1], ``request`` BYTES [1] (``LLMReques
                     ``stop`` BOOL [1] (a stop request carries no prompt; its Triton request id names
                     the request to stop; postprocess's stops also carry ``request`` =
                     ``{"stop_reason": ...}``, see ``stop_reason_json``)
+ensemble -> llm:    ``lora_task_id`` UINT64 [1], ``lora_weights`` FP16 [-1, -1], ``lora_config`` INT32 [-1, 3]
+                    (TensorRT-LLM's LoRA tensors, optional; backend/lora/trtllm.py)
 llm -> postprocess: ``output_ids`` INT32 [-1] (new tokens of this response), ``output_log_probs``
                     FP32 [-1] (their logprobs, when asked), ``response`` BYTES [1] (``LLMResponseMeta`` JSON)
 """
@@ -27,6 +29,9 @@ STOP = "stop"
 OUTPUT_IDS = "output_ids"
 OUTPUT_LOG_PROBS = "output_log_probs"
 RESPONSE = "response"
+LORA_TASK_ID = "lora_task_id"   # TensorRT-LLM's LoRA tensors, from the ensemble's inputs to the llm model
+LORA_WEIGHTS = "lora_weights"
+LORA_CONFIG = "lora_config"
 
 
 def sampling_params_to_dict(params: SamplingParams) -> dict[str, Any]:

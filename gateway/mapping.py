@@ -43,6 +43,7 @@ OPTIONAL_SCALARS: dict[str, tuple[str, str]] = {
     "include_stop_str_in_output": ("include_stop_str_in_output", "BOOL"),
     "num_speculative_tokens": ("num_speculative_tokens", "INT32"),
     "top_logprobs": ("top_logprobs", "INT32"),
+    "lora_name": ("lora_name", "BYTES"),
 }
 LIST_FIELDS: dict[str, str] = {"stop_words": "stop_words", "bad_words": "bad_words"}
 

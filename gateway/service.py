@@ -264,4 +264,4 @@ class LLMService(pb_grpc.LLMServiceServicer):
             supported_guide_types=[mapping.GUIDE_ENUM[g] for g in guides if g in mapping.GUIDE_ENUM],
             speculative_method=method.get(facts.speculative_method, pb.SPECULATIVE_METHOD_UNSPECIFIED),
             num_speculative_tokens=facts.num_speculative_tokens, quantization=facts.quantization,
-            kv_cache_dtype=facts.kv_cache_dtype)
+            kv_cache_dtype=facts.kv_cache_dtype, lora_adapters=facts.lora_adapters)

@@ -53,6 +53,16 @@ def resolve_path(raw: str, roots: list[Path]) -> Path | None:
     return None
 
 
+def lora_adapter_names(adapters: str, lora_dir: str, roots: list[Path]) -> list[str]:
+    """The adapter names the engine serves: ``name=folder`` pairs of ``lora_adapters`` and the sub-folders of
+    ``lora_dir`` holding an ``adapter_config.json`` (as backend/lora/registry.py reads them)."""
+    names = {item.partition("=")[0].strip() for item in adapters.split(",") if "=" in item}
+    root = resolve_path(lora_dir.strip(), roots) if lora_dir.strip() not in ("", "none", "null") else None
+    if root is not None and root.is_dir():
+        names |= {p.name for p in root.iterdir() if (p / "adapter_config.json").is_file()}
+    return sorted(n for n in names if n)
+
+
 @dataclass
 class ModelFacts:
     """What the gateway knows of the served model (from Triton's model configs and config.json)."""
@@ -67,6 +77,7 @@ class ModelFacts:
     num_speculative_tokens: int = 0
     quantization: str = ""                   # weights: none | int8 | int4 | fp8 ("" = unknown)
     kv_cache_dtype: str = ""                 # KV storage: auto | int8 | fp8 ("" = unknown)
+    lora_adapters: list[str] = field(default_factory=list)   # LoRA adapter names served (sorted)
     errors: list[str] = field(default_factory=list)
 
 
@@ -90,6 +101,7 @@ def model_facts(engine_cfg: dict | None, pre_cfg: dict | None, roots: list[Path]
             facts.num_speculative_tokens = int(ep.get("num_speculative_tokens") or 0) if facts.speculative_method else 0
         except ValueError:
             facts.num_speculative_tokens = 0
+        facts.lora_adapters = lora_adapter_names(ep.get("lora_adapters", ""), ep.get("lora_dir", ""), roots)
     hf: dict = {}
     if facts.model_path is not None:
         try:

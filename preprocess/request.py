@@ -26,7 +26,7 @@ KNOWN_INPUTS = frozenset({
     "end_id", "pad_id", "min_tokens", "min_length", "num_return_sequences", "beam_width",
     "exclude_input_in_output", "return_log_probs", "return_num_input_tokens", "return_num_output_tokens",
     "guided_decoding_guide_type", "guided_decoding_guide", "skip_special_tokens", "include_stop_str_in_output",
-    "num_speculative_tokens", "return_perf_metrics", "top_logprobs",
+    "num_speculative_tokens", "return_perf_metrics", "top_logprobs", "lora_name",
 })
 
 MAX_TOP_LOGPROBS = 20   # OpenAI's bound (chat top_logprobs, completions logprobs)
@@ -270,6 +270,7 @@ class RequestParser:
             logprobs=self._num_logprobs(inputs, logprobs),
             guide=guide,
             num_speculative_tokens=get_int(inputs, "num_speculative_tokens", None),
+            lora_name=get_str(inputs, "lora_name") or None,   # the engine checks that it is served
         )
         try:
             return SamplingParams(**kwargs)

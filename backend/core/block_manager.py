@@ -13,8 +13,9 @@ Follows vLLM v1's ``BlockPool`` / ``KVCacheManager``:
 - Prefix caching: block ``i`` of a sequence is named by a chained hash
   ``sha256(parent_hash, token_ids of block i, extra_key)``, where ``extra_key`` digests the
   model + tokenizer identity and the KV storage format given at construction (a changed checkpoint,
-  chat template or ``kv_cache_dtype`` never hits stale K/V). Only full blocks whose K/V are computed
-  get a hash.
+  chat template or ``kv_cache_dtype`` never hits stale K/V), and for a request under a LoRA adapter the
+  adapter's name too (``adapter_key``: the same prompt under two adapters never shares a block). Only full
+  blocks whose K/V are computed get a hash.
 - Sliding windows: when every layer attends within a window, blocks wholly before the window of
   the next position a sequence computes are never read again. ``free_outside_window`` releases
   them (cached ones stay hittable in the free queue) and leaves ``NULL_BLOCK`` in the table, so
@@ -47,6 +48,13 @@ def make_extra_key(cache_key: str, kv_cache_dtype: str = "auto") -> bytes:
     """Digest of the model + tokenizer identity and the KV storage format; part of every block hash."""
     kv = b"\0kv=" + kv_cache_dtype.encode("utf-8")
     return hashlib.sha256(_HASH_VERSION + b"\0" + cache_key.encode("utf-8") + kv).digest()
+
+
+def adapter_key(extra_key: bytes, lora_name: str | None) -> bytes:
+    """The block-hash key of a sequence: the engine's ``extra_key``, plus its adapter's name when it has one."""
+    if lora_name is None:
+        return extra_key
+    return hashlib.sha256(extra_key + b"\0lora=" + lora_name.encode("utf-8")).digest()
 
 
 def hash_block_tokens(parent: BlockHash | None, token_ids: Seq[int], extra_key: bytes) -> BlockHash:
@@ -88,6 +96,7 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.extra_key = make_extra_key(cache_key, kv_cache_dtype)
+        self._adapter_keys: dict[str, bytes] = {}          # lora_name -> its block-hash key (adapter_key)
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         # free blocks in eviction order (head = next to allocate / evict)
         self._free: OrderedDict[int, KVBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
@@ -125,8 +134,11 @@ class BlockManager:
         if len(hashes) < n_full:
             tokens = seq.all_token_ids
             parent = hashes[-1] if hashes else None
+            name = seq.params.lora_name
+            key = self.extra_key if name is None else self._adapter_keys.setdefault(
+                name, adapter_key(self.extra_key, name))
             for i in range(len(hashes), n_full):
-                parent = hash_block_tokens(parent, tokens[i * bs:(i + 1) * bs], self.extra_key)
+                parent = hash_block_tokens(parent, tokens[i * bs:(i + 1) * bs], key)
                 hashes.append(parent)
         return hashes
 

@@ -16,6 +16,7 @@ from backend.core.kv_quant import check_kv_format_device, kv_format
 from backend.core.scheduler import Scheduler
 from backend.engine.kv_budget import num_kv_blocks
 from backend.engine.model_runner import ModelRunner
+from backend.lora.runtime import LoraRuntime
 from backend.model.config import ModelConfig
 from backend.model.fused import fused_ops
 from backend.model.llama import LlamaForCausalLM
@@ -50,6 +51,7 @@ class EngineParts:
     cpu_threads: int = 1      # intra-op threads the engine may use per step on the CPU (1 on CUDA: not its concern)
     summary: str = ""         # the one line logged at load (``load_summary``)
     structured_output: StructuredOutputManager | None = None   # grammar state of guided requests
+    lora: LoraRuntime | None = None                             # the LoRA adapters served (None: none)
     formats: ServedFormats = ServedFormats()                    # weight / KV / compute formats serving requests
 
 
@@ -138,19 +140,24 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     sampler = Sampler(vocab_size=mcfg.vocab_size, device=device, seed=config.seed, eos_token_ids=sorted(eos),
                       bitmask_kernels=native_bitmask_kernels(fast, device), draws=DrawKernels.for_device(device),
                       rule=DrawRule.of(config.speculative_method, config.draft_coupling))
-    runner = ModelRunner(model, kv_cache, attn, sampler, device, fast_decode=fast.step)
+    lora = LoraRuntime.build(config, mcfg, device, scheduler, dtype) if config.lora_enabled else None
+    runner = ModelRunner(model, kv_cache, attn, sampler, device, fast_decode=fast.step,
+                         lora=lora.slots if lora is not None else None)
     structured = StructuredOutputManager(
         lambda: xgrammar_backend(folder, mcfg.vocab_size, eos, device), vocab_size=mcfg.vocab_size,
         compile_timeout_s=config.guided_compile_timeout_s, max_workers=config.guided_compile_workers, device=device,
         jump_forward=config.guided_jump_forward)
     speculator = build_speculator(config, folder, mcfg, blocks, device, dtype, max_model_len, grammar=structured)
     summary = load_summary(config, mcfg, model, kv_cache, device, dtype, max_model_len, windows,
-                           type(attn).__name__, speculator) + f", fused ops {fused_text}, fast decode {fast.describe()}"
+                           type(attn).__name__, speculator) + f", fused ops {fused_text}, fast decode {fast.describe()}" \
+        + (f", LoRA adapters {', '.join(lora.names)} (max_loras {config.max_loras}, max_lora_rank "
+           f"{config.max_lora_rank})" if lora is not None else "")
     threads = (config.cpu_threads or torch.get_num_threads()) if device.type == "cpu" else 1
-    scheduler.can_admit = structured.is_ready
+    scheduler.can_admit = structured.is_ready if lora is None else \
+        (lambda seq: lora.admission.can_admit(seq) and structured.is_ready(seq))
     formats = ServedFormats(config.quantization, config.kv_cache_dtype, str(dtype).replace("torch.", ""))
     return EngineParts(scheduler, runner, speculator, cpu_threads=threads, summary=summary,
-                       structured_output=structured, formats=formats)
+                       structured_output=structured, formats=formats, lora=lora)
 
 
 def load_summary(config: EngineConfig, mcfg: ModelConfig, model: LlamaForCausalLM, kv: KVCache,

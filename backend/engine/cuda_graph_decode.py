@@ -96,6 +96,8 @@ class StaticDecodeAttention(AttentionBackend):
 class CudaGraphDecodeStep:
     """Captured decode steps; ``build_seconds`` is the capture time added to the load."""
 
+    supports_lora = False   # steps with LoRA adapters run eagerly (the captured graphs have no delta)
+
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, scale: float | None, max_num_seqs: int,
                  max_model_len: int, max_drafts: int = 0):
         if kv_cache.block_size > PARTITION_TOKENS or PARTITION_TOKENS % kv_cache.block_size:

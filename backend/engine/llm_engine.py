@@ -53,6 +53,7 @@ class LLMEngine:
         self.runner = self.parts.runner
         self.speculator = self.parts.speculator   # None unless speculative_method is ngram or draft
         self.structured = self.parts.structured_output      # None: guided requests are refused
+        self.lora = self.parts.lora                          # None: requests naming an adapter are refused
         self.pacer = StreamPacer(config.stream_interval, config.stream_responses_per_s)
         self.threads = ThreadPolicy(self.parts.cpu_threads)   # per-step threads on the CPU (1 = fixed)
         self.observers = self._observers()
@@ -92,6 +93,10 @@ class LLMEngine:
             raise ValueError("request_id: must be a non-empty string")
         if params.guide is not None and self.structured is None:
             raise ValueError("guided_decoding_guide_type: guided decoding is not available in this engine")
+        if params.lora_name is not None:
+            if self.lora is None:
+                raise ValueError(f"lora_name: {params.lora_name!r}: this engine serves no LoRA adapters")
+            self.lora.check(params)
         self.scheduler.check_request(prompt_token_ids, params)   # the one validation; the loop trusts it
         prompt = [int(t) for t in prompt_token_ids]
         with self._cv:
@@ -101,6 +106,8 @@ class LLMEngine:
                 raise ValueError(f"request_id: {request_id!r} is already in flight")
             if params.seed is None and params.temperature >= GREEDY_EPS:
                 params = dataclasses.replace(params, seed=self._seeds.getrandbits(63))
+            if params.lora_name is not None:
+                on_output = self.lora.hold(params.lora_name, on_output)   # a TensorRT-LLM task stays cached
             self.outputs.callbacks[request_id] = on_output
             if params.guide is not None:
                 self.structured.submit(request_id, params.guide)   # compiles off the loop; admitted when ready
@@ -190,6 +197,8 @@ class LLMEngine:
         if not self.scheduler.has_unfinished():
             self.observers.idle()
             return None
+        if self.lora is not None:
+            self.lora.admission.begin_step()                   # adapters waiting for a slot: one step more
         plan = self.scheduler.schedule()
         self._idle = not plan.scheduled
         return None if self._idle else plan

@@ -15,6 +15,7 @@ from backend.attention.base import AttentionBackend
 from backend.attention.metadata import build_attention_metadata
 from backend.core.kv_cache import KVCache
 from backend.core.plan import ForwardOutput, ModelRunnerOutput, SchedulerOutput
+from backend.lora.residency import LoraSlots
 from backend.model.llama import LlamaForCausalLM
 from backend.sampling.batch import is_plain_greedy
 from backend.sampling.ops import row_argmax
@@ -31,15 +32,17 @@ def flat_input_ids(plan: SchedulerOutput) -> np.ndarray:
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, attn: AttentionBackend, sampler: Sampler,
-                 device: torch.device, fast_decode=None):
+                 device: torch.device, fast_decode=None, lora: LoraSlots | None = None):
         """``fast_decode``: the step for the decode plans it ``accepts`` (``NativeDecodeStep`` on the CPU,
-        ``CudaGraphDecodeStep`` on CUDA), or None (every step eager)."""
+        ``CudaGraphDecodeStep`` on CUDA), or None (every step eager). ``lora``: the adapters' slots when the
+        engine serves LoRA adapters (a plan with adapters runs fast only where the step has ``supports_lora``)."""
         self.model = model
         self.kv_cache = kv_cache
         self.attn = attn
         self.sampler = sampler
         self.device = device
         self.fast_decode = fast_decode
+        self.lora = lora
 
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> ForwardOutput:
@@ -47,18 +50,19 @@ class ModelRunner:
         self.sampler.drop(plan.finished_seq_ids)
         if plan.blocks_to_copy:
             self.kv_cache.copy_blocks(plan.blocks_to_copy)
+        lora = self.lora.batch(plan) if self.lora is not None else None   # the plan's adapters, or None
         fast = self.fast_decode
         if fast is not None:
             fast.batch.forget_plan(plan)   # every plan, so that rows never outlive their sequences
-            if fast.accepts(plan):
-                return fast.run(plan)
+            if fast.accepts(plan) and (lora is None or fast.supports_lora):
+                return fast.run(plan, lora) if lora is not None else fast.run(plan)
         sched = plan.scheduled
         meta = build_attention_metadata(
             [s.seq.num_computed_tokens for s in sched], [s.num_new_tokens for s in sched],
             [s.seq.block_table for s in sched], self.kv_cache.block_size, device=self.device)
         input_ids = torch.from_numpy(flat_input_ids(plan)).to(self.device, non_blocking=True)
         self.attn.prepare(meta)
-        hidden = self.model(input_ids, meta.positions, self.attn)  # [num_tokens, hidden]
+        hidden = self.model(input_ids, meta.positions, self.attn, lora)  # [num_tokens, hidden]
 
         # rows to sample: the last new token of every sequence whose chunk reaches its end, and for a
         # speculative verify the k tokens before it too (the last known token and each draft but the last)

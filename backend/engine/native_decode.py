@@ -29,6 +29,7 @@ from backend.core.kv_cache import KVCache
 from backend.core.plan import ForwardOutput, SchedulerOutput
 from backend.engine.decode_batch import PersistentDecodeBatch, cache_or_window_reason, decode_step_shape
 from backend.engine.huge_pages import MIN_PANEL_HUGE_PAGE_BYTES, HugePageResult, copy_to_huge_pages, move_to_huge_pages
+from backend.lora.delta import LoraBatch
 from backend.model.llama import LlamaForCausalLM
 from backend.model.quant import QuantLinear
 
@@ -150,6 +151,8 @@ TILED_HEAD_DIMS = range(16, 129, 16)   # the op's tiled attention (paged_attenti
 class NativeDecodeStep:
     """Runs every step through ``decode_forward``; ``build_seconds`` is the load time it added."""
 
+    supports_lora = True   # steps with LoRA adapters too (the op adds each token's delta after every projection)
+
     def __init__(self, ops, model: LlamaForCausalLM, kv_cache: KVCache, scale: float | None,
                  build_seconds: float = 0.0, huge_pages: HugePageResult | None = None):
         cfg = model.config
@@ -190,10 +193,11 @@ class NativeDecodeStep:
         """Decode and verify steps; prefill chunks and their mixes too where the attention is tiled (``prefills``)."""
         return plan.num_batched_tokens > 0 and (self.prefills or decode_step_shape(plan))
 
-    def run(self, plan: SchedulerOutput) -> ForwardOutput:
-        """Logits of the step's sampled rows, ``[len(rows), vocab]`` (none when no sequence samples)."""
+    def run(self, plan: SchedulerOutput, lora: LoraBatch | None = None) -> ForwardOutput:
+        """Logits of the step's sampled rows, ``[len(rows), vocab]`` (none when no sequence samples); ``lora``: the
+        step's adapters, each token's delta added after every projection inside the op."""
         inp = self.batch.prepare(plan)
-        logits = self.forward(inp.token_ids, inp.positions, inp.token_rows, inp.block_tables, inp.logit_rows)
+        logits = self.forward(inp.token_ids, inp.positions, inp.token_rows, inp.block_tables, inp.logit_rows, lora)
         return ForwardOutput(logits, inp.rows) if inp.rows else ForwardOutput(None, [])
 
     def forward(self, token_ids: torch.Tensor,      # [num_tokens] int64
@@ -201,6 +205,7 @@ class NativeDecodeStep:
                 token_rows: torch.Tensor,           # [num_tokens] int32  block-table row of each token
                 block_tables: torch.Tensor,         # [num_rows, width] int32
                 logit_rows: torch.Tensor | None = None,   # [num_logits] int64 increasing token indices; None: all
+                lora: LoraBatch | None = None,            # the step's adapters (slots [num_tokens] int32), or None
                 ) -> torch.Tensor:
         """Logits ``[num_tokens, vocab]`` (``[num_logits, vocab]``: those tokens'): each token at its position of its
         row's sequence, attending causally to that row's paged KV (also the draft model's steps:
@@ -209,4 +214,6 @@ class NativeDecodeStep:
         return self._op(token_ids, positions, token_rows, block_tables, self.block_size, w.embed, w.layer_weights,
                         w.layer_biases, w.layer_panels, self.k_cache, self.v_cache, w.cos, w.sin, w.final_norm,
                         w.lm_head, w.lm_head_panels, self.num_heads, self.num_kv_heads, self.head_dim, self.eps,
-                        self.scale, logit_rows, w.layer_quant, w.lm_head_quant)
+                        self.scale, logit_rows, w.layer_quant, w.lm_head_quant,
+                        lora.weights.native_tensors if lora is not None else [],
+                        lora.slots if lora is not None else None)

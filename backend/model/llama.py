@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from backend.attention.base import AttentionBackend
+from backend.lora.delta import LoraBatch
+from backend.lora.stacked import DOWN, GATE_UP, O, QKV
 from backend.model.config import ModelConfig
 from backend.model.rope import apply_rope, rope_cos_sin, rope_parameters
 
@@ -62,15 +64,22 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, attn: AttentionBackend, rope=apply_rope):
-        # x: [num_tokens, hidden]; cos/sin: [num_tokens, 1, head_dim]; rope: apply_rope or a fused kernel
+    def forward(self, x, cos, sin, attn: AttentionBackend, rope=apply_rope, lora: LoraBatch | None = None):
+        # x: [num_tokens, hidden]; cos/sin: [num_tokens, 1, head_dim]; rope: apply_rope or a fused kernel;
+        # lora: the step's adapters (a delta after each projection), or None
         n = x.shape[0]
-        qkv = linear(x, self.qkv_proj).view(n, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        qkv = linear(x, self.qkv_proj)
+        if lora is not None:
+            lora.add(self.layer_idx, QKV, x, qkv)
+        qkv = qkv.view(n, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         qk = rope(qkv[:, :self.num_heads + self.num_kv_heads], cos, sin)  # q and k rotated together
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.num_heads + self.num_kv_heads:]
-        out = attn.forward(self.layer_idx, q, k, v)  # [num_tokens, num_heads, head_dim]
-        return linear(out.reshape(n, self.q_size), self.o_proj)
+        out = attn.forward(self.layer_idx, q, k, v).reshape(n, self.q_size)  # [num_tokens, num_heads * head_dim]
+        o = linear(out, self.o_proj)
+        if lora is not None:
+            lora.add(self.layer_idx, O, out, o)
+        return o
 
     __call__ = forward
 
@@ -78,19 +87,27 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU with a fused gate/up projection."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0):
         super().__init__()
+        self.layer_idx = layer_idx
         self.intermediate = cfg.intermediate_size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
-    def forward(self, x, silu_mul=None):
+    def forward(self, x, silu_mul=None, lora: LoraBatch | None = None):
         # x: [num_tokens, hidden]; silu_mul: None (torch) or a fused kernel of [num_tokens, 2 * intermediate]
         gate_up = linear(x, self.gate_up_proj)
+        if lora is not None:
+            lora.add(self.layer_idx, GATE_UP, x, gate_up)
         if silu_mul is not None:
-            return linear(silu_mul(gate_up), self.down_proj)
-        gate, up = gate_up.split(self.intermediate, dim=-1)
-        return linear(F.silu(gate) * up, self.down_proj)
+            act = silu_mul(gate_up)
+        else:
+            gate, up = gate_up.split(self.intermediate, dim=-1)
+            act = F.silu(gate) * up
+        down = linear(act, self.down_proj)
+        if lora is not None:
+            lora.add(self.layer_idx, DOWN, act, down)
+        return down
 
     __call__ = forward
 
@@ -101,11 +118,11 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, layer_idx)
 
-    def forward(self, x, cos, sin, attn):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, cos, sin, attn, lora: LoraBatch | None = None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn, lora=lora)
+        return x + self.mlp(self.post_attention_layernorm(x), lora=lora)
 
     __call__ = forward
 
@@ -139,17 +156,18 @@ class LlamaForCausalLM(nn.Module):
         input_ids: torch.Tensor,  # [num_tokens]
         positions: torch.Tensor,  # [num_tokens]
         attn: AttentionBackend,
+        lora: LoraBatch | None = None,   # the step's adapters per token (backend/lora/delta.py), or None
     ) -> torch.Tensor:            # [num_tokens, hidden] final-normed hidden states
         cos_t, sin_t = self.rope_tables()
         cos, sin = cos_t[positions].unsqueeze(1), sin_t[positions].unsqueeze(1)  # [num_tokens, 1, head_dim]
         x = F.embedding(input_ids, self.embed_tokens.weight)
         if self.fused is not None:
-            return self._forward_fused(x, cos, sin, attn)
+            return self._forward_fused(x, cos, sin, attn, lora)
         for layer in self.layers:
-            x = layer(x, cos, sin, attn)
+            x = layer(x, cos, sin, attn, lora)
         return self.norm(x)
 
-    def _forward_fused(self, x, cos, sin, attn: AttentionBackend) -> torch.Tensor:
+    def _forward_fused(self, x, cos, sin, attn: AttentionBackend, lora: LoraBatch | None = None) -> torch.Tensor:
         """The layers with the residual carried beside the hidden state: each RMSNorm takes the residual add
         before it (``add_rms_norm``), RoPE and SiLU-mul are one kernel each. Same maths as ``forward``."""
         ops = self.fused
@@ -157,10 +175,10 @@ class LlamaForCausalLM(nn.Module):
         first = self.layers[0].input_layernorm
         h, residual = ops.add_rms_norm(x, None, first.weight, first.eps)
         for layer, next_norm in zip(self.layers, norms):
-            h = layer.self_attn(h, cos, sin, attn, ops.rope)
+            h = layer.self_attn(h, cos, sin, attn, ops.rope, lora)
             post = layer.post_attention_layernorm
             h, residual = ops.add_rms_norm(h, residual, post.weight, post.eps)
-            h = layer.mlp(h, ops.silu_mul)
+            h = layer.mlp(h, ops.silu_mul, lora)
             h, residual = ops.add_rms_norm(h, residual, next_norm.weight, next_norm.eps)
         return h
 

@@ -23,6 +23,7 @@ from the model's configuration.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -35,6 +36,7 @@ from backend.engine.inbox import queue_full_error
 from backend.serving.cancel_watch import CancelWatcher
 from backend.serving.health import UNHEALTHY_ACTIONS, EngineWatchdog, shutdown_server
 from backend.serving.inflight import InFlight, finished_request, prompt_digest
+from backend.serving.lora_inputs import lora_task_name
 from backend.serving.responses import engine_error_message, respond, send, send_error
 from contracts import wire
 from tracing import request_trace_context
@@ -139,6 +141,11 @@ class LLMServing:
                 raise ValueError(f"request: expected one JSON string, got {raw.size}")
             llm_req = wire.LLMRequest.from_json(raw[0])
             prompt = np.asarray(ids_t.as_numpy()).reshape(-1).astype(np.int64).tolist()
+            task = lora_task_name(self.pb, r, self.engine)    # TensorRT-LLM's LoRA tensors
+            if task is not None:
+                if llm_req.sampling.lora_name not in (None, task):
+                    raise ValueError("lora_task_id: not with lora_name (name one adapter)")
+                llm_req.sampling = dataclasses.replace(llm_req.sampling, lora_name=task)
         except ValueError as e:
             return self._send_error(sender, client_id, str(e))
         engine_id = uuid.uuid4().hex

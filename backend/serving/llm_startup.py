@@ -45,7 +45,7 @@ def build_llm_serving(model_config: dict, pb_utils, *, model_version: str = "1")
     formats = engine.parts.formats.labels()     # weight / KV / compute formats: /metrics and the log line
     metrics = EngineMetrics(pb_utils, engine.stats, max_num_seqs=engine.config.max_num_seqs,
                             model=name, version=model_version, interval_s=interval, model_info=formats,
-                            decode_gaps=gaps.drain).start()
+                            decode_gaps=gaps.drain, lora=engine.lora).start()
     telemetry, tracer = build_telemetry(pb_utils, max_model_len=engine.scheduler.max_model_len, model=name,
                                         version=model_version, log_level=serving["request_log_level"],
                                         formats=formats)

@@ -20,7 +20,7 @@ core; runqueue: waiting for a core; blocked: asleep inside steps, mostly waiting
 The inter-token latency, a histogram (``triton_llm_inter_token_latency_seconds``, vLLM's buckets): the gaps
 ``DecodeGaps`` (backend/serving/decode_gaps.py) recorded, one per decode step, observed at each update.
 
-What serves requests, as an info gauge (always 1; backend/engine/builder.py ``ServedFormats``):
+LoRA gauges: backend/serving/lora_metrics.py. What serves requests, as an info gauge (always 1; ``ServedFormats``):
 ``triton_llm_model_info{quantization="int8",kv_cache_dtype="int8",dtype="float32"} 1``.
 
 A small thread reads ``engine.stats()`` every ``interval_s`` and sets the gauges through Triton's
@@ -36,6 +36,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from backend.serving.lora_metrics import LoraMetrics
 from backend.serving.request_metrics import PREFIX, TOKEN_LATENCY_BUCKETS
 
 log = logging.getLogger(__name__)
@@ -95,9 +96,10 @@ class EngineMetrics:
 
     def __init__(self, pb_utils, stats_fn: Callable[[], Any], *, max_num_seqs: int, model: str = "llm",
                  version: str = "1", interval_s: float = 1.0, model_info: Mapping[str, str] | None = None,
-                 decode_gaps: Callable[[], list[float]] | None = None):
+                 decode_gaps: Callable[[], list[float]] | None = None, lora=None):
         """``model_info``: the labels of ``triton_llm_model_info`` (the formats serving requests), or None.
-        ``decode_gaps``: returns the inter-token gaps (seconds) recorded since its last call (``DecodeGaps.drain``)."""
+        ``decode_gaps``: returns the inter-token gaps (seconds) recorded since its last call (``DecodeGaps.drain``).
+        ``lora``: the engine's ``LoraRuntime`` when it serves adapters (``lora_metrics.py``'s gauges), or None."""
         self._stats_fn = stats_fn
         self._interval = interval_s
         self._stop = threading.Event()
@@ -154,6 +156,7 @@ class EngineMetrics:
         self._families += [f for f in (self._info_family, self._per_pos_family, self._loop_family, self._itl_family)
                            if f is not None]
         self._families += [fam for fam, _ in self._spec]   # every family, for close()
+        self._lora = LoraMetrics(pb_utils, lora.stats, lora.names, base) if lora is not None else None
         self._closed = False
 
     def update(self) -> None:
@@ -165,6 +168,8 @@ class EngineMetrics:
         self._update_spec(stats.spec)
         if stats.loop is not None:
             self._update_loop(stats.loop)
+        if self._lora is not None:
+            self._lora.update()
         if self._gaps is not None:
             observe = self._itl.observe
             for gap in self._gaps():
@@ -222,4 +227,7 @@ class EngineMetrics:
         self._max_seqs = self._info = self._itl = None
         self._spec, self._info_family, self._per_pos_family, self._loop_family = [], None, None, None
         self._itl_family = None
+        if self._lora is not None:
+            self._lora.close()
+            self._lora = None
         self._families = []

@@ -63,6 +63,7 @@ def log_record(rec: FinishedRequest, formats: Mapping[str, str] | None = None) -
         "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(rec.finished_wall)) +
                 f".{int(rec.finished_wall * 1000) % 1000:03d}Z",
         "model": rec.model_name,
+        "lora_name": p.lora_name,
         "request_id": rec.client_id,
         "engine_request_id": rec.engine_id,
         "trace_id": rec.trace_id,

@@ -54,6 +54,8 @@ def generate_attributes(rec: FinishedRequest) -> dict[str, Any]:
     }
     if p.guide is not None:
         attrs[t.ATTR_PREFIX + "request.guide_type"] = p.guide.kind
+    if p.lora_name is not None:
+        attrs[t.ATTR_PREFIX + "request.lora_name"] = p.lora_name
     if s is not None:
         attrs.update({
             t.GEN_AI_USAGE_INPUT_TOKENS: s.num_prompt_tokens,

@@ -35,14 +35,15 @@ def check_auth(service: LLMService, request: Request) -> None:
 
 
 async def served_names(service: LLMService) -> list[str]:
-    """The names a request's ``model`` may take: the served checkpoint's, and Triton's model name."""
+    """The names a request's ``model`` may take: the served checkpoint's, Triton's model name, and each LoRA
+    adapter's (a request naming an adapter runs under it: ``lora_name``)."""
     upstream = service.upstream
     try:
         facts = await upstream.facts()
     except grpc.aio.AioRpcError:
         raise APIError(503, f"Triton at {upstream.url} is unavailable; retry", code="model_not_ready",
                        headers={"Retry-After": "1"}) from None
-    return [n for n in dict.fromkeys([facts.name, upstream.model]) if n]
+    return [n for n in dict.fromkeys([facts.name, upstream.model, *facts.lora_adapters]) if n]
 
 
 @dataclass

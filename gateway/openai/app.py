@@ -161,6 +161,7 @@ def create_app(service: LLMService, metrics_url: str) -> FastAPI:
                 log.info("request %s: user %s", admitted.request_id, body.user)
             facts = await upstream.facts()
             req = params.chat_request(body, prompt.prompt_messages(body), facts.max_context_tokens, plan.guide)
+            params.select_adapter(req, body.model, facts.lora_adapters)
             runner = Runner(upstream, service.closer, [req], admitted.request_id, body.n,
                             params.param_of(plan.param), admitted.metadata, service.stream_buffer_bytes)
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -182,7 +183,10 @@ def create_app(service: LLMService, metrics_url: str) -> FastAPI:
             if body.user:
                 log.info("request %s: user %s", admitted.request_id, body.user)
             prompts = body.prompts()
+            facts = await upstream.facts()
             reqs = [params.completion_request(body, p) for p in prompts]
+            for req in reqs:
+                params.select_adapter(req, body.model, facts.lora_adapters)
             runner = Runner(upstream, service.closer, reqs, admitted.request_id, body.n, params.PARAM_OF,
                             admitted.metadata, service.stream_buffer_bytes)
             include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -3,7 +3,8 @@
 From there ``gateway.mapping`` makes the ensemble's tensors, so both APIs share one mapping of
 parameters. OpenAI's meaning is kept: ``max_completion_tokens`` wins over ``max_tokens``; ``top_k``
 -1 (vLLM's "off") is our 0; the prompt is never echoed by the ensemble (``exclude_input_in_output``:
-``echo`` is the gateway's); token counts are always asked for (``usage``). ``PARAM_OF`` names the
+``echo`` is the gateway's); token counts are always asked for (``usage``); a ``model`` naming a LoRA adapter
+sets ``lora_name``. ``PARAM_OF`` names the
 OpenAI parameter behind each proto field, for errors the ensemble reports.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from .schemas import ChatCompletionRequest, CompletionRequest, Message, Sampling
 # proto field (as mapping.UpstreamError.field names it) -> the OpenAI parameter
 PARAM_OF = {"prompt": "prompt", "messages": "messages", "num_return_sequences": "n", "stop_words": "stop",
             "guided_decoding.json_schema": "response_format", "guided_decoding.any_json": "response_format",
-            "guided_decoding": "response_format", "min_tokens": "min_tokens"}
+            "guided_decoding": "response_format", "min_tokens": "min_tokens", "lora_name": "model"}
 DEFAULT_COMPLETION_MAX_TOKENS = 16   # OpenAI's default for /v1/completions
 
 
@@ -64,6 +65,12 @@ def chat_request(body: ChatCompletionRequest, messages: list[Message], context_t
     if guide is not None:
         req.guided_decoding.CopyFrom(guide)
     return req
+
+
+def select_adapter(req: pb.GenerateRequest, model: str, adapters: list[str]) -> None:
+    """A ``model`` that names a served LoRA adapter runs the request under it (vLLM's convention)."""
+    if model in adapters:
+        req.lora_name = model
 
 
 def completion_request(body: CompletionRequest, prompt: str) -> pb.GenerateRequest:

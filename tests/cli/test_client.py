@@ -28,12 +28,12 @@ def test_every_sampling_input_has_a_flag():
     args = client.parse_args(["p", "--temperature", "0.8", "--top-p", "0.9", "--top-k", "5", "--min-p", "0.1",
                               "--presence-penalty", "0.5", "--frequency-penalty", "-0.5", "--seed", "3",
                               "--min-tokens", "2", "--end-id", "7", "--n", "2", "--stop", "a", "--stop", "b",
-                              "--bad-words", "x", "--num-speculative-tokens", "0"])
+                              "--bad-words", "x", "--num-speculative-tokens", "0", "--lora", "sql"])
     opts = client.sampling_options(args)
     assert opts == {"max_tokens": 64, "temperature": 0.8, "repetition_penalty": 1.2, "top_k": 5, "top_p": 0.9,
                     "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -0.5, "seed": 3, "min_tokens": 2,
                     "end_id": 7, "num_return_sequences": 2, "num_speculative_tokens": 0, "stop_words": ["a", "b"],
-                    "bad_words": ["x"]}
+                    "bad_words": ["x"], "lora_name": "sql"}
     client.build_inputs("p", 4, **{k: v for k, v in opts.items() if k != "max_tokens"})   # all typed inputs
 
 
@@ -174,7 +174,7 @@ def test_gateway_mode_sends_every_sampling_flag(fake_gateway, capsys):
     argv = ["p", "--temperature", "0.5", "--top-p", "0.9", "--top-k", "5", "--min-p", "0.25",
             "--presence-penalty", "0.5", "--frequency-penalty", "-0.5", "--seed", "3", "--min-tokens", "2",
             "--end-id", "7", "--n", "1", "--stop", "a", "--stop", "b", "--bad-words", "x",
-            "--num-speculative-tokens", "0", "--max-tokens", "9", "--chat"]
+            "--num-speculative-tokens", "0", "--lora", "sql", "--max-tokens", "9", "--chat"]
     assert client.main([*argv, "--gateway", "--url", url]) == 0
     req = service.requests[-1]
     opts = client.sampling_options(client.parse_args(argv))

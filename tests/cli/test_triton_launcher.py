@@ -23,7 +23,8 @@ from cli.launcher import (
 )
 
 TYPE_NAMES = {"TYPE_STRING": "BYTES", "TYPE_INT32": "INT32", "TYPE_UINT64": "UINT64", "TYPE_FP32": "FP32",
-              "TYPE_BOOL": "BOOL"}
+              "TYPE_BOOL": "BOOL", "TYPE_FP16": "FP16"}
+LLM_INPUTS = {"lora_task_id", "lora_weights", "lora_config"}   # routed by the ensemble straight to the llm model
 
 
 def io_block(model: str, kind: str) -> dict[str, tuple[str, str, bool]]:
@@ -48,8 +49,11 @@ def test_ensemble_speaks_tensorrt_llm_names_and_types():
 
 
 def test_preprocess_accepts_every_ensemble_input_and_postprocess_makes_every_output():
-    assert io_block("preprocess", "input") == io_block("ensemble", "input")
-    assert set(io_block("ensemble", "input")) - {"stop"} <= KNOWN_INPUTS
+    ensemble = io_block("ensemble", "input")
+    assert io_block("preprocess", "input") == {k: v for k, v in ensemble.items() if k not in LLM_INPUTS}
+    assert set(ensemble) - {"stop"} - LLM_INPUTS <= KNOWN_INPUTS
+    assert {k: v for k, v in io_block("llm", "input").items() if k in LLM_INPUTS} == \
+        {k: v for k, v in ensemble.items() if k in LLM_INPUTS}
     assert io_block("postprocess", "output") == io_block("ensemble", "output")
 
 

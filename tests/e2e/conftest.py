@@ -54,13 +54,15 @@ def model_path() -> Path:
     return e2e_model_path()
 
 
-def start_e2e_server(root: Path, model_path: Path, env: dict[str, str] | None = None) -> TritonServer:
+def start_e2e_server(root: Path, model_path: Path, env: dict[str, str] | None = None,
+                     llm: dict[str, str] | None = None) -> TritonServer:
     """The model repository rendered under ``root`` (small KV budget, fast polling), served on free ports;
-    ``env`` is added to the server's environment (e.g. OTEL_* for tracing). Fails the test if it does not start."""
+    ``env`` is added to the server's environment (e.g. OTEL_* for tracing), ``llm`` to the llm model's parameters.
+    Fails the test if it does not start."""
     repo = render_model_repository(root / "model_repository", {
         "llm": {"model_path": str(model_path), "kv_cache_bytes": KV_CACHE_BYTES, "max_num_seqs": MAX_NUM_SEQS,
                 "metrics_interval_s": "0.1", "cancel_poll_interval_s": "0.02", "device": "cpu",
-                "guided_compile_timeout_s": GUIDED_COMPILE_TIMEOUT_S, **SPECULATIVE},
+                "guided_compile_timeout_s": GUIDED_COMPILE_TIMEOUT_S, **SPECULATIVE, **(llm or {})},
         "preprocess": {"tokenizer_path": str(model_path)},
         "postprocess": {"tokenizer_path": str(model_path)},
     })
@@ -99,8 +101,17 @@ def stop_e2e_server(srv: TritonServer) -> None:
 
 
 @pytest.fixture(scope="session")
-def server(model_path, tmp_path_factory) -> E2EServer:
-    srv = start_e2e_server(tmp_path_factory.mktemp("triton"), model_path)
+def lora_adapters(model_path, tmp_path_factory) -> dict[str, Path]:
+    """The session server's LoRA adapters (tests/helpers/lora.py), written by PEFT for the served checkpoint."""
+    from tests.helpers.lora import write_adapters
+
+    return write_adapters(model_path, tmp_path_factory.mktemp("lora"))
+
+
+@pytest.fixture(scope="session")
+def server(model_path, lora_adapters, tmp_path_factory) -> E2EServer:
+    adapters = ",".join(f"{name}={folder}" for name, folder in lora_adapters.items())
+    srv = start_e2e_server(tmp_path_factory.mktemp("triton"), model_path, llm={"lora_adapters": adapters})
     yield E2EServer(srv, model_path)
     stop_e2e_server(srv)
 

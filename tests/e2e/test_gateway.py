@@ -119,6 +119,12 @@ def test_tokenize_and_model_info_agree_with_generate(stub, model_path):
     out = generate(stub, prompt=PROMPTS[2], max_tokens=2, temperature=0.0)
     assert tok.token_count == out[-1].usage.prompt_tokens
     assert tok.max_context_tokens == info.max_context_tokens
+    assert list(info.lora_adapters) == ["all4", "mlp16", "qv8"]                   # the e2e server's adapters
+    under = generate(stub, prompt=PROMPTS[2], max_tokens=6, temperature=0.0, lora_name="qv8")
+    base = generate(stub, prompt=PROMPTS[2], max_tokens=6, temperature=0.0)
+    assert "".join(m.text for m in under) != "".join(m.text for m in base)
+    err = rpc_error(lambda: generate(stub, prompt=PROMPTS[2], max_tokens=2, lora_name="nope"))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "nope" in err.details()
     chat = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="hello")])
     tok = stub.Tokenize(pb.TokenizeRequest(messages=chat), timeout=30)
     out = generate(stub, messages=chat, max_tokens=2, temperature=0.0)

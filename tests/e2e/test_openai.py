@@ -233,3 +233,18 @@ def test_schema_fuzzer_finds_no_server_error_and_no_hang(api, model):
             response = case.call(base_url=api.openai_url, timeout=30)
             case.validate_response(response, checks=[not_a_server_error])
         run()
+
+
+def test_model_names_a_lora_adapter(client, model, server):
+    """`/v1/models` lists the adapters beside the base model; `model` set to one runs under it, as the ensemble's
+    `lora_name` does."""
+    from tests.e2e.helpers import run
+
+    ids = [m.id for m in client.models.list().data]
+    assert ids[0] == model and {"qv8", "all4", "mlp16"} <= set(ids)
+    got = client.completions.create(model="qv8", prompt="def f(x):", max_tokens=8, temperature=0).choices[0].text
+    base = client.completions.create(model=model, prompt="def f(x):", max_tokens=8, temperature=0).choices[0].text
+    direct = run(server.grpc_url, "def f(x):", 8, temperature=0.0, lora_name="qv8", exclude_input_in_output=True)
+    assert got == direct.text and got != base
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="x", max_tokens=2)

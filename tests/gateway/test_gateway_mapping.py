@@ -16,9 +16,11 @@ from triton_llm.v1 import llm_service_pb2 as pb
 PROTO = REPO / "proto" / "triton_llm" / "v1" / "llm_service.proto"
 ENSEMBLE_CONFIG = REPO / "model_repository" / "ensemble" / "config.pbtxt"
 NOT_EXPOSED = {"stop": "TensorRT-LLM's cancel flag: a gRPC cancellation or deadline does this",
-               "min_length": "an alias of min_tokens"}
+               "min_length": "an alias of min_tokens",
+               "lora_task_id": "TensorRT-LLM's LoRA tensors: the typed API names an adapter (lora_name)",
+               "lora_weights": "TensorRT-LLM's LoRA tensors", "lora_config": "TensorRT-LLM's LoRA tensors"}
 _TYPES = {"TYPE_STRING": "BYTES", "TYPE_INT32": "INT32", "TYPE_FP32": "FP32", "TYPE_BOOL": "BOOL",
-          "TYPE_UINT64": "UINT64"}
+          "TYPE_UINT64": "UINT64", "TYPE_FP16": "FP16"}
 
 
 def ensemble_inputs() -> dict[str, str]:
@@ -35,7 +37,7 @@ def everything_set(**input_case) -> pb.GenerateRequest:
         exclude_input_in_output=True, return_log_probs=True, return_num_input_tokens=True,
         return_num_output_tokens=True, skip_special_tokens=False, include_stop_str_in_output=True,
         guided_decoding=pb.GuidedDecoding(json_schema='{"type": "object"}'), request_id="req-1",
-        num_speculative_tokens=2, top_logprobs=3, **input_case)
+        num_speculative_tokens=2, top_logprobs=3, lora_name="sql", **input_case)
 
 
 def sent(request: pb.GenerateRequest) -> dict[str, tuple[str, list]]:
@@ -171,7 +173,7 @@ def test_proto_defaults_match_the_ensemble_defaults_in_docs_api():
         assert m, f"{fname}: no 'Default ...' in its comment: {comments[fname]!r}"
         assert _norm(m.group(1)) == _norm(docs[input_name]), (fname, m.group(1), docs[input_name])
         checked += 1
-    assert checked == len(mapping.OPTIONAL_SCALARS) + len(mapping.LIST_FIELDS) == 24
+    assert checked == len(mapping.OPTIONAL_SCALARS) + len(mapping.LIST_FIELDS) == 25
 
 
 # ---- responses ----------------------------------------------------------------------------------------

@@ -108,7 +108,8 @@ def test_every_engine_parameter_renders(tmp_path):
               "cpu_threads": 4, "cancel_poll_interval_s": 0.5, "metrics_interval_s": 2, "request_log_level": "warning",
               "engine_stall_timeout_s": 60, "engine_unhealthy_action": "fail_requests",
               "guided_compile_timeout_s": 5, "guided_compile_workers": 3, "guided_jump_forward": True,
-              "python_switch_interval_ms": 0.5}
+              "python_switch_interval_ms": 0.5, "lora_adapters": "sql=/models/lora/sql,chat=/models/lora/chat",
+              "lora_dir": "/models/lora", "max_loras": 2, "max_cpu_loras": 8, "max_lora_rank": 32}
     assert set(sample) == set(SCHEMA["properties"]["engine"]["properties"])
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({"engine": sample}))

@@ -10,14 +10,14 @@ REPO = Path(__file__).resolve().parents[2]
 API_MD = REPO / "docs" / "api.md"
 ENSEMBLE_CONFIG = REPO / "model_repository" / "ensemble" / "config.pbtxt"
 TRITON_TYPES = {"TYPE_STRING": "BYTES", "TYPE_INT32": "INT32", "TYPE_UINT64": "UINT64", "TYPE_FP32": "FP32",
-                "TYPE_BOOL": "BOOL", "TYPE_INT64": "INT64"}
+                "TYPE_BOOL": "BOOL", "TYPE_INT64": "INT64", "TYPE_FP16": "FP16"}
 
 
 @dataclass(frozen=True)
 class Tensor:
     name: str
     type: str          # BYTES, INT32, ...
-    is_list: bool      # dims [-1]
+    is_list: bool      # dims [-1] (or a matrix: dims [-1, -1], [-1, 3])
 
 
 def config_tensors(section: str, path: Path = ENSEMBLE_CONFIG) -> dict[str, Tensor]:
@@ -25,7 +25,7 @@ def config_tensors(section: str, path: Path = ENSEMBLE_CONFIG) -> dict[str, Tens
     text = path.read_text()
     body = re.search(rf"^{section} \[(.*?)^\]", text, re.S | re.M).group(1)
     out = {}
-    for m in re.finditer(r'name:\s*"(\w+)"\s+data_type:\s*(\w+)\s+dims:\s*\[\s*(-?\d+)\s*\]', body):
+    for m in re.finditer(r'name:\s*"(\w+)"\s+data_type:\s*(\w+)\s+dims:\s*\[\s*(-?\d+)\s*(,\s*-?\d+\s*)?\]', body):
         out[m.group(1)] = Tensor(m.group(1), TRITON_TYPES[m.group(2)], m.group(3) == "-1")
     return out
 
@@ -55,7 +55,7 @@ def documented_names(cell: str) -> list[str]:
 
 
 def documented_types(cell: str) -> list[str]:
-    return re.findall(r"\b(BYTES|INT32|UINT64|FP32|BOOL|INT64)\b", cell)
+    return re.findall(r"\b(BYTES|INT32|UINT64|FP32|FP16|BOOL|INT64)\b", cell)
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,7 @@ class GuidedDecoding(_message.Message):
     def __init__(self, json_schema: _Optional[str] = ..., any_json: _Optional[_Union[GuidedDecoding.AnyJson, _Mapping]] = ..., regex: _Optional[str] = ..., ebnf_grammar: _Optional[str] = ..., structural_tag: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "messages", "max_tokens", "stream", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop_words", "bad_words", "end_id", "pad_id", "min_tokens", "num_return_sequences", "beam_width", "exclude_input_in_output", "return_log_probs", "return_num_input_tokens", "return_num_output_tokens", "skip_special_tokens", "include_stop_str_in_output", "guided_decoding", "request_id", "num_speculative_tokens", "top_logprobs")
+    __slots__ = ("prompt", "messages", "max_tokens", "stream", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop_words", "bad_words", "end_id", "pad_id", "min_tokens", "num_return_sequences", "beam_width", "exclude_input_in_output", "return_log_probs", "return_num_input_tokens", "return_num_output_tokens", "skip_special_tokens", "include_stop_str_in_output", "guided_decoding", "request_id", "num_speculative_tokens", "top_logprobs", "lora_name")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +106,7 @@ class GenerateRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     messages: ChatMessages
     max_tokens: int
@@ -135,7 +136,8 @@ class GenerateRequest(_message.Message):
     request_id: str
     num_speculative_tokens: int
     top_logprobs: int
-    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stream: bool = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop_words: _Optional[_Iterable[str]] = ..., bad_words: _Optional[_Iterable[str]] = ..., end_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., min_tokens: _Optional[int] = ..., num_return_sequences: _Optional[int] = ..., beam_width: _Optional[int] = ..., exclude_input_in_output: bool = ..., return_log_probs: bool = ..., return_num_input_tokens: bool = ..., return_num_output_tokens: bool = ..., skip_special_tokens: bool = ..., include_stop_str_in_output: bool = ..., guided_decoding: _Optional[_Union[GuidedDecoding, _Mapping]] = ..., request_id: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+    lora_name: str
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stream: bool = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop_words: _Optional[_Iterable[str]] = ..., bad_words: _Optional[_Iterable[str]] = ..., end_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., min_tokens: _Optional[int] = ..., num_return_sequences: _Optional[int] = ..., beam_width: _Optional[int] = ..., exclude_input_in_output: bool = ..., return_log_probs: bool = ..., return_num_input_tokens: bool = ..., return_num_output_tokens: bool = ..., skip_special_tokens: bool = ..., include_stop_str_in_output: bool = ..., guided_decoding: _Optional[_Union[GuidedDecoding, _Mapping]] = ..., request_id: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., top_logprobs: _Optional[int] = ..., lora_name: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "total_tokens", "draft_tokens", "accepted_draft_tokens")
@@ -218,7 +220,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "triton_model", "max_context_tokens", "vocab_size", "supported_guide_types", "speculative_method", "num_speculative_tokens", "architecture", "quantization", "kv_cache_dtype")
+    __slots__ = ("name", "triton_model", "max_context_tokens", "vocab_size", "supported_guide_types", "speculative_method", "num_speculative_tokens", "architecture", "quantization", "kv_cache_dtype", "lora_adapters")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TRITON_MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -229,6 +231,7 @@ class ModelInfo(_message.Message):
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    LORA_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     name: str
     triton_model: str
     max_context_tokens: int
@@ -239,4 +242,5 @@ class ModelInfo(_message.Message):
     architecture: str
     quantization: str
     kv_cache_dtype: str
-    def __init__(self, name: _Optional[str] = ..., triton_model: _Optional[str] = ..., max_context_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., supported_guide_types: _Optional[_Iterable[_Union[GuideType, str]]] = ..., speculative_method: _Optional[_Union[SpeculativeMethod, str]] = ..., num_speculative_tokens: _Optional[int] = ..., architecture: _Optional[str] = ..., quantization: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ...) -> None: ...
+    lora_adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., triton_model: _Optional[str] = ..., max_context_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., supported_guide_types: _Optional[_Iterable[_Union[GuideType, str]]] = ..., speculative_method: _Optional[_Union[SpeculativeMethod, str]] = ..., num_speculative_tokens: _Optional[int] = ..., architecture: _Optional[str] = ..., quantization: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., lora_adapters: _Optional[_Iterable[str]] = ...) -> None: ...

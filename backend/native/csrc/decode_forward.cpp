@@ -22,7 +22,9 @@
 // faster than at::linear, MKL's GEMM, on the row-major ones; docs/benchmarks.md), quant_gemm (every int8 / int4
 // projection, the weight given as its strips in layer_quant / lm_head_quant: three tensors a projection, strips,
 // scales and aux, empty for an fp32 one, whose row-major entry is then the quantized weight, read for its row count
-// only, and whose panels are empty). Sliding windows are not handled: the Python side
+// only, and whose panels are empty), lora_delta (LoRA adapters: with `lora` given, 8 tensors a layer, A [S, R, K] and
+// B [S, N, R] of each projection in the order above, every token of slot lora_slots[t] >= 0 gets
+// y += B[s] (A[s] x) right after each projection; backend/lora/stacked.py lays them out). Sliding windows are not handled: the Python side
 // (backend/engine/native_decode.py) keeps those models on the eager path.
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -32,6 +34,7 @@
 #include "f32_gemv.h"
 #include "quant_gemm.h"
 #include "layer_ops.h"
+#include "lora_delta.h"
 #include "paged_attention.h"
 
 namespace triton_llm_native {
@@ -42,6 +45,7 @@ constexpr int kLayerBiases = 3;   // qkv, gate_up, down (empty tensor: none)
 constexpr int kLayerPanels = 4;   // qkv, o, gate_up, down: the projections' weights packed (pack_panels)
 
 constexpr int kQuantTensors = 3;  // strips, scales, aux of a quantized projection (empty: fp32)
+constexpr int kLoraTensors = 8;   // A, B of qkv, o, gate_up, down (backend/lora/stacked.py)
 
 // x [T, K] @ w[N, K]^T (+ bias): the projection of every layer, through w's strips when `quant` holds them, else
 // through its panels (`w` gives N; K is x's width).
@@ -79,7 +83,9 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
                           int64_t num_heads, int64_t kv_heads, int64_t head_dim, double eps, double scale,
                           const c10::optional<at::Tensor>& logit_rows,  // [R] int64 increasing indices; none: all
                           at::TensorList layer_quant,      // empty, or 4 x 3 per layer: the projections' strips
-                          at::TensorList lm_head_quant) {  // empty, or 3: the LM head's strips
+                          at::TensorList lm_head_quant,    // empty, or 3: the LM head's strips
+                          at::TensorList lora,             // empty, or 8 per layer: A, B of each projection
+                          const c10::optional<at::Tensor>& lora_slots) {  // [T] int32 adapter slot, -1: none
   int64_t T = token_ids.size(0);
   const int64_t L = static_cast<int64_t>(k_cache.size());
   const int64_t D = embed.size(1);
@@ -115,6 +121,17 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
     keep_pos = positions.index_select(0, keep);
     keep_rows = token_rows.index_select(0, keep);
   }
+  const bool adapters = !lora.empty();
+  at::Tensor slots_t;
+  if (adapters) {
+    TORCH_CHECK(static_cast<int64_t>(lora.size()) == kLoraTensors * L, "decode_forward: lora needs 8 tensors a layer");
+    TORCH_CHECK(lora_slots.has_value() && lora_slots->scalar_type() == at::kInt && lora_slots->numel() == T,
+                "decode_forward: lora_slots must be [T] int32 with lora");
+    slots_t = lora_slots->contiguous();
+  }
+  const int32_t* slots = adapters ? slots_t.data_ptr<int32_t>() : nullptr;
+  at::Tensor keep_slots;
+  if (adapters && select) keep_slots = slots_t.index_select(0, keep);
   const Paged paged{block_tables.data_ptr<int32_t>(), block_tables.size(1), block_size};
   const int64_t qkv_width = (num_heads + 2 * kv_heads) * head_dim;
 
@@ -128,12 +145,17 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
     const at::Tensor* pn = layer_panels.data() + kLayerPanels * l;
     const at::Tensor* qn = quantized ? layer_quant.data() + kLayerPanels * kQuantTensors * l : nullptr;
     auto quant = [&](int i) { return qn ? qn + kQuantTensors * i : nullptr; };
+    const at::Tensor* ln = adapters ? lora.data() + kLoraTensors * l : nullptr;
+    auto delta_of = [&](int i, const at::Tensor& in, at::Tensor& out) {  // projection i's LoRA delta, in place
+      if (ln) add_lora_delta(in, out, ln[2 * i], ln[2 * i + 1], slots);
+    };
     check_f32(k_cache[l], "k_cache");
     check_f32(v_cache[l], "v_cache");
     TORCH_CHECK(w[1].size(0) == qkv_width, "decode_forward: qkv weight shape");
     add_rms_norm(x.data_ptr<float>(), delta.defined() ? delta.data_ptr<float>() : nullptr,
                  w[0].data_ptr<float>(), h.data_ptr<float>(), T, D, eps);
     at::Tensor qkv = project(h, w[1], pn[0], quant(0), b[0]);  // [T, (H + 2 KVH) hd]
+    delta_of(0, h, qkv);
     float* qkvp = qkv.data_ptr<float>();
     apply_rope(qkvp, qkv_width, num_heads + kv_heads, head_dim, pos, cos_table.data_ptr<float>(),
                sin_table.data_ptr<float>(), T);
@@ -145,6 +167,7 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
       x = x.index_select(0, keep);
       pos = keep_pos.data_ptr<int64_t>();
       rows = keep_rows.data_ptr<int32_t>();
+      if (adapters) slots = keep_slots.data_ptr<int32_t>();
       T = keep.numel();
       h = at::empty({T, D}, x.options());
       attn = at::empty({T, num_heads * head_dim}, x.options());
@@ -153,13 +176,16 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
                     k_cache[l].data_ptr<float>(), v_cache[l].data_ptr<float>(), static_cast<float>(scale),
                     attn.data_ptr<float>(), T, max_ctx);
     at::Tensor o = project(attn, w[2], pn[1], quant(1), at::Tensor());  // [T, D] (no o_proj bias)
+    delta_of(1, attn, o);
     add_rms_norm(x.data_ptr<float>(), o.data_ptr<float>(), w[3].data_ptr<float>(), h.data_ptr<float>(), T, D,
                  eps);
     at::Tensor gate_up = project(h, w[4], pn[2], quant(2), b[1]);  // [T, 2I]
+    delta_of(2, h, gate_up);
     const int64_t I = gate_up.size(1) / 2;
     at::Tensor act = at::empty({T, I}, x.options());
     silu_mul(gate_up.data_ptr<float>(), act.data_ptr<float>(), T, I);
     delta = project(act, w[5], pn[3], quant(3), b[2]);        // [T, D]
+    delta_of(3, act, delta);
   }
   add_rms_norm(x.data_ptr<float>(), delta.defined() ? delta.data_ptr<float>() : nullptr,
                final_norm.data_ptr<float>(), h.data_ptr<float>(), T, D, eps);
@@ -177,6 +203,6 @@ TORCH_LIBRARY_FRAGMENT(triton_llm, m) {
       "Tensor embed, Tensor[] layer_weights, Tensor[] layer_biases, Tensor[] layer_panels, Tensor(a!)[] k_cache, "
       "Tensor(b!)[] v_cache, Tensor cos, Tensor sin, Tensor final_norm, Tensor lm_head, Tensor lm_head_panels, "
       "int num_heads, int num_kv_heads, int head_dim, float eps, float scale, Tensor? logit_rows, "
-      "Tensor[] layer_quant, Tensor[] lm_head_quant) -> Tensor");
+      "Tensor[] layer_quant, Tensor[] lm_head_quant, Tensor[] lora, Tensor? lora_slots) -> Tensor");
   m.impl("decode_forward", c10::DispatchKey::CPU, TORCH_FN(triton_llm_native::decode_forward));
 }
