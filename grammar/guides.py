@@ -21,6 +21,7 @@ catches them.)
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -77,7 +78,7 @@ def prepare_guide(kind: str | None, guide: str | None, *, max_chars: int = MAX_G
     if len(guide) > max_chars:
         raise GuideError(GUIDE, f"{len(guide)} characters, more than the limit of {max_chars} (max_guide_chars)")
     if kind == "json":
-        return PreparedGuide(kind, schema_grammar(ANY_JSON))
+        return PreparedGuide(kind, any_json_grammar())
     if not guide.strip():
         raise GuideError(GUIDE, f"required when guided_decoding_guide_type is {kind!r}")
     if kind == "json_schema":
@@ -127,6 +128,12 @@ def _prepare_schema(text: str) -> str:
         where = "/" + "/".join(str(p) for p in e.path)
         raise GuideError(GUIDE, f"not a valid JSON schema at {where}: {e.message}") from None
     return schema_grammar(json.dumps(schema, ensure_ascii=False))
+
+
+@functools.cache
+def any_json_grammar() -> str:
+    """``schema_grammar(ANY_JSON)``, built once: every ``json`` guide compiles this text."""
+    return schema_grammar(ANY_JSON)
 
 
 def schema_grammar(schema_text: str) -> str:

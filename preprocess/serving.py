@@ -109,7 +109,8 @@ def check_no_parameters(parameters_json: str) -> None:
     names = sorted(json.loads(parameters_json or "{}"))
     if not names:
         return
-    hints = [f"{n} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(n, KNOWN_INPUTS, 1)) else n
+    hints = [f"{n} (an input: send it as a tensor)" if n in KNOWN_INPUTS else
+             f"{n} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(n, KNOWN_INPUTS, 1)) else n
              for n in names]
     several = len(names) > 1
     raise RequestError(names[0], f"unknown field{'s' if several else ''} {', '.join(hints)}: "
