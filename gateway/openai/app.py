@@ -137,7 +137,8 @@ async def _splitter(service: LLMService, wanted: bool) -> Splitter | None:
 
 
 def create_app(service: LLMService, metrics_url: str) -> FastAPI:
-    app = FastAPI(title="triton-llm: OpenAI-compatible API", version="1.0",
+    # no /docs or /redoc: undocumented pages, open without a token, that load their scripts from a CDN
+    app = FastAPI(title="triton-llm: OpenAI-compatible API", version="1.0", docs_url=None, redoc_url=None,
                   description="Chat and text completions on Triton's ensemble (docs/api-openai.md).")
     install(app)
     app.openapi = _without_422(app)
