@@ -9,6 +9,7 @@
 | (tokens themselves) | ``GATEWAY_AUTH_TOKENS`` (comma-separated) | none |
 | ``--tls-cert PATH`` / ``--tls-key PATH`` | ``GATEWAY_TLS_CERT`` / ``GATEWAY_TLS_KEY`` | none (plaintext) |
 | ``--max-inflight N`` | ``GATEWAY_MAX_INFLIGHT`` | 256 |
+| ``--max-request-bytes N`` | ``GATEWAY_MAX_REQUEST_BYTES`` | 16 MiB (a gRPC message; an HTTP body) |
 | ``--grace-period-s S`` | ``GATEWAY_GRACE_PERIOD_S`` | 30 |
 | ``--health-interval-s S`` | ``GATEWAY_HEALTH_INTERVAL_S`` | 1.0 |
 | ``--tokenizer-path PATH`` | ``GATEWAY_TOKENIZER_PATH`` | the ``preprocess`` model's ``tokenizer_path`` |
@@ -50,6 +51,7 @@ class GatewayConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     max_inflight: int = 256
+    max_request_bytes: int = 16 * 2**20
     grace_period_s: float = 30.0
     health_interval_s: float = 1.0
     tokenizer_path: Path | None = None
@@ -76,6 +78,8 @@ class GatewayConfig:
             raise ConfigError(f"--triton-metrics-url: expected an http(s) URL, got {self.triton_metrics_url!r}")
         if self.max_inflight < 1:
             raise ConfigError(f"--max-inflight: must be >= 1, got {self.max_inflight}")
+        if not 1024 <= self.max_request_bytes <= 2**31 - 1:
+            raise ConfigError(f"--max-request-bytes: must be in [1024, 2**31 - 1], got {self.max_request_bytes}")
         if self.grace_period_s < 0:
             raise ConfigError(f"--grace-period-s: must be >= 0, got {self.grace_period_s}")
         if self.health_interval_s <= 0:
@@ -120,6 +124,10 @@ def parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
                     help="PEM private key for TLS (env GATEWAY_TLS_KEY)")
     ap.add_argument("--max-inflight", type=int, default=int(_env_default(env, "GATEWAY_MAX_INFLIGHT", "256")),
                     help="Generate calls in flight before RESOURCE_EXHAUSTED (env GATEWAY_MAX_INFLIGHT; default 256)")
+    ap.add_argument("--max-request-bytes", type=int,
+                    default=int(_env_default(env, "GATEWAY_MAX_REQUEST_BYTES", str(16 * 2**20))),
+                    help="largest gRPC request message and HTTP request body, in bytes "
+                         "(env GATEWAY_MAX_REQUEST_BYTES; default 16 MiB)")
     ap.add_argument("--grace-period-s", type=float, default=float(_env_default(env, "GATEWAY_GRACE_PERIOD_S", "30")),
                     help="on SIGTERM, seconds in-flight calls may finish before they are cancelled "
                          "(env GATEWAY_GRACE_PERIOD_S; default 30)")
@@ -156,7 +164,8 @@ def from_args(argv: list[str] | None = None, env: Mapping[str, str] | None = Non
         raise ConfigError(str(e)) from None
     return GatewayConfig(listen=args.listen, triton_url=args.triton_url, triton_model=args.triton_model,
                          auth_token_file=args.auth_token_file, auth_tokens=tokens, tls_cert=args.tls_cert,
-                         tls_key=args.tls_key, max_inflight=args.max_inflight, grace_period_s=args.grace_period_s,
+                         tls_key=args.tls_key, max_inflight=args.max_inflight,
+                         max_request_bytes=args.max_request_bytes, grace_period_s=args.grace_period_s,
                          health_interval_s=args.health_interval_s, tokenizer_path=args.tokenizer_path,
                          model_root=args.model_root, log_level=args.log_level, tracing=tracing,
                          openai_listen=None if args.openai_listen.strip().lower() in ("off", "") else args.openai_listen,
