@@ -17,7 +17,7 @@ from contracts.sampling_params import GUIDE_TYPES, GuideSpec, SamplingParams  # 
 from preprocess.chat_template import ChatTemplate, ChatTemplateError
 from preprocess.errors import RequestError
 from preprocess.inputs import UINT64, get_bool, get_float, get_int, get_str, get_str_list
-from preprocess.limits import RequestLimits  # noqa: F401 (re-exported)
+from preprocess.limits import RequestLimits  # also re-exported: callers import it from here
 from preprocess.tokenizer import Tokenizer
 
 # Every input this parser understands (TensorRT-LLM names, plus our messages / skip / include-stop).
