@@ -10,8 +10,10 @@ by counting its brackets, which costs one pass and no recursion:
 """
 from __future__ import annotations
 
-DEFAULT_MAX_DEPTH = 128   # preprocess's max_guide_depth by default
-MAX_PARSE_DEPTH = 256     # the most any setting may allow: Python's parsers recurse about 1,000 frames deep
+DEFAULT_MAX_DEPTH = 64    # preprocess's max_guide_depth by default
+# The most any setting may allow: jsonschema's check of a schema recurses about 7 frames per level, and
+# Python stops at 1,000 frames (a JSON schema 127 levels deep fails there); regexes and grammars go deeper.
+MAX_PARSE_DEPTH = 100
 
 
 def json_depth(text: str) -> int:

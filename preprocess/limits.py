@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from contracts.triton_config import int_param
 
 MAX_SAMPLES = 64        # SamplingParams' own bound on n (num_return_sequences)
-MAX_GUIDE_DEPTH = 256   # grammar.nesting.MAX_PARSE_DEPTH (not imported: importing grammar loads xgrammar)
+MAX_GUIDE_DEPTH = 100   # grammar.nesting.MAX_PARSE_DEPTH (not imported: importing grammar loads xgrammar)
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class RequestLimits:
     max_bad_words: int = 256
     max_num_return_sequences: int = MAX_SAMPLES
     max_guide_chars: int = 200_000       # grammar.guides.MAX_GUIDE_CHARS
-    max_guide_depth: int = 128           # grammar.nesting.DEFAULT_MAX_DEPTH
+    max_guide_depth: int = 64            # grammar.nesting.DEFAULT_MAX_DEPTH
     prompt_tail_tokens: int = 8
 
     def __post_init__(self) -> None:

@@ -31,7 +31,7 @@ def test_defaults():
     assert RequestLimits() == RequestLimits(max_prompt_bytes=1_000_000, max_model_len=None, max_prompt_tokens=None,
                                             max_stop_words=64, max_stop_word_chars=1_000, max_bad_words=256,
                                             max_num_return_sequences=64, max_guide_chars=200_000,
-                                            max_guide_depth=128)
+                                            max_guide_depth=64)
 
 
 @pytest.mark.parametrize("setting, value, request_kw, message", [
@@ -63,6 +63,11 @@ def test_deep_guides_are_refused_by_the_default_depth_not_a_recursion_error(tok)
     for kind, guide in deep.items():
         msg = error(parser, guided_decoding_guide_type=kind, guided_decoding_guide=guide)
         assert msg.startswith("guided_decoding_guide: nested") and "(max_guide_depth)" in msg, msg
+    # at the highest setting allowed, every parser still reads a guide that deep
+    at_cap = RequestParser(tok, RequestLimits(max_guide_depth=100))
+    for kind, guide in {"json_schema": '{"type":"array","items":' * 99 + '{"type":"null"}' + "}" * 99,
+                        "regex": "(" * 100 + "a" + ")" * 100}.items():
+        assert at_cap.parse(inputs(guided_decoding_guide_type=kind, guided_decoding_guide=guide))
     # quoted brackets are text, not nesting
     assert parser.parse(inputs(guided_decoding_guide_type="ebnf_grammar",
                                guided_decoding_guide='root ::= "' + "(" * 300 + '"'))
@@ -71,7 +76,7 @@ def test_deep_guides_are_refused_by_the_default_depth_not_a_recursion_error(tok)
 @pytest.mark.parametrize("params, message", [
     ({"max_stop_words": "0"}, "max_stop_words: must be an integer >= 1"),
     ({"max_num_return_sequences": "65"}, "max_num_return_sequences: at most 64"),
-    ({"max_guide_depth": "257"}, "max_guide_depth: at most 256"),
+    ({"max_guide_depth": "101"}, "max_guide_depth: at most 100"),
     ({"max_prompt_tokens": "0"}, "max_prompt_tokens: must be >= 1"),
     ({"max_guide_chars": "lots"}, "max_guide_chars: expected an integer parameter"),
 ])
