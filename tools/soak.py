@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--request-timeout", type=float, default=120.0, help="a request with nothing final by then hangs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default="ensemble")
-    ap.add_argument("--gateway", action="store_true", help="also start a gateway and send a share of requests through it")
+    ap.add_argument("--gateway", action="store_true", help="also start a gateway; send a share of requests through it")
     ap.add_argument("--gateway-share", type=float, default=0.5, help="with --gateway: requests sent through it")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "soak.json")
     args = ap.parse_args(argv)
