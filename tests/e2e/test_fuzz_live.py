@@ -2,7 +2,8 @@
 v2 API), through the gateway's LLMService, and through its OpenAI HTTP API (strategies: tests/helpers/fuzz_inputs.py
 and fuzz_requests.py). Every request ends (a hang fails the case at its timeout) with a complete answer or an error
 that names a field (an input, a proto field, an OpenAI parameter), never an internal error; afterwards the server
-still serves and the engine is idle with every KV block back. ``CASES`` counts what each test ran."""
+still serves and the engine is idle with every KV block back. ``CASES`` counts what each test ran and served
+(printed with ``-s``)."""
 from __future__ import annotations
 
 import json
@@ -76,6 +77,7 @@ def test_direct_ensemble_fuzz(server):
             assert any(name in result.error for name in KNOWN_INPUTS | set(inputs)), result.error
         else:
             assert result.num_final == 1
+            CASES["direct served"] = CASES.get("direct served", 0) + 1
     case()
     assert CASES["direct"] >= DIRECT_CASES
     still_serves(server)
@@ -97,6 +99,7 @@ def test_gateway_grpc_fuzz(server, gateway):
                 assert e.details().split(":", 1)[0] in PROTO_FIELDS, e.details()
                 return
             assert responses and responses[-1].HasField("usage")
+            CASES["gateway gRPC served"] = CASES.get("gateway gRPC served", 0) + 1
         case()
     assert CASES["gateway gRPC"] >= GRPC_CASES
     still_serves(server)
@@ -118,6 +121,7 @@ def test_openai_http_fuzz(server, gateway):
                     assert r.text.rstrip().endswith("data: [DONE]") or '"error"' in r.text, r.text[-300:]
                 else:
                     assert r.json()["choices"]
+                CASES["OpenAI HTTP served"] = CASES.get("OpenAI HTTP served", 0) + 1
                 return
             assert r.status_code in (400, 404), (r.status_code, r.text[:300])
             error = r.json()["error"]
@@ -128,3 +132,4 @@ def test_openai_http_fuzz(server, gateway):
         case()
     assert CASES["OpenAI HTTP"] >= HTTP_CASES
     still_serves(server)
+    print(f"\nlive fuzz cases (served): {CASES}")
