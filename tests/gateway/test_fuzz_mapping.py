@@ -1,7 +1,8 @@
 """Hypothesis fuzz of the gateway's mapping, in process: a ``GenerateRequest`` with any field values (NaN and
 infinite floats, extreme integers, empty, huge and odd strings, hostile guides, thousands of stop words) becomes
 the ensemble's tensors (``build_infer_request``), the real preprocess judges them, and its error maps back to a
-field of the proto (``map_triton_error``): no exception escapes, every error names a proto field."""
+field of the proto (``map_triton_error``): no exception escapes, every error names a proto field. The same for
+hostile OpenAI bodies through the HTTP API's schema, checks and parameter mapping."""
 from __future__ import annotations
 
 import struct
@@ -70,3 +71,51 @@ def test_gateway_mapping_round_trip_names_a_proto_field(pre):
         assert err.message.startswith(err.field + ":")
     run()
     assert CASES["gateway mapping"] >= GATEWAY_CASES
+
+
+OPENAI_CASES = 500
+
+
+def test_openai_bodies_map_to_generate_requests_or_fail_naming_a_parameter():
+    """The HTTP API's path in process: a hostile body (tests/helpers/fuzz_requests.py) is refused by its schema
+    or its checks naming a parameter, or it becomes GenerateRequests the mapping turns into tensors."""
+    import json
+
+    from pydantic import ValidationError
+
+    from gateway.openai import guides, params, prompt
+    from gateway.openai.errors import APIError
+    from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
+    from tests.helpers.fuzz_requests import openai_bodies
+
+    CASES["openai bodies"] = 0
+
+    @settings(FUZZ, max_examples=OPENAI_CASES)
+    @given(request=openai_bodies("demo-target"))
+    def run(request):
+        CASES["openai bodies"] += 1
+        path, raw = request
+        chat = path.endswith("chat/completions")
+        try:
+            body = (ChatCompletionRequest if chat else CompletionRequest).model_validate(json.loads(json.dumps(raw)))
+        except ValidationError as e:
+            assert e.errors()[0]["loc"], e
+            return
+        try:
+            if body.refused() is not None:
+                return
+            if chat:
+                plan = guides.plan(body)
+                reqs = [params.chat_request(body, prompt.prompt_messages(body), 1024, plan.guide)]
+            else:
+                reqs = [params.completion_request(body, p) for p in body.prompts()]
+        except APIError as e:
+            assert e.status == 400 and e.param, e.message
+            return
+        for req in reqs:
+            try:
+                mapping.build_infer_request(req, "fuzz")
+            except mapping.FieldError as e:
+                assert e.field in PROTO_FIELDS, e
+    run()
+    assert CASES["openai bodies"] >= OPENAI_CASES
