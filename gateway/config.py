@@ -10,6 +10,7 @@
 | ``--tls-cert PATH`` / ``--tls-key PATH`` | ``GATEWAY_TLS_CERT`` / ``GATEWAY_TLS_KEY`` | none (plaintext) |
 | ``--max-inflight N`` | ``GATEWAY_MAX_INFLIGHT`` | 256 |
 | ``--stream-buffer-bytes N`` | ``GATEWAY_STREAM_BUFFER_BYTES`` | 1048576 (a slow client's waiting output per stream) |
+| ``--max-request-bytes N`` | ``GATEWAY_MAX_REQUEST_BYTES`` | 16 MiB (a gRPC message; an HTTP body) |
 | ``--grace-period-s S`` | ``GATEWAY_GRACE_PERIOD_S`` | 30 |
 | ``--health-interval-s S`` | ``GATEWAY_HEALTH_INTERVAL_S`` | 1.0 |
 | ``--tokenizer-path PATH`` | ``GATEWAY_TOKENIZER_PATH`` | the ``preprocess`` model's ``tokenizer_path`` |
@@ -52,6 +53,7 @@ class GatewayConfig:
     tls_key: Path | None = None
     max_inflight: int = 256
     stream_buffer_bytes: int = 1 << 20        # output waiting for a slow client, per stream (gateway/stream_buffer.py)
+    max_request_bytes: int = 16 * 2**20
     grace_period_s: float = 30.0
     health_interval_s: float = 1.0
     tokenizer_path: Path | None = None
@@ -80,6 +82,8 @@ class GatewayConfig:
             raise ConfigError(f"--max-inflight: must be >= 1, got {self.max_inflight}")
         if self.stream_buffer_bytes < 1:
             raise ConfigError(f"--stream-buffer-bytes: must be >= 1, got {self.stream_buffer_bytes}")
+        if not 1024 <= self.max_request_bytes <= 2**31 - 1:
+            raise ConfigError(f"--max-request-bytes: must be in [1024, 2**31 - 1], got {self.max_request_bytes}")
         if self.grace_period_s < 0:
             raise ConfigError(f"--grace-period-s: must be >= 0, got {self.grace_period_s}")
         if self.health_interval_s <= 0:
@@ -128,6 +132,10 @@ def parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
                     default=int(_env_default(env, "GATEWAY_STREAM_BUFFER_BYTES", str(1 << 20))),
                     help="output that may wait for a slow client, per stream, before its stream ends with "
                          "RESOURCE_EXHAUSTED (env GATEWAY_STREAM_BUFFER_BYTES; default 1048576)")
+    ap.add_argument("--max-request-bytes", type=int,
+                    default=int(_env_default(env, "GATEWAY_MAX_REQUEST_BYTES", str(16 * 2**20))),
+                    help="largest gRPC request message and HTTP request body, in bytes "
+                         "(env GATEWAY_MAX_REQUEST_BYTES; default 16 MiB)")
     ap.add_argument("--grace-period-s", type=float, default=float(_env_default(env, "GATEWAY_GRACE_PERIOD_S", "30")),
                     help="on SIGTERM, seconds in-flight calls may finish before they are cancelled "
                          "(env GATEWAY_GRACE_PERIOD_S; default 30)")
@@ -165,7 +173,8 @@ def from_args(argv: list[str] | None = None, env: Mapping[str, str] | None = Non
     return GatewayConfig(listen=args.listen, triton_url=args.triton_url, triton_model=args.triton_model,
                          auth_token_file=args.auth_token_file, auth_tokens=tokens, tls_cert=args.tls_cert,
                          tls_key=args.tls_key, max_inflight=args.max_inflight,
-                         stream_buffer_bytes=args.stream_buffer_bytes, grace_period_s=args.grace_period_s,
+                         stream_buffer_bytes=args.stream_buffer_bytes, max_request_bytes=args.max_request_bytes,
+                         grace_period_s=args.grace_period_s,
                          health_interval_s=args.health_interval_s, tokenizer_path=args.tokenizer_path,
                          model_root=args.model_root, log_level=args.log_level, tracing=tracing,
                          openai_listen=None if args.openai_listen.strip().lower() in ("off", "") else args.openai_listen,

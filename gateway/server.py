@@ -30,7 +30,6 @@ log = logging.getLogger("gateway")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["LLMService"].full_name  # triton_llm.v1.LLMService
 SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),  # a second gateway on the same port fails instead of sharing it
-    ("grpc.max_receive_message_length", 16 * 2**20),
     ("grpc.max_send_message_length", 16 * 2**20),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
@@ -81,7 +80,8 @@ async def start(config: GatewayConfig, *, span_exporter=None) -> Gateway:
     tracing = GatewayTracing.from_settings(config.tracing, span_exporter)
     service = LLMService(upstream, tokens=tokens, max_inflight=config.max_inflight, tracing=tracing,
                          stream_buffer_bytes=config.stream_buffer_bytes)
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    # a larger message ends with RESOURCE_EXHAUSTED before any handler runs
+    server = grpc.aio.server(options=[*SERVER_OPTIONS, ("grpc.max_receive_message_length", config.max_request_bytes)])
     pb_grpc.add_LLMServiceServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -103,7 +103,8 @@ async def start(config: GatewayConfig, *, span_exporter=None) -> Gateway:
     upstream.start()
     await server.start()
     if config.openai_listen is not None:
-        gw.http = HTTPServer(create_app(service, config.triton_metrics_url), config.openai_listen,
+        app = create_app(service, config.triton_metrics_url, config.max_request_bytes)
+        gw.http = HTTPServer(app, config.openai_listen,
                              log_level=config.log_level if config.log_level.upper() == "DEBUG" else "warning",
                              grace_s=config.grace_period_s,
                              tls_cert=str(config.tls_cert) if config.tls else None,

@@ -26,6 +26,7 @@ import xgrammar as xgr
 
 from grammar.errors import GUIDE, GuideError
 from grammar.guides import PreparedGuide, prepare_guide, xgrammar_message
+from grammar.nesting import MAX_PARSE_DEPTH
 
 LAYER_VERSION = "1"    # part of the tokenizer identity: bump when the vocabulary handling changes
 DEFAULT_CACHE_BYTES = 256 << 20
@@ -202,7 +203,8 @@ class XGrammarBackend:
         hit = self.cached(kind, guide)
         if hit is not None:
             return hit
-        prepared = prepare_guide(kind, guide)
+        # preprocess enforced its size and depth settings already: here only the parsers' own bound applies
+        prepared = prepare_guide(kind, guide, max_chars=len(guide or ""), max_depth=MAX_PARSE_DEPTH)
         start = time.perf_counter()
         grammar = self._compile(prepared)
         compiled = CompiledGuide(self.cache_key(kind, guide), grammar, time.perf_counter() - start)

@@ -22,6 +22,7 @@ catches them.)
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ import xgrammar as xgr
 
 from contracts.sampling_params import GUIDE_TYPES
 from grammar.errors import GUIDE, GUIDE_TYPE, GuideError
+from grammar.nesting import DEFAULT_MAX_DEPTH, group_depth, json_depth
 from grammar.regex import compile_python
 from grammar.schema import check_schema
 from grammar.structural_tag import parse_structural_tag, tag_grammar
@@ -60,10 +62,13 @@ def xgrammar_message(e: Exception) -> str:
     return " ".join(line for line in lines if line) or type(e).__name__
 
 
-def prepare_guide(kind: str | None, guide: str | None) -> PreparedGuide:
+def prepare_guide(kind: str | None, guide: str | None, *, max_chars: int = MAX_GUIDE_CHARS,
+                  max_depth: int = DEFAULT_MAX_DEPTH) -> PreparedGuide:
     """Check a guide and return what xgrammar compiles for it; ``GuideError`` naming the field.
 
     Cheap: JSON parsing, the schema allow-list, ``re`` and xgrammar's own parsers (no tokenizer).
+    ``max_chars`` and ``max_depth`` (preprocess's ``max_guide_chars`` and ``max_guide_depth``) bound
+    the text and its nesting before any recursive parser reads it (grammar/nesting.py).
     """
     if kind is None or kind == "":
         if guide:
@@ -72,12 +77,25 @@ def prepare_guide(kind: str | None, guide: str | None) -> PreparedGuide:
     if kind not in GUIDE_TYPES:
         raise GuideError(GUIDE_TYPE, f"unknown type {kind!r} (expected {', '.join(GUIDE_TYPES[:-1])} or {GUIDE_TYPES[-1]})")
     guide = guide or ""
-    if len(guide) > MAX_GUIDE_CHARS:
-        raise GuideError(GUIDE, f"{len(guide)} characters, more than the limit of {MAX_GUIDE_CHARS}")
+    if len(guide) > max_chars:
+        raise GuideError(GUIDE, f"{len(guide)} characters, more than the limit of {max_chars} (max_guide_chars)")
     if kind == "json":
-        return PreparedGuide(kind, schema_grammar(ANY_JSON))
+        return PreparedGuide(kind, any_json_grammar())
     if not guide.strip():
         raise GuideError(GUIDE, f"required when guided_decoding_guide_type is {kind!r}")
+    if kind in ("json_schema", "structural_tag"):
+        depth = json_depth(guide)
+    else:
+        depth = group_depth(guide, quotes="\"'" if kind == "ebnf_grammar" else "")
+    if depth > max_depth:
+        raise GuideError(GUIDE, f"nested {depth} levels deep, more than the limit of {max_depth} (max_guide_depth)")
+    try:
+        return _prepare(kind, guide)
+    except RecursionError:   # a backstop: the depth check above keeps every parser far from the limit
+        raise GuideError(GUIDE, "nested too deeply to parse") from None
+
+
+def _prepare(kind: str, guide: str) -> PreparedGuide:
     if kind == "json_schema":
         return PreparedGuide(kind, _prepare_schema(guide))
     if kind == "regex":
@@ -105,9 +123,10 @@ def structural_tag_source(guide: str) -> str:
     return tag_grammar(spec, grammars)
 
 
-def check_guide(kind: str | None, guide: str | None) -> None:
+def check_guide(kind: str | None, guide: str | None, *, max_chars: int = MAX_GUIDE_CHARS,
+                max_depth: int = DEFAULT_MAX_DEPTH) -> None:
     """``prepare_guide`` for callers that only validate (preprocess)."""
-    prepare_guide(kind, guide)
+    prepare_guide(kind, guide, max_chars=max_chars, max_depth=max_depth)
 
 
 def _prepare_schema(text: str) -> str:
@@ -125,6 +144,12 @@ def _prepare_schema(text: str) -> str:
         where = "/" + "/".join(str(p) for p in e.path)
         raise GuideError(GUIDE, f"not a valid JSON schema at {where}: {e.message}") from None
     return schema_grammar(json.dumps(schema, ensure_ascii=False))
+
+
+@functools.cache
+def any_json_grammar() -> str:
+    """``schema_grammar(ANY_JSON)``, built once: every ``json`` guide compiles this text."""
+    return schema_grammar(ANY_JSON)
 
 
 def schema_grammar(schema_text: str) -> str:

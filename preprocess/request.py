@@ -17,6 +17,7 @@ from contracts.sampling_params import GUIDE_TYPES, GuideSpec, SamplingParams  # 
 from preprocess.chat_template import ChatTemplate, ChatTemplateError
 from preprocess.errors import RequestError
 from preprocess.inputs import UINT64, get_bool, get_float, get_int, get_str, get_str_list
+from preprocess.limits import RequestLimits  # also re-exported: callers import it from here
 from preprocess.tokenizer import Tokenizer
 
 # Every input this parser understands (TensorRT-LLM names, plus our messages / skip / include-stop).
@@ -37,28 +38,6 @@ _FLAG_DEFAULTS = {
     "stream": False, "return_log_probs": False, "return_num_input_tokens": False,
     "return_num_output_tokens": False, "return_perf_metrics": False,
 }
-
-
-@dataclass(frozen=True)
-class RequestLimits:
-    """Server-side limits. ``max_model_len``: the model's context in tokens (``None``: the
-    tokenizer's ``model_max_length``; no check when both are unknown)."""
-
-    max_prompt_bytes: int = 1_000_000
-    max_model_len: int | None = None
-    max_stop_words: int = 64
-    max_stop_word_chars: int = 1_000
-    max_bad_words: int = 256
-    prompt_tail_tokens: int = 8
-
-    def __post_init__(self) -> None:
-        for name in ("max_prompt_bytes", "max_stop_words", "max_stop_word_chars", "max_bad_words"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be >= 1")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ValueError("max_model_len: must be >= 2")
-        if self.prompt_tail_tokens < 0:
-            raise ValueError("prompt_tail_tokens: must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -142,7 +121,8 @@ class RequestParser:
         raw = text if text is not None else raw_messages
         size = len(raw.encode("utf-8"))
         if size > self.limits.max_prompt_bytes:
-            raise RequestError(field, f"too large: {size} bytes (limit {self.limits.max_prompt_bytes})")
+            raise RequestError(field, f"too large: {size} bytes "
+                                      f"(limit {self.limits.max_prompt_bytes}, max_prompt_bytes)")
         if text is not None:
             if text == "":
                 raise RequestError("text_input", "empty prompt")
@@ -156,6 +136,9 @@ class RequestParser:
         if limit is not None and len(ids) >= limit:
             raise RequestError(field, f"prompt is {len(ids)} tokens; the model's context is {limit} tokens "
                                       f"(at most {limit - 1} prompt tokens, to leave room for output)")
+        cap = self.limits.max_prompt_tokens
+        if cap is not None and len(ids) > cap:
+            raise RequestError(field, f"prompt is {len(ids)} tokens, more than the limit of {cap} (max_prompt_tokens)")
         return prompt_text, ids
 
     def _render(self, raw: str) -> str:
@@ -189,14 +172,15 @@ class RequestParser:
         words = get_str_list(inputs, "stop_words") or []
         lim = self.limits
         if len(words) > lim.max_stop_words:
-            raise RequestError("stop_words", f"too many: {len(words)} (limit {lim.max_stop_words})")
+            raise RequestError("stop_words", f"too many: {len(words)} (limit {lim.max_stop_words}, max_stop_words)")
         out: list[str] = []
         for w in words:
             if not w:
                 raise RequestError("stop_words", "empty stop string")
             if len(w) > lim.max_stop_word_chars:
                 raise RequestError("stop_words",
-                                   f"stop string of {len(w)} characters (limit {lim.max_stop_word_chars})")
+                                   f"stop string of {len(w)} characters "
+                                   f"(limit {lim.max_stop_word_chars}, max_stop_word_chars)")
             if w not in out:
                 out.append(w)
         return out
@@ -204,7 +188,8 @@ class RequestParser:
     def _bad_words(self, inputs: Mapping[str, Any]) -> tuple[tuple[int, ...], ...]:
         words = get_str_list(inputs, "bad_words") or []
         if len(words) > self.limits.max_bad_words:
-            raise RequestError("bad_words", f"too many: {len(words)} (limit {self.limits.max_bad_words})")
+            raise RequestError("bad_words",
+                               f"too many: {len(words)} (limit {self.limits.max_bad_words}, max_bad_words)")
         seqs: list[tuple[int, ...]] = []
         for w in words:
             if not w:
@@ -227,7 +212,7 @@ class RequestParser:
         from grammar import GuideError, check_guide  # xgrammar: loaded at model start-up
 
         try:
-            check_guide(kind, guide)
+            check_guide(kind, guide, max_chars=self.limits.max_guide_chars, max_depth=self.limits.max_guide_depth)
         except GuideError as e:
             raise RequestError(e.field, e.message) from None
         return GuideSpec(kind=kind, guide="" if kind == "json" else guide)
@@ -241,6 +226,14 @@ class RequestParser:
         if top and not logprobs:
             raise RequestError("top_logprobs", "needs return_log_probs: true")
         return top if logprobs else None
+
+    def _num_return_sequences(self, inputs: Mapping[str, Any]) -> int:
+        n = get_int(inputs, "num_return_sequences", 1)
+        cap = self.limits.max_num_return_sequences
+        if n > cap:
+            raise RequestError("num_return_sequences", f"{n} samples, more than the limit of {cap} "
+                                                       "(max_num_return_sequences)")
+        return n
 
     def _sampling_params(self, inputs: Mapping[str, Any], max_tokens: int, guide: GuideSpec | None,
                          logprobs: bool) -> SamplingParams:
@@ -266,7 +259,7 @@ class RequestParser:
             seed=get_int(inputs, "seed", None, bounds=UINT64),
             stop_token_ids=(end_id,) if end_id is not None else (),
             bad_words_ids=self._bad_words(inputs),
-            n=get_int(inputs, "num_return_sequences", 1),
+            n=self._num_return_sequences(inputs),
             logprobs=self._num_logprobs(inputs, logprobs),
             guide=guide,
             num_speculative_tokens=get_int(inputs, "num_speculative_tokens", None),

@@ -26,7 +26,7 @@ import numpy as np
 
 from contracts import wire
 from tracing import traced_call
-from contracts.triton_config import DEFAULT_TOKENIZER, int_param, model_parameters, resolve_path, str_param
+from contracts.triton_config import DEFAULT_TOKENIZER, model_parameters, resolve_path, str_param
 from preprocess.errors import RequestError
 from preprocess.request import KNOWN_INPUTS, RequestLimits, RequestParser
 from preprocess.tokenizer import load_tokenizer
@@ -49,10 +49,9 @@ class PreprocessServing:
 
         params = model_parameters(model_config)
         path = resolve_path(str_param(params, "tokenizer_path", DEFAULT_TOKENIZER))
-        limits = {k: v for k in ("max_model_len", "max_prompt_bytes") if (v := int_param(params, k, None))}
-        if "max_model_len" not in limits and (ctx := model_context_length(path)):
-            limits["max_model_len"] = ctx
-        parser = RequestParser(load_tokenizer(path), RequestLimits(**limits))
+        ctx = model_context_length(path)
+        limits = RequestLimits.from_parameters(params, **({"max_model_len": ctx} if ctx else {}))
+        parser = RequestParser(load_tokenizer(path), limits)
         names = [i["name"] for i in model_config.get("input", [])]
         from tracing import ModelTracer
 
@@ -110,7 +109,8 @@ def check_no_parameters(parameters_json: str) -> None:
     names = sorted(json.loads(parameters_json or "{}"))
     if not names:
         return
-    hints = [f"{n} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(n, KNOWN_INPUTS, 1)) else n
+    hints = [f"{n} (an input: send it as a tensor)" if n in KNOWN_INPUTS else
+             f"{n} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(n, KNOWN_INPUTS, 1)) else n
              for n in names]
     several = len(names) > 1
     raise RequestError(names[0], f"unknown field{'s' if several else ''} {', '.join(hints)}: "

@@ -1,8 +1,10 @@
-"""What a tritonserver and its Python backend stubs hold, read from outside: RSS per process from
-``/proc`` (``find_server_pid``, ``server_processes``, ``rss_sample``) and gauges from its metrics port
-(``gauge``, ``wait_idle``). The soak test samples them; nothing here sends a request."""
+"""What a tritonserver, its Python backend stubs and the gateway hold, read from outside: RSS, open file
+descriptors and threads per process from ``/proc`` (``find_server_pid``, ``server_processes``, ``rss_sample``,
+``count_sample``), their growth over the second half of a run (``second_half_growth``), and gauges from the
+metrics port (``gauge``, ``wait_idle``). The soak test samples them; nothing here sends a request."""
 from __future__ import annotations
 
+import os
 import re
 import time
 import urllib.request
@@ -18,6 +20,23 @@ def _rss_mib(pid: int, field_name: str = "VmRSS") -> float | None:
     except OSError:
         return None
     return None
+
+
+def _threads(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _fds(pid: int) -> int | None:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -61,6 +80,29 @@ def rss_sample(procs: dict[str, int], label: str, requests_done: int) -> dict:
         sample["tritonserver anon"] = _rss_mib(procs["tritonserver"], "RssAnon")
         sample["tritonserver shmem"] = _rss_mib(procs["tritonserver"], "RssShmem")
     return sample
+
+
+def count_sample(procs: dict[str, int], label: str, requests_done: int, what: str) -> dict:
+    """Open file descriptors (``what="fds"``) or threads (``"threads"``) of each process."""
+    count = {"fds": _fds, "threads": _threads}[what]
+    return {"at": label, "requests": requests_done, **{name: count(pid) for name, pid in procs.items()}}
+
+
+def second_half_growth(samples: list[dict], percent: bool) -> dict[str, float | None]:
+    """Per process: the change from the first sample at or past half the requests to the last sample, in
+    percent of the first (``percent``: RSS) or absolute (fds, threads); None where a value is missing."""
+    if len(samples) < 2:
+        return {}
+    total = samples[-1]["requests"]
+    mid = next(s for s in samples if s["requests"] >= total / 2)
+    out: dict[str, float | None] = {}
+    for name in (k for k in samples[-1] if k not in ("at", "requests")):
+        a, b = mid.get(name), samples[-1].get(name)
+        if a is None or b is None or (percent and a == 0):
+            out[name] = None
+        else:
+            out[name] = round(100.0 * (b - a) / a, 2) if percent else b - a
+    return out
 
 
 _METRIC = re.compile(r'^(\w+)\{([^}]*)\}\s+(\S+)$')

@@ -2,6 +2,7 @@
 
     python -m tools.soak --requests 10000 --concurrency 32                   # starts its own server
     python -m tools.soak --url localhost:8001 --metrics-url http://localhost:8002/metrics --requests 2000
+    python -m tools.soak --requests 10000 --gateway                  # half of them through a gateway it starts
 
 The mix (seeded): prompts of varied length cut from the stdlib source, greedy and sampled requests,
 a share the client cancels mid-stream (after 1-3 responses) and a share of bad inputs that preprocess
@@ -12,10 +13,12 @@ or the engine must reject with an error naming the input. Every request ends as 
 - ``unexpected_error``: any other error (a good request that failed, or a bad one with a wrong message);
 - ``hung``: nothing final within ``--request-timeout``; ``lost``: the stream closed with no final response.
 
-Afterwards it waits for the server to go idle and reads the KV blocks in use and the active requests
-from the metrics port (both must be 0), and reports the RSS of tritonserver and of each Python backend
-stub at the start, after warm-up, every ``--rss-every`` requests and at the end, and requests/s; as JSON
-(``--out``) and a short table. A server started here is stopped at the end and its shutdown time and
+With ``--gateway`` a share of the requests (``--gateway-share``) goes through a gateway process started here
+(tools/soak_gateway.py). Afterwards it waits for the server to go idle and reads the KV blocks in use and
+the active requests from the metrics port (both must be 0), and reports the RSS, open file descriptors and
+threads of tritonserver, each Python backend stub and the gateway at the start, after warm-up, every
+``--rss-every`` requests and at the end, their growth over the second half of the run, and requests/s; as
+JSON (``--out``) and a short table. A server started here is stopped at the end and its shutdown time and
 exit code are reported too (a 30 s shutdown means a request left the ensemble live: docs/serving.md).
 """
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import re
 import sys
 import time
@@ -34,8 +38,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 from cli.client import INPUT_TYPES, OUTPUTS, parse_result, to_array
+from tools import soak_gateway
 from tools.soak_mix import Plan, make_plans
-from tools.server_watch import find_server_pid, rss_sample, server_processes, wait_idle
+from tools.server_watch import (count_sample, find_server_pid, rss_sample, second_half_growth, server_processes,
+                                wait_idle)
 
 OUTCOMES = ("completed", "cancelled", "clean_error", "unexpected_error", "hung", "lost")
 @dataclass
@@ -57,6 +63,9 @@ class Report:
     requests_per_s: float = 0.0
     idle: dict[str, float | None] = field(default_factory=dict)
     rss_mib: list[dict] = field(default_factory=list)       # samples: {"at": label, "requests": n, pid name: MiB}
+    fds: list[dict] = field(default_factory=list)           # the same for open file descriptors
+    threads: list[dict] = field(default_factory=list)       # and for threads
+    growth: dict[str, dict] = field(default_factory=dict)   # second half: {"rss_pct", "fds", "threads"}: {name: change}
     shutdown: dict[str, Any] = field(default_factory=dict)
     unexpected: list[str] = field(default_factory=list)     # the first few unexpected outcomes, for the reader
 
@@ -149,22 +158,41 @@ async def run_one(client, plan: Plan, *, model: str, timeout: float) -> Outcome:
 
 # ---- the loop ---------------------------------------------------------------------------------------
 
+def sample(report: Report, procs: dict[str, int], label: str, n: int) -> None:
+    report.rss_mib.append(rss_sample(procs, label, n))
+    report.fds.append(count_sample(procs, label, n, "fds"))
+    report.threads.append(count_sample(procs, label, n, "threads"))
+
+
 async def soak(url: str, plans: list[Plan], *, concurrency: int, timeout: float, model: str, warmup: int,
-               procs: dict[str, int], rss_every: int, rss: list[dict], progress: bool = True) -> tuple[list[Outcome], float]:
+               procs: dict[str, int], rss_every: int, report: Report, progress: bool = True,
+               gateway: str | None = None, via_gateway: frozenset[int] = frozenset()) -> tuple[list[Outcome], float]:
+    import grpc
     import tritonclient.grpc.aio as grpcclient
 
+    from triton_llm.v1 import llm_service_pb2_grpc as pb_grpc
+
     client = grpcclient.InferenceServerClient(url)
+    channel = grpc.aio.insecure_channel(gateway) if gateway else None
+    stub = pb_grpc.LLMServiceStub(channel) if channel is not None else None
     outcomes: list[Outcome] = []
     order = iter(plans)
     t0 = time.perf_counter()
     marks = {warmup: "after warm-up"} | {k: f"after {k}" for k in range(rss_every, len(plans), rss_every)}
 
+    async def one(plan: Plan) -> Outcome:
+        if stub is None or plan.index not in via_gateway:
+            return await run_one(client, plan, model=model, timeout=timeout)
+        t = time.perf_counter()
+        outcome, seen, detail = await soak_gateway.run_one(stub, plan, timeout)
+        return Outcome(plan.index, plan.kind + " (gateway)", outcome, time.perf_counter() - t, seen, detail[:300])
+
     async def worker():
         for plan in order:
-            outcomes.append(await run_one(client, plan, model=model, timeout=timeout))
+            outcomes.append(await one(plan))
             n = len(outcomes)
             if n in marks and procs:
-                rss.append(rss_sample(procs, marks[n], n))
+                sample(report, procs, marks[n], n)
             if progress and n % max(1, len(plans) // 20) == 0:
                 bad = sum(o.outcome in ("unexpected_error", "hung", "lost") for o in outcomes)
                 print(f"  {n}/{len(plans)} requests, {n / (time.perf_counter() - t0):.1f}/s, "
@@ -174,6 +202,8 @@ async def soak(url: str, plans: list[Plan], *, concurrency: int, timeout: float,
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     finally:
         await client.close()
+        if channel is not None:
+            await channel.close()
     return sorted(outcomes, key=lambda o: o.index), time.perf_counter() - t0
 
 
@@ -199,11 +229,38 @@ def table(report: Report) -> str:
         for s in report.rss_mib:
             lines.append(f"{s['at'][:16]:<16} " + "  ".join(
                 f"{s[n]:>16.1f}" if s.get(n) is not None else f"{'-':>16}" for n in names))
+    for title, samples in (("fds", report.fds), ("threads", report.threads)):
+        if samples:
+            names = [k for k in samples[0] if k not in ("at", "requests")]
+            lines.append(f"{title:<16} " + "  ".join(f"{n:>16}" for n in names))
+            for s in samples:
+                lines.append(f"{s['at'][:16]:<16} " + "  ".join(f"{s.get(n) if s.get(n) is not None else '-':>16}"
+                                                             for n in names))
+    for what, changes in report.growth.items():
+        lines.append(f"second half, {what}: " + ", ".join(f"{n} {v:+g}" if v is not None else f"{n} -"
+                                                          for n, v in changes.items()))
     if report.shutdown:
         lines.append(f"shutdown: {report.shutdown}")
     for u in report.unexpected[:5]:
         lines.append("  " + u)
     return "\n".join(lines)
+
+
+def start_gateway(url: str, log_dir: Path):
+    """``python -m gateway`` in front of the server at ``url``, SERVING."""
+    from cli.gateway_process import GatewayProcess
+    from cli.launcher import free_port
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    gw = GatewayProcess(f"127.0.0.1:{free_port()}", url, extra_args=["--openai-listen", "off"],
+                        log_path=log_dir / "soak-gateway.log")
+    gw.start()
+    try:
+        gw.wait_ready(timeout=60)
+    except Exception:
+        gw.stop()
+        raise
+    return gw
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--request-timeout", type=float, default=120.0, help="a request with nothing final by then hangs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default="ensemble")
+    ap.add_argument("--gateway", action="store_true", help="also start a gateway; send a share of requests through it")
+    ap.add_argument("--gateway-share", type=float, default=0.5, help="with --gateway: requests sent through it")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "soak.json")
     args = ap.parse_args(argv)
     lo, hi = (int(x) for x in args.max_tokens.split(","))
@@ -242,18 +301,33 @@ def main(argv: list[str] | None = None) -> int:
         metrics_url = args.metrics_url or (server.metrics_url if server is not None else None)
         pid = server.proc.pid if server is not None else find_server_pid(int(url.rsplit(":", 1)[1]))
         procs = server_processes(pid) if pid else {}
-        if not procs:
-            print("(tritonserver not found on this machine: no RSS samples)", flush=True)
-        else:
-            report.rss_mib.append(rss_sample(procs, "start", 0))
-        print(f"soak: {len(plans)} requests at concurrency {args.concurrency} against {url} ...", flush=True)
-        outcomes, seconds = asyncio.run(soak(url, plans, concurrency=args.concurrency, timeout=args.request_timeout,
-                                             model=args.model, warmup=min(args.warmup, len(plans)), procs=procs,
-                                             rss_every=args.rss_every, rss=report.rss_mib))
-        report.seconds, report.requests_per_s = seconds, len(outcomes) / seconds
-        report.idle = wait_idle(metrics_url)
-        if procs:
-            report.rss_mib.append(rss_sample(procs, "end (idle)", len(outcomes)))
+        gw = start_gateway(url, args.out.parent) if args.gateway else None
+        try:
+            if gw is not None:
+                procs["gateway"] = gw.proc.pid
+            if not procs:
+                print("(tritonserver not found on this machine: no RSS samples)", flush=True)
+            else:
+                sample(report, procs, "start", 0)
+            rng = random.Random(args.seed + 1)
+            via = frozenset(p.index for p in plans if rng.random() < args.gateway_share
+                            and soak_gateway.generate_request(p) is not None) if gw is not None else frozenset()
+            print(f"soak: {len(plans)} requests at concurrency {args.concurrency} against {url}"
+                  f"{f' ({len(via)} through the gateway at {gw.target})' if gw else ''} ...", flush=True)
+            outcomes, seconds = asyncio.run(soak(
+                url, plans, concurrency=args.concurrency, timeout=args.request_timeout, model=args.model,
+                warmup=min(args.warmup, len(plans)), procs=procs, rss_every=args.rss_every, report=report,
+                gateway=gw.target if gw else None, via_gateway=via))
+            report.seconds, report.requests_per_s = seconds, len(outcomes) / seconds
+            report.idle = wait_idle(metrics_url)
+            if procs:
+                sample(report, procs, "end (idle)", len(outcomes))
+                report.growth = {"rss_pct": second_half_growth(report.rss_mib, percent=True),
+                                 "fds": second_half_growth(report.fds, percent=False),
+                                 "threads": second_half_growth(report.threads, percent=False)}
+        finally:
+            if gw is not None:
+                gw.stop()
         summarize(outcomes, report)
         return report
 

@@ -5,8 +5,8 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streamed as SSE
 ``GET /health/ready`` (Triton's ensemble is ready: 200, else 503), ``GET /metrics`` (Triton's
 Prometheus metrics, fetched from ``metrics_url``, so a router that scrapes the pool's target port
 reads the engine's gauges) and FastAPI's ``/openapi.json``. Every generation passes ``admission.admit``; a non-streamed request whose
-client disconnects is cancelled as a streamed one is. Bodies over ``MAX_BODY_BYTES`` (the gRPC
-port's message limit) get 413.
+client disconnects is cancelled as a streamed one is. Bodies over ``max_body_bytes`` (``--max-request-bytes``,
+the gRPC port's message limit too) get 413.
 """
 from __future__ import annotations
 
@@ -44,13 +44,16 @@ class BodyLimit:
         self.app = app
         self.limit = limit
 
+    async def too_large(self, scope, receive, send):
+        return await APIError(413, f"body: request body over {self.limit} bytes (--max-request-bytes)",
+                              param="body", code="request_too_large").response()(scope, receive, send)
+
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await APIError(413, f"request body over {self.limit} bytes", code="request_too_large"
-                                  ).response()(scope, receive, send)
+            return await self.too_large(scope, receive, send)
         if declared is not None:
             return await self.app(scope, receive, send)
         # A body without a declared length (chunked): read it here, up to the limit, then replay it.
@@ -60,8 +63,7 @@ class BodyLimit:
             messages.append(message)
             seen += len(message.get("body", b""))
             if seen > self.limit:
-                return await APIError(413, f"request body over {self.limit} bytes", code="request_too_large"
-                                      ).response()(scope, receive, send)
+                return await self.too_large(scope, receive, send)
             if message["type"] != "http.request" or not message.get("more_body"):
                 break
 
@@ -136,12 +138,13 @@ async def _splitter(service: LLMService, wanted: bool) -> Splitter | None:
     return functools.partial(token_strings, tok)
 
 
-def create_app(service: LLMService, metrics_url: str) -> FastAPI:
-    app = FastAPI(title="triton-llm: OpenAI-compatible API", version="1.0",
+def create_app(service: LLMService, metrics_url: str, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    # no /docs or /redoc: undocumented pages, open without a token, that load their scripts from a CDN
+    app = FastAPI(title="triton-llm: OpenAI-compatible API", version="1.0", docs_url=None, redoc_url=None,
                   description="Chat and text completions on Triton's ensemble (docs/api-openai.md).")
     install(app)
     app.openapi = _without_422(app)
-    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
     upstream = service.upstream
     http = httpx.AsyncClient(timeout=METRICS_TIMEOUT_S)
     app.router.on_shutdown.append(http.aclose)

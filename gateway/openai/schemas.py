@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 UINT64_MAX = 2**64 - 1
 INT32_MAX = 2**31 - 1    # the ensemble's INT32 inputs
@@ -19,8 +19,32 @@ FP32_MAX = 3.4e38        # and its FP32 ones
 MAX_STOP = 64            # preprocess's limit on stop strings (RequestLimits.max_stop_words)
 
 
+def utf8_text(value: Any) -> Any:
+    """``value`` unchanged, unless a string in it holds a lone UTF-16 surrogate (JSON's ``"\\ud800"``
+    escape decodes to one): no UTF-8 encodes it, so the gRPC request could not carry it."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"not valid Unicode text: a lone surrogate {value[e.start]!r} at character {e.start}") \
+                from None
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            utf8_text(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            utf8_text(key)
+            utf8_text(item)
+    return value
+
+
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _utf8(cls, value: Any) -> Any:
+        return utf8_text(value)
 
 
 class StreamOptions(Body):

@@ -12,7 +12,9 @@ def test_defaults():
     c = from_args([], env={})
     assert (c.listen, c.triton_url, c.triton_model) == ("0.0.0.0:50051", "localhost:8001", "ensemble")
     assert c.auth_token_file is None and c.auth_tokens == () and not c.tls
-    assert (c.max_inflight, c.grace_period_s) == (256, 30.0)
+    assert (c.max_inflight, c.grace_period_s, c.max_request_bytes) == (256, 30.0, 16 * 2**20)
+    assert from_args(["--max-request-bytes", "4096"], env={}).max_request_bytes == 4096
+    assert from_args([], env={"GATEWAY_MAX_REQUEST_BYTES": "8192"}).max_request_bytes == 8192
 
 
 def test_environment_fallbacks_and_flags_win(tmp_path):
@@ -43,6 +45,7 @@ def test_port_variables_shared_with_make_serve():
     (["--openai-listen", "9000"], {}, "--openai-listen"),
     (["--triton-metrics-url", "localhost:8002"], {}, "--triton-metrics-url"),
     (["--max-inflight", "0"], {}, "--max-inflight"),
+    (["--max-request-bytes", "10"], {}, "--max-request-bytes"),
     (["--grace-period-s", "-1"], {}, "--grace-period-s"),
     (["--auth-token-file", "/nonexistent/tokens"], {}, "--auth-token-file"),
     ([], {"GATEWAY_MAX_INFLIGHT": "many"}, "environment"),

@@ -115,3 +115,5 @@ def test_unknown_fields_are_refused_by_name(pre):
     assert "docs/api.md" in message
     resp, = pre.execute([Request(inputs, parameters="{}")])
     assert not resp.has_error()
+    resp, = pre.execute([Request(inputs, parameters='{"stream": true}')])   # a gRPC parameter named as an input
+    assert resp.error().message().startswith("stream: unknown field stream (an input: send it as a tensor)")

@@ -65,3 +65,35 @@ def test_process_lookup():
     procs = server_watch.server_processes(os.getpid())
     assert procs == {"tritonserver": os.getpid()}
     assert server_watch.rss_sample(procs, "x", 0)["tritonserver"] > 0
+
+
+def test_fds_threads_and_second_half_growth():
+    procs = {"tritonserver": os.getpid()}
+    assert server_watch.count_sample(procs, "x", 0, "fds")["tritonserver"] > 0
+    assert server_watch.count_sample(procs, "x", 0, "threads")["tritonserver"] >= 1
+    samples = [{"at": "start", "requests": 0, "a": 10.0, "b": 5.0}, {"at": "after 40", "requests": 40, "a": 100.0,
+                                                                      "b": 5.0},
+               {"at": "after 50", "requests": 50, "a": 110.0, "b": None}, {"at": "end", "requests": 100, "a": 104.0,
+                                                                           "b": 6.0}]
+    assert server_watch.second_half_growth(samples, percent=True) == {"a": -5.45, "b": None}
+    samples[2]["b"] = 4.0
+    assert server_watch.second_half_growth(samples, percent=False) == {"a": -6.0, "b": 2.0}
+    assert server_watch.second_half_growth(samples[:1], percent=True) == {}
+
+
+def test_gateway_requests_say_what_the_plans_say(plans):
+    from tools import soak_gateway
+
+    expressed = 0
+    for p in plans:
+        req = soak_gateway.generate_request(p)
+        if p.values.get("messages") == "[{oops":
+            assert req is None
+            continue
+        expressed += 1
+        assert req.max_tokens == p.values["max_tokens"]
+        if "text_input" in p.values:
+            assert req.prompt == p.values["text_input"] and req.stream
+        if p.kind == "bad" and p.error_field != "messages":
+            assert soak_gateway.FIELD_OF_INPUT.get(p.error_field, p.error_field) in req.DESCRIPTOR.fields_by_name
+    assert expressed > len(plans) // 2
