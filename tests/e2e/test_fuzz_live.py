@@ -46,6 +46,10 @@ def gateway(server, tmp_path_factory):
         assert code == 0, f"the gateway exited with {code}\n{gw.log_tail()}"
 
 
+# the TensorRT-LLM LoRA tensors: the ensemble routes them to the llm model only
+TO_LLM_ONLY = {"lora_task_id", "lora_weights", "lora_config"}
+
+
 def still_serves(server) -> None:
     result = run(server.grpc_url, "def f(x):", 4, temperature=0.0)
     assert result.error is None and result.num_final == 1 and result.num_output_tokens >= 1
@@ -74,6 +78,8 @@ def test_direct_ensemble_fuzz(server):
             result = s.wait([rid], TIMEOUT_S)[rid]
         if result.error is not None:
             assert "internal error" not in result.error, result.error
+            if not set(inputs) - TO_LLM_ONLY and "request has 0 inputs" in result.error:
+                return   # Triton refuses it before any model runs: nothing reaches preprocess (no field to name)
             assert any(name in result.error for name in KNOWN_INPUTS | set(inputs)), result.error
         else:
             assert result.num_final == 1

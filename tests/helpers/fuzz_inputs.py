@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from cli.client import INPUT_TYPES, LIST_INPUTS
 
-NUMPY_OF = {"BYTES": np.object_, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_}
+NUMPY_OF = {"BYTES": np.object_, "INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "FP16": np.float16, "BOOL": np.bool_}
 WRONG_DTYPES = (np.bool_, np.int8, np.int32, np.int64, np.uint8, np.uint64, np.float16, np.float32, np.float64,
                 np.object_)
 SPECIAL_FLOATS = (math.nan, math.inf, -math.inf, 0.0, -0.0, 1e38, -1e38, 5e-324, 2.0, -1.0, 1.0)

@@ -62,7 +62,7 @@ def test_preprocess_answers_every_hostile_request_with_a_field_error_or_a_reques
         CASES["preprocess"] += 1
         resp, = pre.execute([Request(inputs, request_id="fuzz", parameters=parameters)])
         if resp.has_error():
-            assert_names_a_field(resp.error().message(), KNOWN_INPUTS | set(json.loads(parameters)))
+            assert_names_a_field(resp.error().message(), KNOWN_INPUTS | set(INPUT_TYPES) | set(json.loads(parameters)))
             return
         req = wire.LLMRequest.from_json(resp.tensor(wire.REQUEST).reshape(-1)[0])
         assert resp.tensor(wire.INPUT_IDS).size >= 1 and req.sampling.max_tokens >= 1
