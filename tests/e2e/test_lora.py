@@ -10,7 +10,7 @@ from backend.lora.adapter import load_adapter
 from backend.lora.trtllm import trtllm_tensors
 from backend.model.config import ModelConfig
 from cli.client import build_inputs
-from tests.e2e.helpers import Stream, gauge, raw_input
+from tests.e2e.helpers import Stream, gauge, metrics, raw_input
 from tests.helpers.lora import ADAPTERS, peft_greedy
 
 PROMPTS = ["def fibonacci(n):", "import os\nimport", "class Stack:\n    def", "for i in range(",
@@ -58,3 +58,19 @@ def test_trtllm_tensors_by_id_and_errors(server, lora_adapters):
     assert "LoRA task 22 not found in cache. Please send LoRA weights with request" in results["unknown_id"].error
     assert "lora_name: unknown adapter 'nope'" in results["unknown"].error
     assert gauge(server.metrics_url, "triton_llm_lora_requests", lora_name="qv8", state="running") == 0
+
+
+def test_the_chart_picker_config_selects_series_of_the_server(server):
+    """Each metric spec of the endpoint picker's engine entry in the chart (llm-d's PromQL-selector syntax)
+    selects a series the live server publishes; the LoRA one carries the labels the picker reads."""
+    from tests.helm.test_inferencepool import picker_engine_config, parse_spec
+
+    engine = picker_engine_config()
+    for key in ("queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec", "cacheBlockSizeSpec",
+                "cacheNumBlocksSpec", "loraSpec"):
+        name, labels = parse_spec(engine[key])
+        gauge(server.metrics_url, name, **labels)  # KeyError names the spec that selects nothing
+    name, _ = parse_spec(engine["loraSpec"])
+    series = [dict(ls) for (n, ls), _ in metrics(server.metrics_url).items() if n == name]
+    assert series and all({"running_lora_adapters", "waiting_lora_adapters", "max_lora"} <= s.keys() for s in series)
+    assert all(int(s["max_lora"]) >= 1 for s in series)
