@@ -120,4 +120,6 @@ class RequestLog:
 
     def write(self, rec: FinishedRequest) -> None:
         if self.enabled:
-            self.logger.info(json.dumps(log_record(rec, self.formats), separators=(",", ":"), ensure_ascii=False))
+            # ASCII JSON: the stubs' stderr may encode only ASCII (backslashreplace would then write `\xe9`,
+            # which is no JSON escape), and client ids or errors can hold any text, lone surrogates included
+            self.logger.info(json.dumps(log_record(rec, self.formats), separators=(",", ":")))

@@ -230,6 +230,17 @@ def test_request_log_writes_one_json_line_and_honours_its_level():
         parse_level("loud")
 
 
+def test_the_log_line_is_json_whatever_the_stream_encodes():
+    """The stubs' stderr may be ASCII with backslashreplace (Triton's embedded interpreter under the C locale):
+    a client id or error with non-ASCII text or a lone surrogate must still give a line that parses back."""
+    raw = io.BytesIO()
+    stream = io.TextIOWrapper(raw, encoding="ascii", errors="backslashreplace", write_through=True)
+    RequestLog("info", stream=stream).write(record(client_id="caf\u00e9-\udcff", error="stop: '\u00fc' \\x"))
+    line, = raw.getvalue().decode("ascii").splitlines()
+    d = json.loads(line)
+    assert d["request_id"] == "caf\u00e9-\udcff" and d["error"] == "stop: '\u00fc' \\x"
+
+
 def test_token_sha256_is_of_int32_little_endian_bytes():
     import hashlib
     assert token_sha256([1, 258]) == hashlib.sha256(b"\x01\x00\x00\x00\x02\x01\x00\x00").hexdigest()
