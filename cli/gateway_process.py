@@ -126,6 +126,16 @@ class GatewayProcess(ChildProcess):
             time.sleep(0.2)
         raise GatewayError(f"gateway not SERVING after {timeout:.0f}s.\n--- gateway log ---\n{self.log_tail()}")
 
+    def start_ready(self, timeout: float = 60.0) -> "GatewayProcess":
+        """``start`` and ``wait_ready``; a gateway that does not get ready is stopped before the error propagates."""
+        self.start()
+        try:
+            self.wait_ready(timeout=timeout)
+        except Exception:
+            self.stop()
+            raise
+        return self
+
     def stop(self, timeout: float = 35.0) -> int | None:
         proc, self.proc = self.proc, None
         code = None

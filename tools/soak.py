@@ -252,15 +252,8 @@ def start_gateway(url: str, log_dir: Path):
     from cli.launcher import free_port
 
     log_dir.mkdir(parents=True, exist_ok=True)
-    gw = GatewayProcess(f"127.0.0.1:{free_port()}", url, extra_args=["--openai-listen", "off"],
-                        log_path=log_dir / "soak-gateway.log")
-    gw.start()
-    try:
-        gw.wait_ready(timeout=60)
-    except Exception:
-        gw.stop()
-        raise
-    return gw
+    return GatewayProcess(f"127.0.0.1:{free_port()}", url, extra_args=["--openai-listen", "off"],
+                          log_path=log_dir / "soak-gateway.log").start_ready()
 
 
 def main(argv: list[str] | None = None) -> int:

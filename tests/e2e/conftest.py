@@ -117,6 +117,18 @@ def server(model_path, lora_adapters, tmp_path_factory) -> E2EServer:
 
 
 @pytest.fixture(scope="session")
+def openai_gateway(server, tmp_path_factory):
+    """The session server's gateway with its OpenAI HTTP API, shared by the tests that only call it (a test that
+    reads the gateway's own counters or restarts it starts its own); it must exit cleanly at the end."""
+    from tests.e2e.helpers import start_gateway
+
+    gw = start_gateway(server, tmp_path_factory.mktemp("gateway"), openai=True)
+    yield gw
+    code = gw.stop()
+    assert code == 0, f"the gateway exited with {code}\n{gw.log_tail()}"
+
+
+@pytest.fixture(scope="session")
 def tokenizer(model_path):
     from preprocess.tokenizer import load_tokenizer
 
@@ -155,3 +167,4 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "tests/e2e/" in str(item.fspath).replace(os.sep, "/"):
             item.add_marker(pytest.mark.e2e)
+            item.add_marker(pytest.mark.xdist_group("e2e"))   # one worker: the session's server

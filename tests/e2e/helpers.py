@@ -190,17 +190,13 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def start_gateway(server, log_dir, *, env=None, args=()):
-    """``python -m gateway`` in front of ``server`` (a TritonServer), SERVING; the caller stops it."""
+def start_gateway(server, log_dir, *, env=None, args=(), openai: bool = False):
+    """``python -m gateway`` in front of ``server`` (a TritonServer), SERVING; the caller stops it. ``openai``:
+    also its OpenAI HTTP API, serving Triton's metrics at ``/metrics``."""
     from cli.gateway_process import GatewayProcess
     from cli.launcher import free_port
 
-    gw = GatewayProcess(f"127.0.0.1:{free_port()}", server.grpc_url, env=env or clean_env(),
-                        extra_args=["--health-interval-s", "0.2", *args], log_path=log_dir / "gateway.log")
-    gw.start()
-    try:
-        gw.wait_ready(timeout=60)
-    except Exception:
-        gw.stop()
-        raise
-    return gw
+    http = dict(openai_listen=f"127.0.0.1:{free_port()}", triton_metrics_url=server.metrics_url) if openai else {}
+    return GatewayProcess(f"127.0.0.1:{free_port()}", server.grpc_url, env=env or clean_env(),
+                          extra_args=["--health-interval-s", "0.2", *args], log_path=log_dir / "gateway.log",
+                          **http).start_ready()

@@ -8,15 +8,12 @@ import pytest
 
 from cli import client
 from grammar import check_output
-from tests.e2e.helpers import start_gateway
 from tests.helpers.guides import SCHEMAS
 
 
 @pytest.fixture(scope="module")
-def gateway(server, tmp_path_factory):
-    gw = start_gateway(server, tmp_path_factory.mktemp("cli-gateway"))
-    yield gw
-    gw.stop()
+def gateway(openai_gateway):
+    return openai_gateway
 
 
 def test_a_guide_and_sampling_flags_give_the_same_output_in_both_modes(server, gateway, tmp_path, capsys):

@@ -16,9 +16,8 @@ import tritonclient.grpc as grpcclient
 from hypothesis import HealthCheck, given, settings
 from tritonclient.utils import np_to_triton_dtype
 
-from cli.launcher import free_port
 from preprocess.request import KNOWN_INPUTS
-from tests.e2e.helpers import Stream, clean_env, engine_idle, kv_used, run
+from tests.e2e.helpers import Stream, engine_idle, kv_used, run
 from tests.helpers.fuzz_inputs import request_inputs
 from tests.helpers.fuzz_requests import PROTO_FIELDS, generate_requests, openai_bodies
 from triton_llm.v1 import llm_service_pb2_grpc as pb_grpc
@@ -30,20 +29,8 @@ CASES: dict[str, int] = {}
 
 
 @pytest.fixture(scope="module")
-def gateway(server, tmp_path_factory):
-    from cli.gateway_process import GatewayProcess
-
-    gw = GatewayProcess(f"127.0.0.1:{free_port()}", server.grpc_url, env=clean_env(),
-                        openai_listen=f"127.0.0.1:{free_port()}", triton_metrics_url=server.metrics_url,
-                        extra_args=["--health-interval-s", "0.2"],
-                        log_path=tmp_path_factory.mktemp("gw-fuzz") / "gateway.log")
-    gw.start()
-    try:
-        gw.wait_ready(timeout=60)
-        yield gw
-    finally:
-        code = gw.stop()
-        assert code == 0, f"the gateway exited with {code}\n{gw.log_tail()}"
+def gateway(openai_gateway):
+    return openai_gateway
 
 
 # the TensorRT-LLM LoRA tensors: the ensemble routes them to the llm model only

@@ -13,27 +13,15 @@ import jsonschema
 import openai
 import pytest
 
-from cli.launcher import free_port
-from tests.e2e.helpers import clean_env, engine_idle, kv_used, metrics
+from tests.e2e.helpers import engine_idle, kv_used, metrics
 from tests.helpers.guides import SCHEMAS
 
 PROMPT = [{"role": "user", "content": "def fibonacci(n):"}]
 
 
 @pytest.fixture(scope="module")
-def api(server, tmp_path_factory):
-    from cli.gateway_process import GatewayProcess
-
-    gw = GatewayProcess(f"127.0.0.1:{free_port()}", server.grpc_url, env=clean_env(),
-                        openai_listen=f"127.0.0.1:{free_port()}", triton_metrics_url=server.metrics_url,
-                        extra_args=["--health-interval-s", "0.2"], log_path=tmp_path_factory.mktemp("gw") / "gateway.log")
-    gw.start()
-    try:
-        gw.wait_ready(timeout=60)
-        yield gw
-    finally:
-        code = gw.stop()
-        assert code == 0, f"the gateway exited with {code}\n{gw.log_tail()}"
+def api(openai_gateway):
+    return openai_gateway
 
 
 @pytest.fixture(scope="module")
