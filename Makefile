@@ -42,8 +42,12 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 proto: $(STAMP)
 	$(PY) -m tools.gen_proto
 
+# One pytest worker per core (TEST_WORKERS=1: serially); the tests of one session server share a worker
+# (xdist_group marks in tests/e2e and tests/faults).
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 8 ] && n=8; echo $$n)
+
 test: install helm
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup tests
 
 serve: install
 	$(PY) -m cli.serve

@@ -129,3 +129,4 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "tests/faults/" in str(item.fspath).replace(os.sep, "/"):
             item.add_marker(pytest.mark.e2e)
+            item.add_marker(pytest.mark.xdist_group("faults"))   # one worker: the session's server
