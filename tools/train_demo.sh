@@ -5,7 +5,8 @@
 # 3. the draft distilled from the target (KL to the target's distributions, tools/distill_draft.py), one thread;
 # 4. the target continued at 512 tokens, half its rows repeating one of their own spans, so that it continues
 #    a span it has seen as real LLMs do (prompt-lookup speculation relies on it; held-out copy accuracy 43% -> 66%),
-#    and the draft distilled again from it.
+#    and the draft distilled again from it;
+# 5. the demo LoRA adapter on the torch package's source (tools/train_lora.py, docs/lora.md), one thread.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -31,3 +32,5 @@ $PY -m tools.distill_draft --target models/demo-target --init models/demo-draft 
 $PY -m tools.distill_draft --target models/demo-target --init runs/draft-copy --out runs/draft-copy2 \
     --minutes 30 --lr 1.2e-3 --seed 7 --threads 2   # committed: 1582 steps
 cp runs/draft-copy2/* models/demo-draft/
+$PY -m tools.train_lora --base models/demo-target --out models/demo-lora/torch-style --steps 172 --threads 1 \
+    --seed 0   # committed: --minutes 7, 172 steps

@@ -119,15 +119,17 @@ def loss_on(model: LlamaForCausalLM, x: torch.Tensor, y: torch.Tensor) -> torch.
 
 
 @torch.no_grad()
-def heldout_loss(model: LlamaForCausalLM, data: np.ndarray, seq_len: int, batch: int = 16) -> float:
-    """Mean next-token loss over consecutive non-overlapping windows of the held-out ids."""
+def heldout_loss(model: torch.nn.Module, data: np.ndarray, seq_len: int, batch: int = 16,
+                 loss_fn=loss_on) -> float:
+    """Mean next-token loss over consecutive non-overlapping windows of the held-out ids; ``loss_fn(model, x, y)``
+    is the mean loss of one batch (``loss_on`` for our model)."""
     model.eval()
     n = (len(data) - 1) // seq_len
     starts = np.arange(n) * seq_len
     total, count = 0.0, 0
     for i in range(0, n, batch):
         x, y = batch_at(data, starts[i:i + batch], seq_len)
-        total += loss_on(model, x, y).item() * y.numel()
+        total += loss_fn(model, x, y).item() * y.numel()
         count += y.numel()
     model.train()
     return total / count

@@ -10,6 +10,7 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 DEMO_TARGET = REPO / "models" / "demo-target"
 DEMO_DRAFT = REPO / "models" / "demo-draft"
+DEMO_LORA = REPO / "models" / "demo-lora" / "torch-style"   # tools/train_lora.py, docs/lora.md
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
