@@ -2,10 +2,11 @@
 
 The gateway reads Triton's responses as fast as they come, whatever the client's pace, so that a slow
 client never holds up the engine (nor makes tritonserver queue its responses without bound). Consecutive
-deltas of one sequence wait here as one response (their texts, log-probs and token ids joined when the
-client takes it), and the bytes they hold (``coalesced_bytes``: text, 4 per log-prob, 8 per token id, plus
-``RESPONSE_OVERHEAD`` per waiting response) stay at most ``cap_bytes``: the delta that would pass the cap is
-refused, and the stream ends with RESOURCE_EXHAUSTED (gateway/generation.py).
+deltas of one sequence wait here as one response (their texts, log-probs, token ids and top-logprob
+alternatives joined when the client takes it), and the bytes they hold (``coalesced_bytes``: text, 4 per
+log-prob, 8 per token id, the encoded size of each position's alternatives, plus ``RESPONSE_OVERHEAD`` per
+waiting response) stay at most ``cap_bytes``: the delta that would pass the cap is refused, and the stream ends
+with RESOURCE_EXHAUSTED (gateway/generation.py).
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ RESPONSE_OVERHEAD = 64            # bytes counted per waiting response (ids, cou
 
 def coalesced_bytes(resp: pb.GenerateResponse) -> int:
     """The bytes a delta adds to a waiting response."""
-    return len(resp.text.encode("utf-8")) + 4 * len(resp.log_probs) + 8 * len(resp.token_ids)
+    return (len(resp.text.encode("utf-8")) + 4 * len(resp.log_probs) + 8 * len(resp.token_ids) +
+            sum(alternatives.ByteSize() for alternatives in resp.top_log_probs))
 
 
 def mergeable(last: pb.GenerateResponse, nxt: pb.GenerateResponse) -> bool:

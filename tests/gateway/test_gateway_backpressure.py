@@ -47,6 +47,24 @@ def test_the_buffer_coalesces_a_sequences_deltas_and_never_passes_its_cap():
     asyncio.run(body())
 
 
+def test_top_logprob_alternatives_count_against_the_cap():
+    """20 alternatives a token weigh far more than its text: they count at their encoded size, so a stream asking
+    for them reaches the cap as soon as what waits passes it, and the joined response keeps every position."""
+    top = pb.TopLogprobs(candidates=[pb.TokenLogprob(token_id=i, token=f"tok{i}", log_prob=-i) for i in range(20)])
+    one = pb.GenerateResponse(text="a", sequence_index=0, log_probs=[-1.0], top_log_probs=[top])
+    assert coalesced_bytes(one) == 1 + 4 + top.ByteSize() and top.ByteSize() > 200
+
+    async def body():
+        buf = StreamBuffer(cap_bytes=10 * coalesced_bytes(one) + RESPONSE_OVERHEAD)
+        pushed = 0
+        while buf.push(pb.GenerateResponse.FromString(one.SerializeToString())):   # a fresh delta each time
+            pushed += 1
+        assert pushed == 10 and buf.peak_bytes <= buf.cap_bytes
+        joined = await buf.get()
+        assert joined.text == "a" * 10 and len(joined.top_log_probs) == 10
+    asyncio.run(body())
+
+
 def test_a_failed_buffer_drops_what_waits_and_raises():
     async def body():
         buf = StreamBuffer(cap_bytes=100)
