@@ -7,11 +7,10 @@ vocabulary 4,096; 82M: its default shape) and converts each for llama.cpp with `
 then Q8_0 and Q4_0 through ``llama-quantize``; llama.cpp built without AMX). Measures the machine's read bandwidth
 per thread count (``read_bandwidth``). Then per round, model, format (ours ``none`` / ``int8`` / ``int4`` at
 ``--group`` against F32 / Q8_0 / Q4_0) and thread count: ``llama-batched-bench`` (random prompts of 64 tokens,
-``--gen`` generated, one run per batch size) and our engine in-process (``cpu_threads`` = the thread count, waves
-of ``batch`` requests with prompts of 64 tokens, BOS included, and ``--gen`` output tokens, EOS ignored; decode
-tok/s as llama.cpp's S_TG: ``bench.harness.llamacpp.decode_tok_per_s``), the side going first alternating between
-rounds. Prompt
-throughput: ours, the largest batch's prompt tokens over the time from the wave's start until every request had its
+``--gen`` generated, one run per batch size) and our engine in-process (the native step, ``fast_decode`` on as
+shipped; ``cpu_threads`` = the thread count, waves of ``batch`` requests with prompts of 64 tokens, BOS included,
+and ``--gen`` output tokens, EOS ignored; decode tok/s as llama.cpp's S_TG:
+``bench.harness.llamacpp.decode_tok_per_s``), the side going first alternating between rounds. Prompt throughput: ours, the largest batch's prompt tokens over the time from the wave's start until every request had its
 first token; llama.cpp, its S_PP at that batch. At batch 1 the weight bytes a decode step reads per second are
 given as a fraction of the read bandwidth at that thread count. The table gives the median of the rounds per cell;
 then the lowest cell and the geometric mean of the decode ratios. Writes bench/results/formats.json.
@@ -97,7 +96,8 @@ def weight_bytes(cfg: ModelConfig, mode: str, group: int) -> float:
 def ours(model: Path, tok: Tokenizer, mode: str, group: int, threads: int, batches: list[int], gen: int) -> dict:
     """{batch: (decode tok/s, prompt tok/s)} of our engine."""
     engine = LLMEngine(EngineConfig(model_path=str(model), quantization=mode, quantization_group_size=group,
-                                    kv_cache_bytes=1 << 30, max_num_seqs=64, cpu_threads=threads)).start()
+                                    kv_cache_bytes=1 << 30, max_num_seqs=64, cpu_threads=threads,
+                                    fast_decode=True)).start()   # the native step, as shipped
     try:
         warm = mixed_workload(tok, 1, seed=99, prompt_range=(PROMPT - 1, PROMPT - 1), output_range=(8, 8))
         run_engine_level(engine, warm, 1, level_seconds=math.inf, request_timeout=REQUEST_TIMEOUT)
