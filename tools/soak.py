@@ -252,7 +252,7 @@ def start_gateway(url: str, log_dir: Path):
     from cli.launcher import free_port
 
     log_dir.mkdir(parents=True, exist_ok=True)
-    return GatewayProcess(f"127.0.0.1:{free_port()}", url, extra_args=["--openai-listen", "off"],
+    return GatewayProcess(f"127.0.0.1:{free_port()}", url,            # the OpenAI API stays off (the default)
                           log_path=log_dir / "soak-gateway.log").start_ready()
 
 
