@@ -74,12 +74,12 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
                           int64_t block_size, const at::Tensor& embed,  // [V, D]
                           at::TensorList layer_weights,    // 6 per layer
                           at::TensorList layer_biases,     // 3 per layer (empty: none)
-                          at::TensorList layer_panels,     // 4 per layer, [ceil(N / 64), K, 64] each
+                          at::TensorList layer_panels,     // 4 per layer, [ceil(N / W), K, W] each (W: kPanelWidth)
                           at::TensorList k_cache,          // per layer [blocks, block_size, KVH, hd]
                           at::TensorList v_cache, const at::Tensor& cos_table,  // [max_pos, hd]
                           const at::Tensor& sin_table, const at::Tensor& final_norm,  // [D]
                           const at::Tensor& lm_head,       // [V, D]
-                          const at::Tensor& lm_head_panels,  // [ceil(V / 64), D, 64]
+                          const at::Tensor& lm_head_panels,  // [ceil(V / W), D, W]
                           int64_t num_heads, int64_t kv_heads, int64_t head_dim, double eps, double scale,
                           const c10::optional<at::Tensor>& logit_rows,  // [R] int64 increasing indices; none: all
                           at::TensorList layer_quant,      // empty, or 4 x 3 per layer: the projections' strips

@@ -3,7 +3,7 @@
 //
 // A panel holds kPanelWidth consecutive output rows of w [N, K] transposed: panel p is [K][kPanelWidth], element
 // (k, j) = w[p * kPanelWidth + j][k], the last panel zero-padded past N (pack_panels_f32). A step of T tokens walks
-// each panel once from front to back, loads one column-row of weights per k (a few vectors), broadcasts x[t][k] of
+// each panel once from front to back, loads one panel row of weights per k (a few vectors), broadcasts x[t][k] of
 // each of its tokens and accumulates T x kPanelWidth outputs in registers (a register tile of up to
 // kGemvMaxTokens tokens; more tokens take several tiles, the panel then in L1/L2). No horizontal sums, and one
 // sequential stream per panel for the prefetchers, where the row-major GEMV it replaced dotted R rows at a time
@@ -16,8 +16,8 @@
 // batch dependence to a verify step's logits; tests/backend/native/test_f32_gemv.py checks it bit for bit).
 //
 // The instruction set is picked at build time from the compiler's flags (-march=native): AVX-512F (16-float
-// vectors, a whole panel row per tile), else AVX2 + FMA (8-float vectors, the panel in 16-column stripes: 16
-// registers), else plain C++. f32_gemv_kernel.cpp has no torch dependency (tests/backend/native compiles it alone
+// vectors, panels of 64 rows), else AVX2 + FMA (8-float vectors, panels of 16 rows: 6 x 2 accumulators of the 16
+// registers), else plain C++ (as AVX2). f32_gemv_kernel.cpp has no torch dependency (tests/backend/native compiles it alone
 // for each instruction set); f32_gemv.cpp splits the panels over torch's threads and defines the ops.
 #pragma once
 
@@ -25,8 +25,15 @@
 
 namespace triton_llm_native {
 
-// Output rows per panel: a multiple of every build's column tile (16 floats) and of a cache line.
+// Output rows per panel: the build's column tile, so that a tile walks its panel as one sequential stream, a panel
+// row (a cache line or four) per k. AVX-512: 64 (4 vectors of 16); AVX2 and plain C++: 16 (2 vectors of 8). With
+// 64 on AVX2 a 16-column tile read one line in four of each 256-byte panel row and the panel was walked four times:
+// a batch-1 step of the 300M-class model streamed its weights at ~9.4 GB/s instead of ~13.9 (bench/README.md).
+#if defined(__AVX512F__)
 constexpr int64_t kPanelWidth = 64;
+#else
+constexpr int64_t kPanelWidth = 16;
+#endif
 // Tokens per register tile; a step with more takes several tiles over each panel (the panel then in L1/L2: any
 // token count, a prefill chunk's included; at 512 tokens still 1.15x faster than at::linear on the demo target).
 constexpr int64_t kGemvMaxTokens = 6;

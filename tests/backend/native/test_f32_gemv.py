@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from backend.native.build import CSRC
 
-# (tokens, out rows, in columns): rows not a multiple of a panel (64) nor of a column tile (16) and fewer than one,
+# (tokens, out rows, in columns): rows not a multiple of a panel (64 or 16) and fewer than one,
 # columns not a multiple of a vector (and fewer than one), more tokens than one register tile takes (6).
 SHAPES = [(1, 1280, 768), (2, 37, 16), (3, 9, 33), (4, 100, 7), (5, 1027, 64), (6, 13, 200), (7, 8, 48),
           (8, 515, 130), (9, 21, 96), (12, 70, 40), (5, 70, 700), (8, 19, 520), (16, 1300, 768), (11, 700, 200)]
@@ -79,9 +79,12 @@ def test_panels_hold_the_weight_transposed_and_zero_padded(ops):
     w = torch.randn(70, 9)
     panels = ops.pack_panels(w)
     width = ops.gemv_panel_width()
-    assert panels.shape == (2, 9, width)
-    assert torch.equal(panels[0], w[:width].t()) and torch.equal(panels[1, :, :70 - width], w[width:].t())
-    assert not panels[1, :, 70 - width:].any()
+    full, rest = divmod(70, width)
+    assert width in (16, 64) and rest and panels.shape == (full + 1, 9, width)
+    for p in range(full):
+        assert torch.equal(panels[p], w[p * width:(p + 1) * width].t())
+    assert torch.equal(panels[full, :, :rest], w[full * width:].t())
+    assert not panels[full, :, rest:].any()
 
 
 def test_op_refuses_bad_inputs(ops):
