@@ -62,7 +62,7 @@ at::Tensor quant_project(const at::Tensor& x, const at::Tensor& strips, const at
   at::Tensor xq = at::empty({T, K}, x.options().dtype(at::kByte));
   at::Tensor sx = at::empty({T, nb}, x.options());
   at::Tensor xsum = at::empty({T, nb}, x.options().dtype(at::kInt));
-  quantize_blocks(x.data_ptr<float>(), T, K, !w.int4, xq.data_ptr<uint8_t>(), sx.data_ptr<float>(),
+  quantize_blocks(x.data_ptr<float>(), T, K, offset_activations(w.int4), xq.data_ptr<uint8_t>(), sx.data_ptr<float>(),
                   xsum.data_ptr<int32_t>());
   at::Tensor y = at::empty({T, n}, x.options());
   const int64_t tasks = strip_count(n);

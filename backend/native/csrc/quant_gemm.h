@@ -23,8 +23,9 @@
 // in spans of 8 blocks (256 columns: 16 KiB of int8 weights, in L1), every token tile passing over a span before
 // the next (partial sums kept in memory between spans): each weight byte is read from memory once a step.
 //
-// The instruction set is chosen at build time: AVX-512 VNNI (vpdpbusd), else plain C++ with the same arithmetic
-// (integer dots, then the same float operations per output: bit-identical results). No torch in the kernel file.
+// The instruction set is chosen at build time: AVX-512 VNNI (vpdpbusd), else AVX2 (maddubs / madd pair sums, tiles
+// sized for 16 registers), else plain C++, all with the same arithmetic (integer dots, then the same float
+// operations per output: bit-identical results). No torch in the kernel file.
 #pragma once
 
 #include <cstdint>
@@ -54,8 +55,12 @@ struct Weights {
 void gemm_strips(const Weights& w, const uint8_t* xq, const float* sx, const int32_t* xsum, const float* bias,
                  float* y, int64_t T, int64_t s_begin, int64_t s_end);
 
-// "avx512_vnni" or "generic".
+// "avx512_vnni", "avx2" or "generic".
 const char* gemm_isa();
+
+// Whether gemm_strips takes the activations of int8 weights offset by 128 (quantize_blocks' `offset`): VNNI's
+// unsigned x signed dot and the plain C++ build do (minus wsum); AVX2 takes them signed (its sign trick). int4: never.
+bool offset_activations(bool int4);
 
 }  // namespace triton_llm_native::qgemm
 namespace at { class Tensor; }

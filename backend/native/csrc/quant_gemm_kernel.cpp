@@ -24,9 +24,16 @@ inline int32_t load4(const uint8_t* p) {
   return v;
 }
 
-// Strips per tile: enough independent accumulators for few tokens, few enough to stay in registers for more.
+// Strips per tile: enough independent accumulators for few tokens, few enough to stay in registers for more
+// (AVX2 has 16 vector registers where AVX-512 has 32).
 template <int NT>
-constexpr int strips_per_tile() { return NT <= 2 ? 4 : 2; }
+constexpr int strips_per_tile() {
+#ifdef QGEMM_AVX2
+  return NT == 1 ? 2 : 1;
+#else
+  return NT <= 2 ? 4 : 2;
+#endif
+}
 
 constexpr int64_t kGroupStrips = 4;   // strips a thread takes together (their weights shared by every token tile)
 constexpr int64_t kSpanBlocks = 8;    // blocks of a span: a strip group's weights for it stay in L1 (16 KiB int8)
@@ -117,101 +124,143 @@ constexpr const char* kIsa = "avx512_vnni";
 
 #elif defined(QGEMM_AVX2)
 
-// A strip's 16 rows x 4 bytes of one k quad, as four int16 vectors of 4 rows each: bytes widened (signed weights of
-// int8, or int4 nibbles 0..15), so _mm256_madd_epi16 gives exact int32 pair sums (maddubs would saturate).
-// pairs[c] lane 2i (2i+1): row 4c+i's products of k0+k1 (k2+k3); `pair_rows` folds them into rows 0..7, 8..15.
-inline __m256i pair_rows(__m256i c0, __m256i c1) {   // rows 4c..4c+3 of c0 and 4c+4..4c+7 of c1 -> 8 row sums
-  return _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(c0, c1), _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+// A quad's 64 bytes (16 rows x 4 columns) are two vectors of 8 rows each; a row's 4 products end in its int32 lane.
+// int8: maddubs takes unsigned x signed bytes, so it gets |w| and x carrying w's sign (sign_epi8): the pair sums are
+// at most 2 x 127 x 127 in magnitude (no saturation), madd with ones folds a row's two pairs into its int32 lane:
+// exactly the signed dot, which is what VNNI's dot of offset activations minus wsum gives (so this build asks for
+// activations without the offset: offset_activations). int4: unsigned nibbles x
+// signed activations need no sign trick, and a block's 4 octets of pair sums stay below 4 x 2 x 2 x 15 x 127 =
+// 15,240 in int16, so one madd per block folds them.
+inline __m256i ones16() { return _mm256_set1_epi16(1); }
+
+// x's 4 signed bytes at p broadcast to every int32 lane (this build quantizes activations without the offset)
+inline __m256i x_quad(const uint8_t* p) { return _mm256_set1_epi32(load4(p)); }
+
+// The int32 row dots dot[t][r][h] of block b (rows 8h..8h+7 of strip s0 + r) for NT tokens.
+template <int NT, int R>
+inline void block_dots_int8(const Weights& w, int64_t s0, int64_t b, const uint8_t* xq, __m256i (&dot)[NT][R][2]) {
+  const int64_t K = w.k;
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) dot[t][r][h] = _mm256_setzero_si256();
+  const uint8_t* base = w.strips + s0 * K * kStrip + b * kQBlock * kStrip;
+  for (int q = 0; q < 8; ++q) {
+    __m256i wv[R][2], wa[R][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        wv[r][h] = _mm256_loadu_si256((const __m256i*)(base + r * K * kStrip + q * 64 + 32 * h));
+        wa[r][h] = _mm256_abs_epi8(wv[r][h]);
+      }
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      const __m256i xk = x_quad(xq + t * K + b * kQBlock + q * 4);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+          const __m256i pairs = _mm256_maddubs_epi16(wa[r][h], _mm256_sign_epi8(xk, wv[r][h]));
+          dot[t][r][h] = _mm256_add_epi32(dot[t][r][h], _mm256_madd_epi16(pairs, ones16()));
+        }
+    }
+  }
 }
 
-// x's 4 bytes at p, widened to int16 and repeated for each of 4 rows (offset int8 activations are unsigned)
-inline __m256i x_quad(const uint8_t* p, bool is_unsigned) {
-  const __m128i b = _mm_set1_epi32(load4(p));
-  return is_unsigned ? _mm256_cvtepu8_epi16(b) : _mm256_cvtepi8_epi16(b);
+template <int NT, int R>
+inline void block_dots_int4(const Weights& w, int64_t s0, int64_t b, const uint8_t* xq, __m256i (&dot)[NT][R][2]) {
+  const int64_t K = w.k;
+  __m256i pairs[NT][R][2];  // int16 pair sums of the block's 4 octets
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) pairs[t][r][h] = _mm256_setzero_si256();
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const uint8_t* base = w.strips + s0 * K * (kStrip / 2) + b * kQBlock * (kStrip / 2);
+  for (int o = 0; o < 4; ++o) {
+    __m256i lo[R][2], hi[R][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i*)(base + r * K * (kStrip / 2) + o * 64 + 32 * h));
+        lo[r][h] = _mm256_and_si256(raw, low4);
+        hi[r][h] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+      }
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      const __m256i x0 = x_quad(xq + t * K + b * kQBlock + o * 8);
+      const __m256i x1 = x_quad(xq + t * K + b * kQBlock + o * 8 + 4);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h)
+          pairs[t][r][h] = _mm256_add_epi16(
+              pairs[t][r][h], _mm256_add_epi16(_mm256_maddubs_epi16(lo[r][h], x0), _mm256_maddubs_epi16(hi[r][h], x1)));
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) dot[t][r][h] = _mm256_madd_epi16(pairs[t][r][h], ones16());
+}
+
+// The float sums live in `acc` (memory, L1) between blocks: the block's dot accumulators take the registers.
+template <int NT, int R, bool kInt4>
+void tile_of(const Weights& w, int64_t s0, const uint8_t* xq, const float* sx, const int32_t* xsum,
+             const float* bias, float* y, int64_t n_out, const Span& span) {
+  const int64_t nb = w.k / kQBlock, G = w.groups, bpg = nb / G;
+  alignas(32) float acc[NT][R][kStrip];
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < kStrip; ++j) acc[t][r][j] = span.b0 == 0 ? 0.f : span.part[t * kPartStride + r * kStrip + j];
+  for (int64_t b = span.b0, g = span.b0 / bpg, in_group = span.b0 % bpg; b < span.b1; ++b) {
+    __m256i dot[NT][R][2];
+    if (kInt4) block_dots_int4<NT, R>(w, s0, b, xq, dot);
+    else block_dots_int8<NT, R>(w, s0, b, xq, dot);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const int64_t gi = ((s0 + r) * G + g) * kStrip + 8 * h;
+        const __m256 sc = _mm256_loadu_ps(w.scales + gi);
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t) {
+          const __m256 v = kInt4 ? _mm256_fnmadd_ps(_mm256_loadu_ps(w.zeros + gi),
+                                                    _mm256_set1_ps(float(xsum[t * nb + b])),
+                                                    _mm256_cvtepi32_ps(dot[t][r][h]))
+                                 : _mm256_cvtepi32_ps(dot[t][r][h]);
+          float* a = acc[t][r] + 8 * h;
+          _mm256_store_ps(a, _mm256_fmadd_ps(v, _mm256_mul_ps(sc, _mm256_set1_ps(sx[t * nb + b])), _mm256_load_ps(a)));
+        }
+      }
+    if (++in_group == bpg) in_group = 0, ++g;   // g = b / bpg without a division per block
+  }
+  if (span.b1 < nb) {
+    for (int t = 0; t < NT; ++t)
+      for (int r = 0; r < R; ++r) std::memcpy(span.part + t * kPartStride + r * kStrip, acc[t][r], sizeof(acc[t][r]));
+    return;
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < kStrip; ++j) {
+      const int64_t row = (s0 + r) * kStrip + j;
+      if (row >= n_out) break;
+      for (int t = 0; t < NT; ++t) y[t * n_out + row] = acc[t][r][j] + (bias ? bias[row] : 0.f);
+    }
 }
 
 template <int NT, int R>
 void tile(const Weights& w, int64_t s0, const uint8_t* xq, const float* sx, const int32_t* xsum, const float* bias,
           float* y, int64_t n_out, const Span& span) {
-  const int64_t K = w.k, nb = K / kQBlock, G = w.groups, bpg = nb / G;
-  __m256 acc[NT][R][2];
-  for (int t = 0; t < NT; ++t)
-    for (int r = 0; r < R; ++r)
-      for (int h = 0; h < 2; ++h)
-        acc[t][r][h] = span.b0 == 0 ? _mm256_setzero_ps()
-                                    : _mm256_loadu_ps(span.part + t * kPartStride + r * kStrip + 8 * h);
-  const __m128i low4 = _mm_set1_epi8(0x0F);
-  for (int64_t b = span.b0; b < span.b1; ++b) {
-    __m256i pairs[NT][R][4];
-    for (int t = 0; t < NT; ++t)
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < 4; ++c) pairs[t][r][c] = _mm256_setzero_si256();
-    // one k quad: wv[r][c] the weights of rows 4c..4c+3, xk the token's 4 activations
-    auto quad = [&](const __m256i (&wv)[R][4], int64_t k) {
-      for (int t = 0; t < NT; ++t) {
-        const __m256i xk = x_quad(xq + t * K + k, !w.int4);
-        for (int r = 0; r < R; ++r)
-          for (int c = 0; c < 4; ++c)
-            pairs[t][r][c] = _mm256_add_epi32(pairs[t][r][c], _mm256_madd_epi16(wv[r][c], xk));
-      }
-    };
-    if (!w.int4) {
-      const uint8_t* base = w.strips + s0 * K * kStrip + b * kQBlock * kStrip;
-      for (int q = 0; q < 8; ++q) {
-        __m256i wv[R][4];
-        for (int r = 0; r < R; ++r)
-          for (int c = 0; c < 4; ++c)
-            wv[r][c] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(base + r * K * kStrip + q * 64 + 16 * c)));
-        quad(wv, b * kQBlock + q * 4);
-      }
-    } else {
-      const uint8_t* base = w.strips + s0 * K * (kStrip / 2) + b * kQBlock * (kStrip / 2);
-      for (int o = 0; o < 4; ++o) {
-        __m256i lo[R][4], hi[R][4];
-        for (int r = 0; r < R; ++r)
-          for (int c = 0; c < 4; ++c) {
-            const __m128i raw = _mm_loadu_si128((const __m128i*)(base + r * K * (kStrip / 2) + o * 64 + 16 * c));
-            lo[r][c] = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low4));
-            hi[r][c] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low4));
-          }
-        quad(lo, b * kQBlock + o * 8);
-        quad(hi, b * kQBlock + o * 8 + 4);
-      }
-    }
-    for (int r = 0; r < R; ++r)
-      for (int h = 0; h < 2; ++h) {
-        const int64_t gi = ((s0 + r) * G + b / bpg) * kStrip + 8 * h;
-        const __m256 sc = _mm256_loadu_ps(w.scales + gi);
-        for (int t = 0; t < NT; ++t) {
-          const __m256i dot = pair_rows(pairs[t][r][2 * h], pairs[t][r][2 * h + 1]);
-          __m256 v;
-          if (!w.int4) {
-            const __m256i ws = _mm256_loadu_si256((const __m256i*)(w.wsum + ((s0 + r) * nb + b) * kStrip + 8 * h));
-            v = _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, ws));
-          } else {
-            v = _mm256_fnmadd_ps(_mm256_loadu_ps(w.zeros + gi), _mm256_set1_ps(float(xsum[t * nb + b])),
-                                 _mm256_cvtepi32_ps(dot));
-          }
-          acc[t][r][h] = _mm256_fmadd_ps(v, _mm256_mul_ps(sc, _mm256_set1_ps(sx[t * nb + b])), acc[t][r][h]);
-        }
-      }
-  }
-  if (span.b1 < nb) {
-    for (int t = 0; t < NT; ++t)
-      for (int r = 0; r < R; ++r)
-        for (int h = 0; h < 2; ++h) _mm256_storeu_ps(span.part + t * kPartStride + r * kStrip + 8 * h, acc[t][r][h]);
-    return;
-  }
-  for (int r = 0; r < R; ++r) {
-    alignas(32) float out[NT][kStrip];
-    for (int t = 0; t < NT; ++t)
-      for (int h = 0; h < 2; ++h) _mm256_store_ps(out[t] + 8 * h, acc[t][r][h]);
-    for (int j = 0; j < kStrip; ++j) {
-      const int64_t row = (s0 + r) * kStrip + j;
-      if (row >= n_out) break;
-      for (int t = 0; t < NT; ++t) y[t * n_out + row] = out[t][j] + (bias ? bias[row] : 0.f);
-    }
-  }
+  if (w.int4) tile_of<NT, R, true>(w, s0, xq, sx, xsum, bias, y, n_out, span);
+  else tile_of<NT, R, false>(w, s0, xq, sx, xsum, bias, y, n_out, span);
 }
 constexpr const char* kIsa = "avx2";
 
@@ -346,5 +395,14 @@ void gemm_strips(const Weights& w, const uint8_t* xq, const float* sx, const int
 static_assert(kQMaxTokens == 4, "gemm_strips instantiates tiles of 1..4 tokens");
 
 const char* gemm_isa() { return kIsa; }
+
+bool offset_activations(bool int4) {
+#ifdef QGEMM_AVX2
+  (void)int4;
+  return false;
+#else
+  return !int4;
+#endif
+}
 
 }  // namespace triton_llm_native::qgemm

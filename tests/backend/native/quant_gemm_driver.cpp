@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
   std::vector<uint8_t> xq(T * K);
   std::vector<float> sx(T * nb), y(T * N);
   std::vector<int32_t> xsum(T * nb);
-  quantize_blocks(x.data(), T, K, !int4, xq.data(), sx.data(), xsum.data());
+  quantize_blocks(x.data(), T, K, triton_llm_native::qgemm::offset_activations(int4), xq.data(), sx.data(), xsum.data());
   const Weights w{int4, strips.data(), scales.data(), int4 ? nullptr : wsum.data(), int4 ? zeros.data() : nullptr,
                   N, K, G};
   gemm_strips(w, xq.data(), sx.data(), xsum.data(), bias.data(), y.data(), T, 0, split);
