@@ -37,7 +37,7 @@ from backend.engine.step_observer import StepObservers, StepStart
 from backend.engine.step_timeline import TimelineObserver
 from backend.engine.stream_pacer import PacerObserver, StreamPacer
 from backend.engine.switch_interval import SwitchInterval
-from backend.engine.thread_policy import ThreadObserver, ThreadPolicy
+from backend.engine.thread_policy import ThreadObserver, ThreadPolicy, matrix_elements
 from backend.sampling.batch import GREEDY_EPS
 from contracts.sampling_params import SamplingParams
 
@@ -55,7 +55,7 @@ class LLMEngine:
         self.structured = self.parts.structured_output      # None: guided requests are refused
         self.lora = self.parts.lora                          # None: requests naming an adapter are refused
         self.pacer = StreamPacer(config.stream_interval, config.stream_responses_per_s)
-        self.threads = ThreadPolicy(self.parts.cpu_threads)   # per-step threads on the CPU (1 = fixed)
+        self.threads = ThreadPolicy(self.parts.cpu_threads, macs_per_token=matrix_elements(self.runner.model))
         self.observers = self._observers()
         self._inbox: deque[InboxMessage] = deque()
         self._cv = threading.Condition()

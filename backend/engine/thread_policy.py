@@ -18,6 +18,10 @@ barrier (a step of 0.3 ms can take 170 ms on a 2-core machine under a load of 5)
 once it goes wrong (the slow steps stand for its run of that probe). For the same reason a probe runs the
 current choice first and cuts the other count's run short at its second counted step slower than ``ABORT``
 times the choice's (keeping the choice: a count that slow could not have won).
+A bucket's choice before its first probe is one thread, unless its steps are large (``macs_per_token`` x the
+bucket's tokens >= ``WIDE_START_MACS``), where ``cpu_threads`` starts: a prompt's chunks are few steps per bucket,
+often fewer than a probe, so they would otherwise run on one thread (the 300M-class model's 64-token prefill at 2
+threads: 59 prompt tok/s with the probe's one-thread run first, vs 1 thread's 59 and the GEMM's ~2x; bench_formats).
 ``torch.set_num_threads`` costs well under a microsecond.
 """
 from __future__ import annotations
@@ -39,6 +43,14 @@ MAX_RETRY_EVERY = 3200   # the interval doubles at each re-probe that confirms t
 MARGIN = 0.10        # cpu_threads must be this much faster than 1 thread (median seconds per step)
 SLOWDOWN = 1.5       # re-probe early when cpu_threads' recent median is this many times its probe median
 ABORT = 1.5          # a probe's second run stops at two counted steps this many times slower than the first run
+WIDE_START_MACS = 1 << 25   # a step of this many weight multiply-adds (~3 ms on one core) starts on cpu_threads
+
+
+def matrix_elements(model: torch.nn.Module) -> int:
+    """Elements of ``model``'s matrices (parameters and buffers of 2+ dimensions; packed int4 counts a byte per
+    two weights): about the multiply-adds of one token's step, what ``ThreadPolicy.macs_per_token`` wants."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    return sum(t.numel() for t in tensors if t.dim() >= 2)
 
 
 def probe_plan(*counts: int) -> list[tuple[int, bool]]:
@@ -72,6 +84,7 @@ class _Bucket:
 @dataclass
 class ThreadPolicy:
     max_threads: int
+    macs_per_token: int = 0                                                 # the model's weights a token multiplies
     _buckets: dict[int, _Bucket] = field(default_factory=dict)
     _current: int = 0                                                       # what torch was last set to
 
@@ -83,7 +96,11 @@ class ThreadPolicy:
         """Threads for a step of ``num_tokens`` tokens (set on torch before the forward)."""
         if not self.active:
             return self.max_threads
-        b = self._buckets.setdefault(bucket(num_tokens), _Bucket())
+        size = bucket(num_tokens)
+        b = self._buckets.get(size)
+        if b is None:
+            wide = self.macs_per_token * size >= WIDE_START_MACS
+            b = self._buckets[size] = _Bucket(choice=self.max_threads if wide else 1)
         if not b.plan and b.samples:                      # a probe just ended
             choice, b.reference = faster_count(b.samples, self.max_threads)
             confirmed = b.since_probe >= b.retry_every and choice == b.choice    # a scheduled re-probe agreed

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.engine.thread_policy import ABORT, MARGIN, MAX_RETRY_EVERY, PROBE_RUN, RETRY_EVERY, ThreadPolicy
+from backend.engine.thread_policy import (ABORT, MARGIN, MAX_RETRY_EVERY, PROBE_RUN, RETRY_EVERY, WIDE_START_MACS,
+                                         ThreadPolicy, matrix_elements)
 
 
 @pytest.fixture(autouse=True)
@@ -122,3 +123,20 @@ def test_a_slowdown_of_the_choice_re_probes_at_once():
     noticed = picks.index(1, start)                                   # a probe of one thread only
     assert noticed - start <= PROBE_RUN                               # within a window of slow steps
     assert set(picks[noticed:]) == {1}
+
+
+def test_large_steps_start_on_every_thread_and_small_ones_on_one():
+    """Before its first probe a bucket runs one thread, unless its steps multiply WIDE_START_MACS weights or more;
+    the probe then runs that count first and still decides."""
+    p = ThreadPolicy(2, macs_per_token=WIDE_START_MACS // 8)
+    small = run(p, 4, PROBE_RUN, lambda t, i: 0.001)
+    large = run(p, 8, 2 * PROBE_RUN + 5, lambda t, i: 0.001 if t == 1 else 0.003)
+    assert small == [1] * PROBE_RUN
+    assert large[:PROBE_RUN] == [2] * PROBE_RUN and set(large[2 * PROBE_RUN:]) == {1}   # two threads lost
+    assert ThreadPolicy(2).choose(4096) == 1                                            # size unknown: one
+
+
+def test_matrix_elements_counts_the_weights_a_token_multiplies():
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
+    model.register_buffer("packed", torch.zeros(6, 2, dtype=torch.uint8))
+    assert matrix_elements(model) == 10 * 4 + 4 * 3 + 6 * 2
