@@ -340,6 +340,16 @@ void quantize_blocks(const float* x, int64_t T, int64_t K, bool offset, uint8_t*
 #ifdef QGEMM_VNNI
       const __m512 v0 = _mm512_loadu_ps(xs), v1 = _mm512_loadu_ps(xs + 16);
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+#elif defined(QGEMM_AVX2)
+      const __m256 sign = _mm256_set1_ps(-0.f);
+      __m256 v[4], m = _mm256_setzero_ps();
+      for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_loadu_ps(xs + 8 * i);
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+      }
+      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
 #else
       float amax = 0.f;
       for (int64_t i = 0; i < kQBlock; ++i) amax = std::max(amax, std::fabs(xs[i]));
@@ -353,6 +363,20 @@ void quantize_blocks(const float* x, int64_t T, int64_t K, bool offset, uint8_t*
       const __m128i flip = _mm_set1_epi8(offset ? char(0x80) : 0);
       _mm_storeu_si128((__m128i*)qs, _mm_xor_si128(_mm512_cvtepi32_epi8(q0), flip));
       _mm_storeu_si128((__m128i*)(qs + 16), _mm_xor_si128(_mm512_cvtepi32_epi8(q1), flip));
+#elif defined(QGEMM_AVX2)
+      __m256i q[4], total = _mm256_setzero_si256();
+      for (int i = 0; i < 4; ++i) {
+        q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));  // round to nearest even
+        total = _mm256_add_epi32(total, q[i]);
+      }
+      __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+      t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4E));
+      xsum[t * nb + b] = _mm_cvtsi128_si32(_mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xB1)));
+      // |q| <= 127: the packs do not saturate; they interleave 128-bit lanes, the permute puts them back in order
+      const __m256i bytes = _mm256_permutevar8x32_epi32(
+          _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])),
+          _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256((__m256i*)qs, _mm256_xor_si256(bytes, _mm256_set1_epi8(offset ? char(0x80) : 0)));
 #else
       int32_t sum = 0;
       for (int64_t i = 0; i < kQBlock; ++i) {
