@@ -19,9 +19,12 @@ once it goes wrong (the slow steps stand for its run of that probe). For the sam
 current choice first and cuts the other count's run short at its second counted step slower than ``ABORT``
 times the choice's (keeping the choice: a count that slow could not have won).
 A bucket's choice before its first probe is one thread, unless its steps are large (``macs_per_token`` x the
-bucket's tokens >= ``WIDE_START_MACS``), where ``cpu_threads`` starts: a prompt's chunks are few steps per bucket,
-often fewer than a probe, so they would otherwise run on one thread (the 300M-class model's 64-token prefill at 2
-threads: 59 prompt tok/s with the probe's one-thread run first, vs 1 thread's 59 and the GEMM's ~2x; bench_formats).
+bucket's tokens >= ``WIDE_START_MACS``): such a bucket starts on ``cpu_threads`` and first probes at its first
+scheduled re-probe (``RETRY_EVERY`` steps), its ``SLOWDOWN`` reference the median of its first ``PROBE_RUN``
+steps. A prompt's chunks are few steps per bucket, often fewer than a probe, and a short batch-1 run pays the
+probe's slower run in full: on the 300M-class model at 2 threads (``bench_formats``), 64-token prefills ran at 74
+prompt tok/s behind a first one-thread run and 120 without; batch-1 decode of 32 tokens at 21.7 tok/s with the
+probe and 23.1 on 2 threads throughout.
 ``torch.set_num_threads`` costs well under a microsecond.
 """
 from __future__ import annotations
@@ -100,7 +103,7 @@ class ThreadPolicy:
         b = self._buckets.get(size)
         if b is None:
             wide = self.macs_per_token * size >= WIDE_START_MACS
-            b = self._buckets[size] = _Bucket(choice=self.max_threads if wide else 1)
+            b = self._buckets[size] = _Bucket(choice=self.max_threads, probed=True) if wide else _Bucket()
         if not b.plan and b.samples:                      # a probe just ended
             choice, b.reference = faster_count(b.samples, self.max_threads)
             confirmed = b.since_probe >= b.retry_every and choice == b.choice    # a scheduled re-probe agreed
@@ -135,6 +138,8 @@ class ThreadPolicy:
                     b.plan.clear()                            # the other count lost already: end the probe
         elif b.pending == "steady":
             b.recent.append(seconds)
+            if b.reference is None and len(b.recent) == PROBE_RUN:    # a wide start's first steps
+                b.reference = statistics.median(b.recent)
             if b.choice != 1 and b.reference is not None and len(b.recent) == PROBE_RUN and \
                     statistics.median(b.recent) > SLOWDOWN * b.reference:
                 b.samples, b.plan = {b.choice: list(b.recent)}, probe_plan(1)   # a probe of one thread only

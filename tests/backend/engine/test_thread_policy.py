@@ -126,14 +126,23 @@ def test_a_slowdown_of_the_choice_re_probes_at_once():
 
 
 def test_large_steps_start_on_every_thread_and_small_ones_on_one():
-    """Before its first probe a bucket runs one thread, unless its steps multiply WIDE_START_MACS weights or more;
-    the probe then runs that count first and still decides."""
+    """Before its first probe a bucket runs one thread, unless its steps multiply WIDE_START_MACS weights or more:
+    then every thread, with no probe until the first scheduled re-probe, which still decides."""
     p = ThreadPolicy(2, macs_per_token=WIDE_START_MACS // 8)
     small = run(p, 4, PROBE_RUN, lambda t, i: 0.001)
-    large = run(p, 8, 2 * PROBE_RUN + 5, lambda t, i: 0.001 if t == 1 else 0.003)
+    large = run(p, 8, RETRY_EVERY + 2 * PROBE_RUN + 5, lambda t, i: 0.001 if t == 1 else 0.003)
     assert small == [1] * PROBE_RUN
-    assert large[:PROBE_RUN] == [2] * PROBE_RUN and set(large[2 * PROBE_RUN:]) == {1}   # two threads lost
-    assert ThreadPolicy(2).choose(4096) == 1                                            # size unknown: one
+    assert large[:RETRY_EVERY + PROBE_RUN] == [2] * (RETRY_EVERY + PROBE_RUN)   # steady, then the probe's run
+    assert set(large[RETRY_EVERY + 2 * PROBE_RUN:]) == {1}                       # one thread won
+    assert ThreadPolicy(2).choose(4096) == 1                                     # size unknown: one
+
+
+def test_a_wide_start_reprobes_when_it_slows_down():
+    """The first steps of a wide start are its reference: steps SLOWDOWN times slower start a probe of one thread."""
+    p = ThreadPolicy(2, macs_per_token=WIDE_START_MACS)
+    picks = run(p, 1, 3 * PROBE_RUN, lambda t, i: 0.001 if i < PROBE_RUN or t == 1 else 0.01)
+    first_one = picks.index(1)
+    assert PROBE_RUN + PROBE_RUN // 2 <= first_one <= 2 * PROBE_RUN and set(picks[first_one:]) == {1}
 
 
 def test_matrix_elements_counts_the_weights_a_token_multiplies():
