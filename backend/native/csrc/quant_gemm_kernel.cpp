@@ -136,16 +136,22 @@ inline __m256i ones16() { return _mm256_set1_epi16(1); }
 // x's 4 signed bytes at p broadcast to every int32 lane (this build quantizes activations without the offset)
 inline __m256i x_quad(const uint8_t* p) { return _mm256_set1_epi32(load4(p)); }
 
-// The int32 row dots dot[t][r][h] of block b (rows 8h..8h+7 of strip s0 + r) for NT tokens.
+// Every vector of a token x strip x half array of integer sums set to 0.
 template <int NT, int R>
-inline void block_dots_int8(const Weights& w, int64_t s0, int64_t b, const uint8_t* xq, __m256i (&dot)[NT][R][2]) {
-  const int64_t K = w.k;
+inline void zero_sums(__m256i (&v)[NT][R][2]) {
 #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t)
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 2
-      for (int h = 0; h < 2; ++h) dot[t][r][h] = _mm256_setzero_si256();
+      for (int h = 0; h < 2; ++h) v[t][r][h] = _mm256_setzero_si256();
+}
+
+// The int32 row dots dot[t][r][h] of block b (rows 8h..8h+7 of strip s0 + r) for NT tokens.
+template <int NT, int R>
+inline void block_dots_int8(const Weights& w, int64_t s0, int64_t b, const uint8_t* xq, __m256i (&dot)[NT][R][2]) {
+  const int64_t K = w.k;
+  zero_sums<NT, R>(dot);
   const uint8_t* base = w.strips + s0 * K * kStrip + b * kQBlock * kStrip;
   for (int q = 0; q < 8; ++q) {
     __m256i wv[R][2], wa[R][2];
@@ -174,12 +180,7 @@ template <int NT, int R>
 inline void block_dots_int4(const Weights& w, int64_t s0, int64_t b, const uint8_t* xq, __m256i (&dot)[NT][R][2]) {
   const int64_t K = w.k;
   __m256i pairs[NT][R][2];  // int16 pair sums of the block's 4 octets
-#pragma GCC unroll 8
-  for (int t = 0; t < NT; ++t)
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 2
-      for (int h = 0; h < 2; ++h) pairs[t][r][h] = _mm256_setzero_si256();
+  zero_sums<NT, R>(pairs);
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   const uint8_t* base = w.strips + s0 * K * (kStrip / 2) + b * kQBlock * (kStrip / 2);
   for (int o = 0; o < 4; ++o) {
