@@ -11,6 +11,7 @@ from contracts.validation import check_float as _check_float
 from contracts.validation import check_int as _check_int
 
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
+LOGIT_BIAS_BOUND = 100.0   # OpenAI's range for a logit bias: [-100, 100]
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class SamplingParams:
     Terms: ``top_k=0`` disables top-k; ``top_p=1`` disables top-p; ``min_p=0`` disables min-p.
     ``logprobs=None`` returns none; ``0`` returns the chosen token's logprob; ``k`` adds the top-k.
     ``stop_token_ids`` end a sequence like EOS (``end_id`` in the Triton API).
+    ``logit_bias``: ``(token id, bias)`` pairs, one per token id, each bias in [-100, 100], added to the
+    token's logit before temperature (docs/sampling.md); token ids are checked against the vocabulary by the
+    engine (``Scheduler.check_request``).
     """
 
     max_tokens: int = 16
@@ -48,6 +52,7 @@ class SamplingParams:
     guide: GuideSpec | None = None
     num_speculative_tokens: int | None = None   # this request's cap on drafts per step (0: off; None: the engine's)
     lora_name: str | None = None                # the LoRA adapter this request runs under (None: the base model)
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias) pairs, ids unique
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, lo=1)
@@ -70,6 +75,7 @@ class SamplingParams:
                 raise ValueError("bad_words_ids: empty token sequence")
             for t in seq:
                 _check_int("bad_words_ids", t, lo=0)
+        check_logit_bias(self.logit_bias)
         _check_int("n", self.n, lo=1, hi=64)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, lo=0, hi=20)
@@ -93,3 +99,24 @@ class SamplingParams:
                                  "the output may end)")
             if self.ignore_eos:
                 raise ValueError("ignore_eos: not supported with guided decoding (the grammar ends with EOS)")
+
+
+def check_logit_bias(pairs) -> None:
+    """``(token id, bias)`` pairs: ids integers >= 0 and unique, biases finite in [-100, 100]; the
+    ``ValueError`` names ``logit_bias`` and the token."""
+    if not isinstance(pairs, tuple):
+        raise ValueError(f"logit_bias: expected a tuple of (token id, bias) pairs, got {type(pairs).__name__}")
+    seen = set()
+    for pair in pairs:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise ValueError(f"logit_bias: expected (token id, bias) pairs, got {pair!r}")
+        token, bias = pair
+        _check_int("logit_bias", token, lo=0)
+        if token in seen:
+            raise ValueError(f"logit_bias: token id {token} is given twice")
+        seen.add(token)
+        try:
+            _check_float("logit_bias", bias, lo=-LOGIT_BIAS_BOUND, hi=LOGIT_BIAS_BOUND)
+        except ValueError:
+            raise ValueError(f"logit_bias: the bias of token {token} must be a number in "
+                             f"[-{LOGIT_BIAS_BOUND:g}, {LOGIT_BIAS_BOUND:g}], got {bias!r}") from None

@@ -38,6 +38,7 @@ def sampling_params_to_dict(params: SamplingParams) -> dict[str, Any]:
     d = dataclasses.asdict(params)
     d["stop_token_ids"] = list(params.stop_token_ids)
     d["bad_words_ids"] = [list(s) for s in params.bad_words_ids]
+    d["logit_bias"] = [list(p) for p in params.logit_bias]
     return d
 
 
@@ -54,6 +55,8 @@ def sampling_params_from_dict(d: dict[str, Any]) -> SamplingParams:
         d["stop_token_ids"] = tuple(d["stop_token_ids"])
     if "bad_words_ids" in d:
         d["bad_words_ids"] = tuple(tuple(s) for s in d["bad_words_ids"])
+    if "logit_bias" in d:
+        d["logit_bias"] = tuple(tuple(p) if isinstance(p, list) else p for p in d["logit_bias"])
     return SamplingParams(**d)
 
 

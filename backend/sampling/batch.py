@@ -34,6 +34,7 @@ class SamplingBatch:
     output_token_ids: torch.Tensor | None = None    # [num_rows, max_output] int64 padded with vocab (penalty rows only)
     bad_word_bans: tuple[torch.Tensor, torch.Tensor] | None = None   # (rows [n], tokens [n]) int64
     min_tokens_bans: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows [n], tokens [n]) int64
+    logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (rows [n], tokens [n]) int64, bias [n] fp32
     grammar_bitmask: torch.Tensor | None = None     # [num_rows, ceil(vocab / 32)] int32; filled by the guide
     keys: DrawKeys = field(default_factory=lambda: DrawKeys([], [], []))   # per row: what its draw is keyed by
     num_logprobs: list[int | None] = field(default_factory=list)            # per row; None: no logprobs
@@ -55,6 +56,13 @@ class SamplingBatch:
         return self.grammar_bitmask is not None or self.bad_word_bans is not None or self.min_tokens_bans is not None
 
     @property
+    def argmax_of_raw(self) -> bool:
+        """Every row's logits reach the draw as the model gave them, but for a grammar mask: no bans, no
+        penalties, no logit bias (a greedy row is then the masked argmax of its raw logits)."""
+        return (self.bad_word_bans is None and self.min_tokens_bans is None and not self.has_penalties
+                and self.logit_bias is None)
+
+    @property
     def max_num_logprobs(self) -> int | None:
         asked = [n for n in self.num_logprobs if n is not None]
         return max(asked) if asked else None
@@ -68,10 +76,10 @@ def is_sampled(seq: Sequence) -> bool:
 
 def is_plain_greedy(seq: Sequence) -> bool:
     """The sequence's next token is exactly the argmax of its raw logits: greedy, no penalties, no bans
-    (bad words, or EOS/stop ids held back by ``min_tokens``), no logprobs. Such rows need no batch."""
+    (bad words, or EOS/stop ids held back by ``min_tokens``), no logit bias, no logprobs. Such rows need no batch."""
     p = seq.params
     return (p.temperature < GREEDY_EPS and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
-            and p.frequency_penalty == 0.0 and not p.bad_words_ids and p.logprobs is None
+            and p.frequency_penalty == 0.0 and not p.bad_words_ids and not p.logit_bias and p.logprobs is None
             and len(seq.output_token_ids) >= p.min_tokens)
 
 
@@ -106,6 +114,22 @@ def _bans(pairs: list[tuple[int, int]], vocab: int, device) -> tuple[torch.Tenso
         return None
     t = torch.tensor(pairs, dtype=torch.int64, device=device)
     return t[:, 0], t[:, 1]
+
+
+def _biases(params: Seq, vocab: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Every row's ``logit_bias`` as flat (rows, tokens, bias) tensors; ids past the vocabulary are dropped
+    (the engine refuses them before a request runs)."""
+    rows, tokens, bias = [], [], []
+    for i, p in enumerate(params):
+        for t, b in p.logit_bias:
+            if t < vocab:
+                rows.append(i)
+                tokens.append(t)
+                bias.append(b)
+    if not rows:
+        return None
+    return (torch.tensor(rows, dtype=torch.int64, device=device), torch.tensor(tokens, dtype=torch.int64, device=device),
+            torch.tensor(bias, dtype=torch.float32, device=device))
 
 
 def build_sampling_batch(
@@ -159,4 +183,6 @@ def build_sampling_batch(
                                  for t in bad_word_bans(o, p.bad_words_ids)], vocab_size, device)
     batch.min_tokens_bans = _bans([(i, t) for i, (p, o) in enumerate(zip(params, outputs)) if len(o) < p.min_tokens
                                    for t in p.stop_token_ids + (() if p.ignore_eos else eos)], vocab_size, device)
+    if any(p.logit_bias for p in params):
+        batch.logit_bias = _biases(params, vocab_size, device)
     return batch

@@ -77,6 +77,19 @@ def apply_bans(
     return logits
 
 
+def apply_logit_bias(
+    logits: torch.Tensor,  # [num_rows, vocab]
+    rows: torch.Tensor,    # [num_biases] int64
+    tokens: torch.Tensor,  # [num_biases] int64, unique per row
+    bias: torch.Tensor,    # [num_biases] fp32 in [-100, 100]
+) -> torch.Tensor:         # [num_rows, vocab]
+    """OpenAI's ``logit_bias``: ``bias[i]`` added to the logit of ``tokens[i]`` in row ``rows[i]`` (before
+    temperature). A token the grammar or a ban set to ``-inf`` stays ``-inf``: a bias never lifts a mask."""
+    if rows.numel():
+        logits.index_put_((rows, tokens), bias.to(logits.dtype), accumulate=True)
+    return logits
+
+
 def token_counts(
     token_ids: torch.Tensor,  # [num_rows, max_len] int64, padded with vocab_size
     vocab_size: int,

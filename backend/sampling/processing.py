@@ -1,6 +1,7 @@
 """The sampler's stateless pipeline over a batch of logits rows, in the documented order: grammar bitmask → bad
-words → min_tokens (EOS/stop ids masked) → repetition, presence, frequency penalties → temperature → top-k → top-p
-→ min-p → keyed draw (``keyed_draw.py``). Temperature 0 is greedy: the argmax of the masked, penalised logits.
+words → min_tokens (EOS/stop ids masked) → repetition, presence, frequency penalties → logit bias → temperature →
+top-k → top-p → min-p → keyed draw (``keyed_draw.py``). Temperature 0 is greedy: the argmax of the masked,
+penalised, biased logits.
 Logprobs are of the raw model distribution.
 
 ``process_logits`` / ``compute_probs`` expose the processed distribution of arbitrary rows, so that speculative
@@ -16,6 +17,7 @@ from backend.sampling.bitmask_kernels import TORCH_KERNELS, BitmaskKernels
 from backend.sampling.keyed_draw import TORCH_DRAWS, DrawKernels, DrawRule
 from backend.sampling.ops import (
     apply_bans,
+    apply_logit_bias,
     apply_min_p,
     apply_penalties,
     apply_temperature,
@@ -30,8 +32,8 @@ def mask_and_penalise(
     batch: SamplingBatch,
     kernels: BitmaskKernels = TORCH_KERNELS,   # how the grammar bitmask is applied
 ) -> torch.Tensor:          # [num_rows, vocab] fp32, a new tensor
-    """A float32 copy with the grammar mask (one pass), then bad words, min_tokens, the penalties: what greedy
-    rows take the argmax of."""
+    """A float32 copy with the grammar mask (one pass), then bad words, min_tokens, the penalties, the logit
+    bias: what greedy rows take the argmax of."""
     if batch.grammar_bitmask is not None:
         logits = kernels.masked_copy(logits, batch.grammar_bitmask)
     else:
@@ -43,6 +45,8 @@ def mask_and_penalise(
     if batch.has_penalties:
         logits = apply_penalties(logits, batch.prompt_token_ids, batch.output_token_ids, batch.repetition_penalty,
                                  batch.presence_penalty, batch.frequency_penalty)
+    if batch.logit_bias is not None:
+        logits = apply_logit_bias(logits, *batch.logit_bias)
     return logits
 
 
@@ -87,8 +91,7 @@ def sample_tokens(
     rule: DrawRule = DrawRule.INVERSE_CDF,
     kernels: BitmaskKernels = TORCH_KERNELS,   # how the grammar bitmask is applied
 ) -> torch.Tensor:                           # [num_rows] int64
-    if batch.all_greedy and batch.bad_word_bans is None and batch.min_tokens_bans is None \
-            and not batch.has_penalties:       # fast path: greedy rows, at most a grammar mask
+    if batch.all_greedy and batch.argmax_of_raw:   # fast path: greedy rows, at most a grammar mask
         mask = batch.grammar_bitmask
         return logits.argmax(dim=-1) if mask is None else kernels.masked_argmax(logits, mask)
     if batch.grammar_bitmask is not None and batch.grammar_bitmask.is_cpu and batch.bad_word_bans is None \
