@@ -14,9 +14,11 @@ tritonserver and its Python models, ``OTEL_EXPORTER_OTLP_ENDPOINT`` included. tr
 interfaces (its default ``0.0.0.0``), so probes from outside the container reach ``/v2/health/{live,ready}``.
 
 Beside it, the typed gRPC gateway (``python -m gateway``, docs/api-grpc.md) listens on GATEWAY_PORT
-(default 50051) and the OpenAI-compatible HTTP API on OPENAI_PORT (default 9000, docs/api-openai.md);
-their auth and TLS come from GATEWAY_AUTH_TOKEN_FILE / GATEWAY_AUTH_TOKENS / GATEWAY_TLS_CERT /
-GATEWAY_TLS_KEY. ``--no-gateway`` runs tritonserver alone.
+(default 50051; GATEWAY_LISTEN=HOST:PORT instead) and the OpenAI-compatible HTTP API on OPENAI_PORT
+(default 9000, docs/api-openai.md; OPENAI_LISTEN=HOST:PORT or ``off`` instead); their auth and TLS come from
+GATEWAY_AUTH_TOKEN_FILE / GATEWAY_AUTH_TOKENS / GATEWAY_TLS_CERT / GATEWAY_TLS_KEY. ``--no-gateway`` runs
+tritonserver alone. Two of these five ports set to one number are refused before anything starts, naming both
+variables (``cli/serve_ports.py``).
 
 While it serves, the launcher watches the Python stubs of tritonserver every second and restarts tritonserver
 when one dies (``cli/supervisor.py``); its liveness file (``TRITON_LLM_LIVENESS_FILE``) backs the container's
@@ -40,6 +42,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tracing import TracingConfigError, TracingSettings
+from cli.serve_ports import GatewayListen, check_distinct, gateway_listen_from_env
 from cli.supervisor import Supervisor, liveness_path_from_env
 from cli.launcher import (
     CACHE,
@@ -216,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     gateway = None
     try:
         ports = Ports.from_env()
+        listen = None if args.no_gateway else gateway_listen_from_env(os.environ)
+        check_distinct(ports, listen)    # before anything starts: no server may find its port taken by another
         env_items, server_args = settings_from_env()
         drain_s = drain_seconds_from_env()
         overrides = parse_overrides(env_items + args.set)  # a --set flag wins over the environment
@@ -246,8 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         supervisor.write_liveness()
         server.wait_ready(timeout=600)
         supervisor.arm()      # the stubs of the ready server; the liveness file says serving
-        if not args.no_gateway:
-            gateway = start_gateway(server)
+        if listen is not None:
+            gateway = start_gateway(server, listen)
         print("\nready:")
         print(f"  gRPC     {server.grpc_url}    (KServe v2; model 'ensemble', decoupled: use streaming)")
         print(f"  HTTP     http://{server.http_url}  (/v2/health/ready, /v2/models/ensemble/config)")
@@ -258,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         if gateway is not None:
             print(f"  gateway  {gateway.target}  (triton_llm.v1.LLMService, gRPC health and reflection)")
             print(f"  try:     {client} \"def fibonacci(n):\" --max-tokens 64 --gateway --url {gateway.target}")
-            print(f"  OpenAI   {gateway.openai_url}/v1  (chat, completions, models; /metrics; docs/api-openai.md)")
+            if gateway.openai_url is not None:
+                print(f"  OpenAI   {gateway.openai_url}/v1  (chat, completions, models; /metrics; docs/api-openai.md)")
         print("Ctrl-C to stop.", flush=True)
         # A dead Python stub restarts tritonserver (cli/supervisor.py); its own exit ends the launcher.
         return supervisor.run()
@@ -281,21 +287,13 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(repo, ignore_errors=True)
 
 
-def start_gateway(server: TritonServer):
-    """``python -m gateway`` on 0.0.0.0:$GATEWAY_PORT (gRPC) and 0.0.0.0:$OPENAI_PORT (the OpenAI-compatible
-    HTTP API) in front of ``server``; returns once both answer."""
-    import os
-
+def start_gateway(server: TritonServer, listen: GatewayListen):
+    """``python -m gateway`` on ``listen`` (the typed gRPC API; the OpenAI-compatible HTTP API unless it is off) in
+    front of ``server``; returns once both answer."""
     from cli.gateway_process import GatewayProcess
 
-    ports = {}
-    for name, default in (("GATEWAY_PORT", "50051"), ("OPENAI_PORT", "9000")):
-        raw = os.environ.get(name, default)
-        if not raw.isdigit() or not 0 < int(raw) < 65536:
-            raise LauncherError(f"{name}: expected a port number, got {raw!r}")
-        ports[name] = raw
-    gateway = GatewayProcess(f"0.0.0.0:{ports['GATEWAY_PORT']}", server.grpc_url,
-                             openai_listen=f"0.0.0.0:{ports['OPENAI_PORT']}",
+    gateway = GatewayProcess(listen.grpc.address, server.grpc_url,
+                             openai_listen=listen.openai.address if listen.openai is not None else None,
                              triton_metrics_url=server.metrics_url).start()
     try:
         cert = os.environ.get("GATEWAY_TLS_CERT")
