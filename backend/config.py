@@ -26,6 +26,8 @@ SWITCH_INTERVAL_MS = (0.01, 1000.0)         # python_switch_interval_ms when not
 QUANTIZATION_MODES = ("none", "int8", "int4", "fp8")
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")   # backend/core/kv_quant.py
 LORA_NAME = r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}"   # an adapter's name (the OpenAI API's model field selects it)
+# Settings meant for tests only: never for serving, so the Helm chart's engine values leave them out.
+TEST_ONLY_PARAMETERS = ("test_step_delay_s",)
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,10 @@ class EngineConfig:
     max_loras: int = 4                         # adapters resident in a step's stacked weights at once
     max_cpu_loras: int | None = None           # adapters kept loaded in memory (None: every served one)
     max_lora_rank: int = 16                    # the highest rank of any adapter module (the stacks' width)
+    test_step_delay_s: float = 0.0             # TESTS ONLY (TEST_ONLY_PARAMETERS): the loop sleeps this long after each
+                                               # step, outside the step's timing, so that a request of N tokens lasts
+                                               # at least ceil(N / (1 + num_speculative_tokens)) delays on any CPU;
+                                               # an abort or shutdown ends the sleep early. 0: no sleep
 
     def __post_init__(self) -> None:
         _check_str("model_path", self.model_path)
@@ -135,6 +141,9 @@ class EngineConfig:
         if isinstance(si, bool) or not isinstance(si, (int, float)) or not (si == 0 or lo <= si <= hi):
             raise ValueError(f"python_switch_interval_ms: expected 0 (leave Python's) or a number in [{lo}, {hi}], "
                              f"got {si!r}")
+        d = self.test_step_delay_s
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d <= 10:
+            raise ValueError(f"test_step_delay_s: expected seconds in [0, 10] (a setting for tests only), got {d!r}")
         self._check_lora()
 
     def _check_lora(self) -> None:
@@ -280,6 +289,7 @@ _PARSERS = {
     "fast_decode": _parse_bool, "python_switch_interval_ms": _parse_float,
     "lora_adapters": _optional(_parse_lora_adapters), "lora_dir": _optional(_parse_str), "max_loras": _parse_int,
     "max_cpu_loras": _optional(_parse_int), "max_lora_rank": _parse_int,
+    "test_step_delay_s": _parse_float,
 }
 
 

@@ -46,6 +46,9 @@ class RequestStats:
     preemption_times: tuple[float, ...] = ()
     inter_token_latencies: tuple[float, ...] = ()
     decode_times: tuple[tuple[float, int], ...] = ()   # per sequence: (decode seconds, output tokens)
+    last_step_time: float | None = None   # end of the last step that scheduled any of its sequences
+    steps_after_abort: int | None = None  # aborted: engine steps that ended between the abort reaching the
+                                          # engine and its taking effect (0, or 1: the step in flight); else None
 
     @property
     def queue_time(self) -> float | None:

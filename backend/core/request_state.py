@@ -126,4 +126,5 @@ def request_stats(seqs: Seq[Sequence]) -> RequestStats:
         preemption_times=tuple(sorted(preemptions)),
         inter_token_latencies=tuple(itl),
         decode_times=tuple(decode_times),
+        last_step_time=max((s.timeline.last_step for s in seqs if s.timeline.last_step is not None), default=None),
     )

@@ -40,6 +40,7 @@ class SequenceTimeline:
 
     first_scheduled: float | None = None   # first step that computed any of its tokens
     last_token: float | None = None        # end of the step that produced its latest token
+    last_step: float | None = None         # end of the latest step that scheduled it (a token or not)
     finished: float | None = None          # when the sequence ended (stamped by RequestState.emit)
     num_decode_steps: int = 0              # steps that computed one token (+ drafts) after the first token
     num_prefill_chunks: int = 0            # steps that computed prompt (or recomputed) tokens

@@ -5,6 +5,7 @@ every step, so the scheduler is only ever touched by the loop.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,7 @@ class AddRequest:
 @dataclass(frozen=True)
 class AbortRequest:
     request_id: str
+    steps_done: int | None = None       # the engine's completed steps when the abort arrived (LLMEngine.abort)
 
 
 InboxMessage = AddRequest | AbortRequest
@@ -45,13 +47,15 @@ def queue_full_error(in_engine: int, max_num_seqs: int, max_queued_requests: int
             f"running + max_queued_requests {max_queued_requests} waiting); unavailable, retry later")
 
 
-def apply_messages(messages: list[InboxMessage], scheduler: Scheduler) -> list[RequestOutput]:
+def apply_messages(messages: list[InboxMessage], scheduler: Scheduler,
+                   steps_done: int | None = None) -> list[RequestOutput]:
     """The drained messages applied to the scheduler in order; returns the outputs to dispatch (the final
-    output of an abort, or an error for a request the scheduler refused at enqueue)."""
+    output of an abort, or an error for a request the scheduler refused at enqueue). ``steps_done``: the
+    engine's completed steps now; an abort's final stats then count the steps since it arrived."""
     outs: list[RequestOutput] = []
     for msg in messages:
         if isinstance(msg, AbortRequest):
-            outs.extend(scheduler.abort(msg.request_id))
+            outs.extend(_count_steps(scheduler.abort(msg.request_id), msg.steps_done, steps_done))
             continue
         try:
             seqs = scheduler.enqueue(msg.request_id, msg.prompt_token_ids, msg.params)
@@ -63,3 +67,12 @@ def apply_messages(messages: list[InboxMessage], scheduler: Scheduler) -> list[R
             for seq in seqs:
                 seq.arrival_time = msg.arrival_time
     return outs
+
+
+def _count_steps(outs: list[RequestOutput], at_abort: int | None, now: int | None) -> list[RequestOutput]:
+    """``outs`` with ``RequestStats.steps_after_abort`` set on the request's final output (when both counts
+    are known): the steps that ended while the abort waited in the inbox."""
+    if at_abort is None or now is None:
+        return outs
+    return [dataclasses.replace(o, stats=dataclasses.replace(o.stats, steps_after_abort=now - at_abort))
+            if o.stats is not None else o for o in outs]

@@ -119,7 +119,7 @@ class LLMEngine:
         with self._cv:
             if request_id not in self.outputs.callbacks:
                 return False
-            self._inbox.append(AbortRequest(request_id))
+            self._inbox.append(AbortRequest(request_id, self._steps))   # the loop alone writes _steps
             self._cv.notify()
             return True
 
@@ -242,20 +242,33 @@ class LLMEngine:
                 if self._stopping:
                     clock.total()   # the last reading while this thread lives (stats() after shutdown keep it)
                     return
-            t0 = time.perf_counter()
+            t0, steps = time.perf_counter(), self._steps
             try:
                 self.step()
             except Exception as e:  # a failed step fails its requests, never the loop
                 log.exception("engine step failed")
                 self._finish_all(FinishReason.ERROR, f"engine error: {type(e).__name__}: {e}")
             clock.add_busy(time.perf_counter() - t0)
+            if self.config.test_step_delay_s and self._steps != steps:
+                self._sleep_after_step(self.config.test_step_delay_s)
             self._wait_while_idle()
+
+    def _sleep_after_step(self, seconds: float) -> None:
+        """``test_step_delay_s`` (a setting for tests only): after a step, outside its timing, wait ``seconds``
+        unless an abort arrives or the engine stops (neither waits for the delay)."""
+        end = time.monotonic() + seconds
+        with self._cv:
+            while not self._stopping and not any(isinstance(m, AbortRequest) for m in self._inbox):
+                left = end - time.monotonic()
+                if left <= 0:
+                    return
+                self._cv.wait(left)
 
     def _drain_inbox(self) -> None:
         with self._cv:
             items = list(self._inbox)
             self._inbox.clear()
-        self._dispatch(apply_messages(items, self.scheduler))
+        self._dispatch(apply_messages(items, self.scheduler, self._steps))
 
     def _finish_all(self, reason: FinishReason, error: str | None) -> None:
         """End every request the scheduler holds (or that was never admitted) with a final output."""

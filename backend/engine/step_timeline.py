@@ -49,11 +49,12 @@ def mark_scheduled(plan: SchedulerOutput, now: float) -> list[StepMark]:
 
 def mark_step_done(plan: SchedulerOutput, marks: Seq[StepMark], sampled: Seq[Seq[int]], started: float,
                    now: float) -> None:
-    """After sampling, before ``update_from_output``: record prefill chunks, decode steps and inter-token
-    latencies. ``sampled``: the runner's tokens per scheduled sequence; tokens the scheduler then drops
+    """After sampling, before ``update_from_output``: record each sequence's last step, prefill chunks, decode
+    steps and inter-token latencies. ``sampled``: the runner's tokens per scheduled sequence; tokens the scheduler then drops
     (after a stop) are trimmed in ``request_stats``."""
     for s, mark, tokens in zip(plan.scheduled, marks, sampled):
         tl = s.seq.timeline
+        tl.last_step = now
         n_new = len(tokens)
         if mark.prefill:
             tl.num_prefill_chunks += 1

@@ -95,8 +95,21 @@ def log_record(rec: FinishedRequest, formats: Mapping[str, str] | None = None) -
         "prefill_chunks": s.num_prefill_chunks if s else 0,
         "decode_steps": s.num_decode_steps if s else 0,
         "preemptions": s.num_preemptions if s else 0,
+        **stop_timing(rec),
         **(formats or {}),
     }
+
+
+def stop_timing(rec: FinishedRequest) -> dict[str, Any]:
+    """When the request arrived (Unix seconds), and, from then, when its last engine step ended and when a stop
+    reached the llm model (a stop request, a cancellation, postprocess's stop); the steps that ended between an
+    abort reaching the engine and its taking effect. Null where the request never got there."""
+    s = rec.stats
+    if s is None:
+        return {"arrival_unix": None, "last_step_s": None, "stop_s": None, "steps_after_stop": None}
+    since = lambda t: None if t is None else _round(t - s.arrival_time)  # noqa: E731
+    return {"arrival_unix": _round(s.arrival_time + rec.wall_offset), "last_step_s": since(s.last_step_time),
+            "stop_s": since(rec.stopped_at), "steps_after_stop": s.steps_after_abort}
 
 
 class RequestLog:

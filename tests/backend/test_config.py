@@ -119,3 +119,17 @@ def test_python_switch_interval_parameter():
     for bad in (-1.0, 0.001, 5000.0, float("nan"), True, "0.5"):
         with pytest.raises(ValueError, match="^python_switch_interval_ms"):
             EngineConfig(model_path="/m", python_switch_interval_ms=bad)
+
+
+def test_test_step_delay_parameter_is_for_tests_only():
+    from backend.config import TEST_ONLY_PARAMETERS
+
+    assert EngineConfig(model_path="/m").test_step_delay_s == 0.0          # off unless a test sets it
+    assert EngineConfig.from_parameters({"model_path": "/m", "test_step_delay_s": "0.05"}).test_step_delay_s == 0.05
+    for bad in (-0.01, 11.0, float("nan"), float("inf"), True, "0.05"):
+        with pytest.raises(ValueError, match="^test_step_delay_s"):
+            EngineConfig(model_path="/m", test_step_delay_s=bad)
+    with pytest.raises(ValueError, match="^test_step_delay_s"):
+        EngineConfig.from_parameters({"model_path": "/m", "test_step_delay_s": "slow"})
+    fields = {f.name for f in __import__("dataclasses").fields(EngineConfig)}
+    assert "test_step_delay_s" in TEST_ONLY_PARAMETERS and set(TEST_ONLY_PARAMETERS) <= fields

@@ -76,20 +76,26 @@ def test_abort_unknown_id_returns_false(engine):
     assert engine.abort("never-submitted") is False
 
 
-def test_abort_frees_blocks_and_ends_stream_once(engine):
-    outs, done = collect(engine, "long", [0] + list(range(10, 60)), SamplingParams(max_tokens=200, **GREEDY))
-    deadline = time.time() + 30
-    while not output_token_ids(outs) and time.time() < deadline:
-        time.sleep(0.005)
-    assert engine.abort("long") is True
-    assert done.wait(30)
-    assert outs[-1].finish_reason is FinishReason.ABORT
-    assert sum(o.request_finished for o in outs) == 1
-    assert len(output_token_ids(outs)) < 200
-    deadline = time.time() + 10
-    while engine.stats().kv_blocks_used and time.time() < deadline:
-        time.sleep(0.01)
-    assert engine.stats().kv_blocks_used == 0
+def test_abort_frees_blocks_and_ends_stream_once(tiny_checkpoint):
+    # a step delay (a setting for tests only) keeps the request of 200 tokens running for 0.4 s at least on any CPU
+    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20, max_model_len=256,
+                                    test_step_delay_s=0.002)).start()
+    try:
+        outs, done = collect(engine, "long", [0] + list(range(10, 60)), SamplingParams(max_tokens=200, **GREEDY))
+        deadline = time.time() + 30
+        while not output_token_ids(outs) and time.time() < deadline:
+            time.sleep(0.005)
+        assert engine.abort("long") is True
+        assert done.wait(30)
+        assert outs[-1].finish_reason is FinishReason.ABORT
+        assert sum(o.request_finished for o in outs) == 1
+        assert len(output_token_ids(outs)) < 200
+        deadline = time.time() + 10
+        while engine.stats().kv_blocks_used and time.time() < deadline:
+            time.sleep(0.01)
+        assert engine.stats().kv_blocks_used == 0
+    finally:
+        engine.shutdown()
 
 
 def test_parallel_samples_share_prompt_and_differ(engine):

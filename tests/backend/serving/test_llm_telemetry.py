@@ -202,6 +202,17 @@ def test_log_record_holds_the_whole_sampling_tuple():
     assert d["finish_reason"] == "length" and d["stopped_by"] is None and d["error"] is None
 
 
+def test_log_record_places_the_stop_and_the_requests_last_step():
+    d = log_record(record(stats=stats(last_step_time=13.5, steps_after_abort=1), finish_reason="abort",
+                          stopped_by="stop_request", stopped_at=13.25, wall_offset=1_700_000_000.0))
+    assert d["arrival_unix"] == 1_700_000_010.0                       # arrival_time 10.0 on the wall clock
+    assert d["last_step_s"] == 3.5 and d["stop_s"] == 3.25 and d["steps_after_stop"] == 1
+    d = log_record(record())                                          # never stopped
+    assert d["stop_s"] is None and d["steps_after_stop"] is None and d["last_step_s"] is None
+    d = log_record(record(stats=None, finish_reason="error", error="refused"))
+    assert d["arrival_unix"] is None and d["last_step_s"] is None
+
+
 def test_log_record_shows_fp32_inputs_as_sent():
     p = SamplingParams(max_tokens=4, temperature=float(np.float32(0.7)), top_p=float(np.float32(0.95)))
     d = log_record(record(params=p))
