@@ -30,8 +30,8 @@ class SamplingParams:
     ``logprobs=None`` returns none; ``0`` returns the chosen token's logprob; ``k`` adds the top-k.
     ``stop_token_ids`` end a sequence like EOS (``end_id`` in the Triton API).
     ``logit_bias``: ``(token id, bias)`` pairs, one per token id, each bias in [-100, 100], added to the
-    token's logit before temperature (docs/sampling.md); token ids are checked against the vocabulary by the
-    engine (``Scheduler.check_request``).
+    token's logit before temperature (docs/sampling.md); token ids are checked against the vocabulary by
+    ``check_vocab`` (the engine calls it in ``Scheduler.check_request``).
     """
 
     max_tokens: int = 16
@@ -99,6 +99,12 @@ class SamplingParams:
                                  "the output may end)")
             if self.ignore_eos:
                 raise ValueError("ignore_eos: not supported with guided decoding (the grammar ends with EOS)")
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """The token ids this request names are in the model's vocabulary ``[0, vocab_size)``."""
+        for t, _ in self.logit_bias:
+            if t >= vocab_size:
+                raise ValueError(f"logit_bias: token id {t} is outside the vocabulary [0, {vocab_size})")
 
 
 def check_logit_bias(pairs) -> None:

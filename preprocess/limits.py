@@ -27,13 +27,14 @@ class RequestLimits:
     max_stop_words: int = 64
     max_stop_word_chars: int = 1_000
     max_bad_words: int = 256
+    max_logit_bias: int = 1024           # tokens in one logit_bias
     max_num_return_sequences: int = MAX_SAMPLES
     max_guide_chars: int = 200_000       # grammar.guides.MAX_GUIDE_CHARS
     max_guide_depth: int = 64            # grammar.nesting.DEFAULT_MAX_DEPTH
     prompt_tail_tokens: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("max_prompt_bytes", "max_stop_words", "max_stop_word_chars", "max_bad_words",
+        for name in ("max_prompt_bytes", "max_stop_words", "max_stop_word_chars", "max_bad_words", "max_logit_bias",
                      "max_num_return_sequences", "max_guide_chars", "max_guide_depth"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -18,6 +18,7 @@ from preprocess.chat_template import ChatTemplate, ChatTemplateError
 from preprocess.errors import RequestError
 from preprocess.inputs import UINT64, get_bool, get_float, get_int, get_str, get_str_list
 from preprocess.limits import RequestLimits  # also re-exported: callers import it from here
+from preprocess.logit_bias import parse_logit_bias
 from preprocess.tokenizer import Tokenizer
 
 # Every input this parser understands (TensorRT-LLM names, plus our messages / skip / include-stop).
@@ -27,7 +28,7 @@ KNOWN_INPUTS = frozenset({
     "end_id", "pad_id", "min_tokens", "min_length", "num_return_sequences", "beam_width",
     "exclude_input_in_output", "return_log_probs", "return_num_input_tokens", "return_num_output_tokens",
     "guided_decoding_guide_type", "guided_decoding_guide", "skip_special_tokens", "include_stop_str_in_output",
-    "num_speculative_tokens", "return_perf_metrics", "top_logprobs", "lora_name",
+    "num_speculative_tokens", "return_perf_metrics", "top_logprobs", "lora_name", "ignore_eos", "logit_bias",
 })
 
 MAX_TOP_LOGPROBS = 20   # OpenAI's bound (chat top_logprobs, completions logprobs)
@@ -264,6 +265,9 @@ class RequestParser:
             guide=guide,
             num_speculative_tokens=get_int(inputs, "num_speculative_tokens", None),
             lora_name=get_str(inputs, "lora_name") or None,   # the engine checks that it is served
+            ignore_eos=get_bool(inputs, "ignore_eos", False),
+            logit_bias=parse_logit_bias(get_str(inputs, "logit_bias") or "", self.tokenizer.vocab_size,
+                                        self.limits.max_logit_bias),
         )
         try:
             return SamplingParams(**kwargs)

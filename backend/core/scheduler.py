@@ -124,9 +124,7 @@ class Scheduler:
         for t in prompt_token_ids:
             if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < self.vocab_size:
                 raise ValueError(f"prompt_token_ids: token id {t!r} is outside the vocabulary [0, {self.vocab_size})")
-        for t, _ in params.logit_bias:
-            if t >= self.vocab_size:
-                raise ValueError(f"logit_bias: token id {t} is outside the vocabulary [0, {self.vocab_size})")
+        params.check_vocab(self.vocab_size)
         if n > self.max_model_len:
             raise ValueError(f"prompt_token_ids: the prompt has {n} tokens, more than max_model_len "
                              f"({self.max_model_len})")

@@ -30,7 +30,7 @@ def error(parser: RequestParser, **kw) -> str:
 def test_defaults():
     assert RequestLimits() == RequestLimits(max_prompt_bytes=1_000_000, max_model_len=None, max_prompt_tokens=None,
                                             max_stop_words=64, max_stop_word_chars=1_000, max_bad_words=256,
-                                            max_num_return_sequences=64, max_guide_chars=200_000,
+                                            max_logit_bias=1024, max_num_return_sequences=64, max_guide_chars=200_000,
                                             max_guide_depth=64)
 
 
@@ -41,6 +41,8 @@ def test_defaults():
     ("max_stop_word_chars", 3, {"stop_words": ["abcd"]}, "stop_words: stop string of 4 characters (limit 3, "
                                                          "max_stop_word_chars)"),
     ("max_bad_words", 1, {"bad_words": ["a", "b"]}, "bad_words: too many: 2 (limit 1, max_bad_words)"),
+    ("max_logit_bias", 2, {"logit_bias": '{"1": 1, "2": 1, "3": 1}'},
+     "logit_bias: too many: 3 tokens (limit 2, max_logit_bias)"),
     ("max_num_return_sequences", 2, {"num_return_sequences": 3}, "num_return_sequences: 3 samples, more than the "
                                                                  "limit of 2 (max_num_return_sequences)"),
     ("max_guide_chars", 10, {"guided_decoding_guide_type": "regex", "guided_decoding_guide": "a" * 11},

@@ -96,6 +96,24 @@ def test_all_sampling_inputs_reach_sampling_params(parser):
     assert r.options.n == 3 and r.options.return_log_probs
 
 
+def test_ignore_eos_and_logit_bias_reach_sampling_params(parser):
+    p = parser.parse(inputs(ignore_eos=True, logit_bias='{"17": 2.5, "5": -100, "4095": 100}')).sampling_params
+    assert p.ignore_eos and p.logit_bias == ((5, -100.0), (17, 2.5), (4095, 100.0))
+    p = parser.parse(inputs(ignore_eos=False, logit_bias="{}")).sampling_params
+    assert not p.ignore_eos and p.logit_bias == ()
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"4096": 1}', "logit_bias: token id 4096 is outside the vocabulary [0, 4096)"),
+    ('{"7": 150}', "logit_bias: the bias of token 7 must be a number in [-100, 100], got 150"),
+    ('{"x7": 1}', "logit_bias: key 'x7' is not a token id (a decimal integer)"),
+])
+def test_logit_bias_errors_name_the_token(parser, text, message):
+    with pytest.raises(RequestError) as e:
+        parser.parse(inputs(logit_bias=text))
+    assert str(e.value) == message
+
+
 def test_top_logprobs_asks_the_engine_for_alternatives(parser):
     assert parser.parse(inputs(return_log_probs=True, top_logprobs=3)).sampling_params.logprobs == 3
     assert parser.parse(inputs(return_log_probs=True)).sampling_params.logprobs == 0
@@ -284,6 +302,18 @@ BAD = [
     ("message content number", dict(text_input=None, messages='[{"role": "user", "content": 3}]'), "messages"),
     ("messages and text_input", dict(messages=MSG), "messages"),
     ("unknown input", dict(temprature=0.5), "temprature"),
+    ("guided with ignore_eos", dict(guided_decoding_guide_type="json", ignore_eos=True), "ignore_eos"),
+    ("ignore_eos not BOOL", dict(ignore_eos=1), "ignore_eos"),
+    ("logit_bias not JSON", dict(logit_bias="{5: 1}"), "logit_bias"),
+    ("logit_bias a list", dict(logit_bias="[[5, 1]]"), "logit_bias"),
+    ("logit_bias key not an id", dict(logit_bias='{"a": 1}'), "logit_bias"),
+    ("logit_bias negative id", dict(logit_bias='{"-1": 1}'), "logit_bias"),
+    ("logit_bias id past the vocabulary", dict(logit_bias='{"4096": 1}'), "logit_bias"),
+    ("logit_bias above 100", dict(logit_bias='{"5": 100.5}'), "logit_bias"),
+    ("logit_bias below -100", dict(logit_bias='{"5": -101}'), "logit_bias"),
+    ("logit_bias not a number", dict(logit_bias='{"5": "1"}'), "logit_bias"),
+    ("logit_bias NaN", dict(logit_bias='{"5": NaN}'), "logit_bias"),
+    ("logit_bias a token twice", dict(logit_bias='{"5": 1, "05": 2}'), "logit_bias"),
 ]
 
 
