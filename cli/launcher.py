@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Mapping
 
 from cli.child_process import ChildProcess, die_with_parent, stop_process
+from cli.server_log import WITHOUT_CUDA, LogTee, first_load_error
 from tracing import TracingConfigError, TracingSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -232,16 +233,23 @@ def render_model_repository(dest: Path, overrides: dict[str, dict[str, str]] | N
 
 
 class TritonServer(ChildProcess):
-    """A tritonserver child process: ``start()``, ``wait_ready()``, ``stop()``; a context manager."""
+    """A tritonserver child process: ``start()``, ``wait_ready()``, ``stop()``; a context manager.
+
+    Its output goes to ``log_path`` (else the terminal); with ``echo`` too, to the terminal as well, less the
+    harmless CUDA lines of a machine without a GPU (``cli/server_log.py``). A server that exits before it is
+    ready raises ``LauncherError`` with the first model-load error of its log."""
 
     def __init__(self, model_repository: Path = MODEL_REPOSITORY, ports: Ports | None = None, *,
                  install: TritonInstall | None = None, log_path: Path | None = None,
-                 extra_args: list[str] | None = None, log_verbose: int = 0, env: Mapping[str, str] | None = None):
+                 extra_args: list[str] | None = None, log_verbose: int = 0, env: Mapping[str, str] | None = None,
+                 echo: bool = False):
         self.model_repository = Path(model_repository)
         self.env = dict(env or {})      # added to os.environ for the server and its Python models
         self.ports = ports or Ports()
         self.install = install
         self.log_path = log_path
+        self.echo = echo and log_path is not None
+        self._tee: LogTee | None = None
         self.extra_args = list(extra_args or [])
         self.log_verbose = log_verbose
         self.proc: subprocess.Popen | None = None
@@ -295,15 +303,19 @@ class TritonServer(ChildProcess):
             self.install = find_tritonserver()
         env = self.server_env()
         command = self.command()
-        if self.log_path is not None:
+        out = None  # inherit the terminal
+        if self.echo:
+            out = subprocess.PIPE
+        elif self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log_file = open(self.log_path, "ab" if self._started else "wb")   # a restart appends
             out = self._log_file
-        else:
-            out = None  # inherit the terminal
-        self._started = True
-        self.proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True, cwd=str(REPO), preexec_fn=die_with_parent())
+        restart, self._started = self._started, True
+        self.proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                     cwd=str(REPO), preexec_fn=die_with_parent())
+        if self.echo:
+            quiet = () if cuda_device_present() else WITHOUT_CUDA
+            self._tee = LogTee(self.proc.stdout, self.log_path, append=restart, quiet=quiet).start()
         return self
 
     def log_tail(self, lines: int = 60) -> str:
@@ -313,9 +325,15 @@ class TritonServer(ChildProcess):
         return "\n".join(text[-lines:])
 
     def _tail_note(self) -> str:
-        """The log tail for an error message, or where to look when the output went to the terminal."""
-        tail = self.log_tail()
-        return f"\n--- server log tail ---\n{tail}" if tail else " (the server's log is above)"
+        """For an error message: the log's tail (unless it was echoed above), then its first model-load error."""
+        if self._tee is not None and self.proc is not None and self.proc.poll() is not None:
+            self._tee.join(timeout=5.0)     # the exited server's last lines first
+        if self.log_path is None or not self.log_path.is_file():
+            return " (the server's log is above)"
+        note = f" (its log is above and in {self.log_path})" if self.echo else \
+            f"\n--- server log tail ---\n{self.log_tail()}"
+        error = first_load_error(self.log_path.read_text(errors="replace"))
+        return note + (f"\n{error.describe()}" if error is not None else "")
 
     def is_ready(self) -> bool:
         try:
@@ -349,6 +367,9 @@ class TritonServer(ChildProcess):
             # Python backend stubs live in the server's process group; reap any stragglers.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
+        if self._tee is not None:
+            self._tee.join(timeout=5.0)
+            self._tee = None
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None

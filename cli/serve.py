@@ -24,6 +24,9 @@ While it serves, the launcher watches the Python stubs of tritonserver every sec
 when one dies (``cli/supervisor.py``); its liveness file (``TRITON_LLM_LIVENESS_FILE``) backs the container's
 liveness probe, ``python -m cli.liveness`` (docs/reliability.md).
 
+tritonserver's output is echoed (less two harmless CUDA lines without a GPU) and kept in ``--log-file``; if it exits
+before it is ready, the last line repeats the first model-load error of its log (``cli/server_log.py``).
+
 ``OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318`` sends traces there (docs/observability.md).
 """
 from __future__ import annotations
@@ -50,6 +53,7 @@ from cli.launcher import (
     LauncherError,
     Ports,
     TritonServer,
+    cuda_device_present,
     find_tritonserver,
     otel_trace_args,
     render_model_repository,
@@ -68,6 +72,7 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
     return out
 
 
+LOG_FILE = CACHE / "tritonserver.log"
 SET_ENV = "TRITON_LLM_SET"
 SERVER_ARGS_ENV = "TRITON_LLM_SERVER_ARGS"
 _LAUNCHER_FLAGS = ("--model-repository", "--model-store", "--http-port", "--grpc-port", "--metrics-port")
@@ -213,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="MODEL.KEY=VALUE",
                     help="override a config.pbtxt parameter for this run (repeatable)")
     ap.add_argument("--log-verbose", type=int, default=0)
+    ap.add_argument("--log-file", type=Path, default=LOG_FILE,
+                    help="tritonserver's whole log, also echoed here (default .cache/tritonserver.log)")
     ap.add_argument("--no-gateway", action="store_true",
                     help="do not start the gateway (the typed gRPC API on GATEWAY_PORT, the OpenAI API on OPENAI_PORT)")
     args = ap.parse_args(argv)
@@ -238,18 +245,23 @@ def main(argv: list[str] | None = None) -> int:
     except LauncherError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    server = TritonServer(repo, ports, install=install, log_verbose=args.log_verbose, extra_args=server_args)
+    server = TritonServer(repo, ports, install=install, log_verbose=args.log_verbose, extra_args=server_args,
+                          log_path=args.log_file, echo=True)
     print(f"tritonserver: {install.binary} (from {install.source})")
     print(f"model repository: {repo}")
+    print(f"log: {args.log_file}" + ("" if cuda_device_present() else " (all of it: the 2 harmless CUDA E lines of a "
+                                     "start without a GPU are only there, docs/serving.md)"))
     server.start()
     # tritonserver runs in its own session: Ctrl-C (KeyboardInterrupt here) and SIGTERM become one
     # SIGINT to it (its graceful shutdown), then SIGKILL if it has not exited 30 s later. SIGTERM first
     # drains for $TRITON_LLM_DRAIN_SECONDS (stop_on_sigterm).
     supervisor = Supervisor(server, liveness_path=liveness_path_from_env())
     stop_on_sigterm(server, drain_s, supervisor)
+    ready = False
     try:
         supervisor.write_liveness()
         server.wait_ready(timeout=600)
+        ready = True
         supervisor.arm()      # the stubs of the ready server; the liveness file says serving
         if listen is not None:
             gateway = start_gateway(server, listen)
@@ -278,8 +290,11 @@ def main(argv: list[str] | None = None) -> int:
         if gateway is not None:  # first, so its in-flight streams can finish while Triton still serves them
             gateway.stop()
         t0 = time.monotonic()
+        exited = server.proc is not None and server.proc.poll() is not None   # on its own, before the stop
         code = server.stop()
-        if code not in (0, None, -signal.SIGINT):
+        if exited and ready and code != 0:   # not ready: the error said why already
+            print(f"tritonserver exited with code {code}", file=sys.stderr)
+        elif code not in (0, None, -signal.SIGINT) and not exited:
             print(f"tritonserver exited with code {code} after {time.monotonic() - t0:.0f} s of shutdown"
                   + (" (an ensemble request Triton rejected keeps the ensemble from unloading: docs/serving.md, "
                      "'Known Triton 2.51 issues')" if time.monotonic() - t0 > 20 else ""), file=sys.stderr)

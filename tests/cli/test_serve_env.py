@@ -79,7 +79,7 @@ def test_main_applies_the_environment_before_set_flags(tmp_path, monkeypatch, ca
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")
     previous = signal.getsignal(signal.SIGTERM)
     try:
-        code = main(["--set", "llm.max_num_seqs=16"])
+        code = main(["--set", "llm.max_num_seqs=16", "--log-file", str(tmp_path / "tritonserver.log")])
     finally:
         signal.signal(signal.SIGTERM, previous)  # main() installs its own handler
     assert code == 1 and "exited with code 3" in capsys.readouterr().err
