@@ -119,8 +119,10 @@ class LLMServing:
             else:
                 ids = [f.engine_id for f in self._inflight.values() if target and f.client_id == target]
             for i in ids:
-                self._inflight[i].aborted = True
-                self._inflight[i].stopped_by, self._inflight[i].stopped_at = stopped_by, time.monotonic()
+                f = self._inflight[i]
+                if not f.aborted:          # the first stop is the one the log line and the span report
+                    f.stopped_by, f.stopped_at = stopped_by, time.monotonic()
+                f.aborted = True
         for i in ids:
             self.engine.abort(i)
         meta = wire.LLMResponseMeta(request_id=target, finished=True, request_finished=True,
