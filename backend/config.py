@@ -8,12 +8,12 @@ loading with a message that says which parameter to fix.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from contracts.triton_config import TRITON_PARAMETERS, check_known_parameters
 from contracts.validation import check_int as _check_int
 
 DEVICES = ("auto", "cpu", "cuda")          # plus "cuda:N"
@@ -190,18 +190,16 @@ class EngineConfig:
         """Build from Triton ``config.pbtxt`` parameters (keys are the field names).
 
         Values are strings, or Triton's ``{"string_value": "..."}`` dicts. An empty value means
-        "use the default"; ``none``/``null`` sets an optional field to None. Keys that are not
-        fields are left to other components, except near-misses of a field name (a typo),
-        which raise.
+        "use the default"; ``none``/``null`` sets an optional field to None. Every other key is
+        refused, naming it (``check_known_parameters``), but Triton's Python backend's own
+        (``TRITON_PARAMETERS``); the llm model takes its serving parameters off first.
         """
         fields = {f.name: f for f in dataclasses.fields(cls)}
+        check_known_parameters("llm", params, fields)
         kwargs: dict[str, object] = {}
         for key, raw in params.items():
             value = raw.get("string_value", "") if isinstance(raw, Mapping) else raw
-            if key not in fields:
-                close = difflib.get_close_matches(key, fields, n=1, cutoff=0.85)
-                if close:
-                    raise ValueError(f"{key}: unknown engine parameter; did you mean {close[0]!r}?")
+            if key in TRITON_PARAMETERS:
                 continue
             if not isinstance(value, str):
                 raise ValueError(f"{key}: expected a string parameter value, got {value!r}")

@@ -2,20 +2,46 @@
 
 Parameters are strings (``{"string_value": ...}``); an empty value means "use the default".
 Checkpoint and tokenizer paths may be relative to the repository root, never to the server's
-working directory. Every error names the parameter.
+working directory. Every error names the parameter. A model refuses every parameter it does not read
+(``check_known_parameters``), naming the model, and names our equivalent of another server's parameter.
 """
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
+from typing import Iterable, Mapping
+
+from contracts.foreign_parameters import foreign_answer
 
 REPO = Path(__file__).resolve().parents[1]
 PATH_PARAMETERS = ("model_path", "draft_model_path", "tokenizer_path", "lora_dir")
 DEFAULT_TOKENIZER = "models/demo-target"     # the committed demo model (its folder holds the tokenizer)
+# read by Triton's Python backend itself (python_be.cc), allowed in every model
+TRITON_PARAMETERS = ("EXECUTION_ENV_PATH", "FORCE_CPU_ONLY_INPUT_TENSORS")
 
 
 def model_parameters(model_config: dict) -> dict[str, str]:
     """``parameters`` of a Triton model config as a plain {key: string_value} dict."""
     return {k: (v or {}).get("string_value", "") for k, v in (model_config.get("parameters") or {}).items()}
+
+
+def check_known_parameters(model: str, params: Mapping[str, object], known: Iterable[str]) -> None:
+    """Refuse the parameters of ``model`` that are neither in ``known`` nor ``TRITON_PARAMETERS``: a
+    ``ValueError`` naming each one and the model, with our equivalent of another server's name
+    (contracts/foreign_parameters.py) or the near-miss it may be a typo of."""
+    allowed = set(known) | set(TRITON_PARAMETERS)
+    unknown = sorted(k for k in params if k not in allowed)
+    if unknown:
+        raise ValueError("; ".join(unknown_parameter_message(model, k, allowed) for k in unknown))
+
+
+def unknown_parameter_message(model: str, key: str, known: Iterable[str]) -> str:
+    """``key: not a parameter of the MODEL model (HINT)``."""
+    hint = foreign_answer(key, model)
+    if hint is None:
+        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+        hint = f"did you mean {close[0]!r}?" if close else "each model's parameters: docs/deploy.md"
+    return f"{key}: not a parameter of the {model} model ({hint})"
 
 
 def resolve_path(value: str, root: Path = REPO) -> Path:

@@ -25,6 +25,7 @@ from contracts import wire
 from tracing import traced_call
 from contracts.triton_config import (
     DEFAULT_TOKENIZER,
+    check_known_parameters,
     int_param,
     model_parameters,
     positive_float_param,
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 LLM_MODEL = "llm"
 MAX_CANCEL_INTERVAL_S = 1.0   # however many streams, each is asked at least this often
 GUIDED_INVALID_METRIC = "triton_llm_guided_output_invalid_total"   # finished guided outputs failing their guide
+# every parameter the postprocess model reads; any other fails its load
+POSTPROCESS_PARAMETERS = frozenset({"tokenizer_path", "max_states", "llm_model", "cancel_checks_per_s"})
 
 
 class PostprocessServing:
@@ -75,10 +78,11 @@ class PostprocessServing:
 
     @classmethod
     def from_model_config(cls, model_config: dict, pb_utils) -> "PostprocessServing":
+        params = model_parameters(model_config)
+        check_known_parameters(model_config.get("name", "postprocess"), params, POSTPROCESS_PARAMETERS)
         import grammar  # noqa: F401 (xgrammar, for the guided-output check: loaded at start-up)
         from preprocess.tokenizer import load_tokenizer
 
-        params = model_parameters(model_config)
         path = resolve_path(str_param(params, "tokenizer_path", DEFAULT_TOKENIZER))
         max_states = int_param(params, "max_states", 4096)
         from tracing import ModelTracer

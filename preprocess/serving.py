@@ -16,6 +16,7 @@ Conventions at this boundary:
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import logging
@@ -26,12 +27,22 @@ import numpy as np
 
 from contracts import wire
 from tracing import traced_call
-from contracts.triton_config import DEFAULT_TOKENIZER, model_parameters, resolve_path, str_param
+from contracts.triton_config import (
+    DEFAULT_TOKENIZER,
+    check_known_parameters,
+    model_parameters,
+    resolve_path,
+    str_param,
+)
 from preprocess.errors import RequestError
 from preprocess.request import KNOWN_INPUTS, RequestLimits, RequestParser
 from preprocess.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
+# every parameter the preprocess model reads (the tokenizer, the request limits); any other fails its load
+PREPROCESS_PARAMETERS = frozenset({"tokenizer_path"} | {f.name for f in dataclasses.fields(RequestLimits)})
+
+
 class PreprocessServing:
     def __init__(self, parser: RequestParser, pb_utils, input_names: list[str], tracer=None):
         self.parser = parser
@@ -45,9 +56,10 @@ class PreprocessServing:
 
     @classmethod
     def from_model_config(cls, model_config: dict, pb_utils) -> "PreprocessServing":
+        params = model_parameters(model_config)
+        check_known_parameters(model_config.get("name", "preprocess"), params, PREPROCESS_PARAMETERS)
         import grammar  # noqa: F401 (xgrammar, for the guide checks: loaded at start-up)
 
-        params = model_parameters(model_config)
         path = resolve_path(str_param(params, "tokenizer_path", DEFAULT_TOKENIZER))
         ctx = model_context_length(path)
         limits = RequestLimits.from_parameters(params, **({"max_model_len": ctx} if ctx else {}))

@@ -2,6 +2,7 @@
 built and started, its metrics, the request telemetry, the load line, the watchdog (``build_llm_serving``)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -13,7 +14,7 @@ from backend.serving.metrics import EngineMetrics
 from backend.serving.request_log import RequestLog
 from backend.serving.request_metrics import RequestMetrics
 from backend.serving.telemetry import FinishedRequest, RequestTelemetry
-from contracts.triton_config import model_parameters, positive_float_param, resolve_paths
+from contracts.triton_config import check_known_parameters, model_parameters, positive_float_param, resolve_paths
 from tracing import ModelTracer
 
 log = logging.getLogger(__name__)
@@ -21,6 +22,8 @@ log = logging.getLogger(__name__)
 # config.pbtxt parameters read by serving (the others go to EngineConfig.from_parameters).
 SERVING_PARAMETERS = {"cancel_poll_interval_s": "0.2", "metrics_interval_s": "1.0", "request_log_level": "info",
                       "engine_stall_timeout_s": "30", "engine_unhealthy_action": "shutdown"}
+# every parameter the llm model reads; any other fails its load (check_known_parameters)
+LLM_PARAMETERS = frozenset(f.name for f in dataclasses.fields(EngineConfig)) | frozenset(SERVING_PARAMETERS)
 
 
 def split_parameters(params: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -31,8 +34,11 @@ def split_parameters(params: dict[str, str]) -> tuple[dict[str, str], dict[str, 
 
 
 def build_llm_serving(model_config: dict, pb_utils, *, model_version: str = "1") -> LLMServing:
-    """Build the engine from the model's parameters, start it, publish its metrics, watch it."""
-    engine_params, serving = split_parameters(resolve_paths(model_parameters(model_config)))
+    """Build the engine from the model's parameters, start it, publish its metrics, watch it. A parameter
+    the model does not read fails the load, naming it and the model."""
+    params = model_parameters(model_config)
+    check_known_parameters(model_config.get("name", "llm"), params, LLM_PARAMETERS)
+    engine_params, serving = split_parameters(resolve_paths(params))
     poll = positive_float_param(serving, "cancel_poll_interval_s", 0.2)
     interval = positive_float_param(serving, "metrics_interval_s", 1.0)
     engine = LLMEngine(EngineConfig.from_parameters(engine_params))

@@ -64,7 +64,7 @@ def test_from_parameters_parses_strings_and_triton_dicts():
         "model_path": {"string_value": "/models/target"}, "block_size": "32", "num_kv_blocks": "none",
         "kv_cache_bytes": "1GiB", "gpu_memory_utilization": "0.9", "enable_prefix_caching": "False",
         "max_model_len": "", "watermark": "0.02", "speculative_method": "ngram", "num_speculative_tokens": "3",
-        "device": "cpu", "tokenizer_dir": "/elsewhere",        # other components' parameters are left alone
+        "device": "cpu", "EXECUTION_ENV_PATH": "/envs/py.tar.gz",     # Triton's Python backend reads it
     })
     assert (c.model_path, c.block_size, c.num_kv_blocks, c.kv_cache_bytes) == ("/models/target", 32, None, 2**30)
     assert (c.gpu_memory_utilization, c.enable_prefix_caching, c.max_model_len) == (0.9, False, None)
@@ -80,6 +80,7 @@ def test_from_parameters_parses_strings_and_triton_dicts():
     ({"model_path": "/m", "kv_cache_bytes": "lots"}, "kv_cache_bytes"),
     ({"model_path": "/m", "watermark": "0.x"}, "watermark"),
     ({"model_path": "/m", "max_num_seq": "8"}, "max_num_seq"),       # a typo is not silently ignored
+    ({"model_path": "/m", "tokenizer_dir": "/t"}, "tokenizer_dir"),   # nor any key that is not a field
     ({"model_path": "/m", "block_size": "24"}, "block_size"),        # parsed, then validated
 ])
 def test_from_parameters_errors_name_the_parameter(params, field):
