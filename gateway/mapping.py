@@ -44,6 +44,7 @@ OPTIONAL_SCALARS: dict[str, tuple[str, str]] = {
     "num_speculative_tokens": ("num_speculative_tokens", "INT32"),
     "top_logprobs": ("top_logprobs", "INT32"),
     "lora_name": ("lora_name", "BYTES"),
+    "ignore_eos": ("ignore_eos", "BOOL"),
 }
 LIST_FIELDS: dict[str, str] = {"stop_words": "stop_words", "bad_words": "bad_words"}
 
@@ -138,6 +139,9 @@ def ensemble_values(request: pb.GenerateRequest) -> list[tuple[str, str, list]]:
         items = list(getattr(request, fname))
         if items:
             values.append((name, "BYTES", items))
+    if request.logit_bias:   # the ensemble's JSON object, ids in order; preprocess checks ids and biases
+        bias = {str(t): request.logit_bias[t] for t in sorted(request.logit_bias)}
+        values.append(("logit_bias", "BYTES", [json.dumps(bias, allow_nan=True)]))
     values.append(("return_perf_metrics", "BOOL", [True]))   # the speculative counts for Usage
     guide = guide_case(request)
     if guide is not None:

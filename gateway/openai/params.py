@@ -38,6 +38,10 @@ def sampling_fields(body: Sampling, max_tokens: int) -> dict:
         fields["top_k"] = max(body.top_k, 0)
     if body.n != 1:
         fields["num_return_sequences"] = body.n
+    if body.ignore_eos:
+        fields["ignore_eos"] = True
+    if body.logit_bias:
+        fields["logit_bias"] = body.token_biases()
     stop = body.stop_list()
     if stop:
         fields["stop_words"] = stop

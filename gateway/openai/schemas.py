@@ -3,15 +3,18 @@
 Field names and ranges are OpenAI's; the extras vLLM accepts in the body (``top_k``, ``min_p``,
 ``repetition_penalty``, ``ignore_eos``, ``min_tokens``) and ``num_speculative_tokens`` sit beside
 them. Unknown fields are refused (400 naming the field), and so are the known ones that would change
-the output and are not implemented (``logit_bias``, ``best_of`` > 1, ``suffix``; see ``refused``):
-a setting we accept does what it says. Ranges that depend on the served model (the context, ``n``'s
-limit) are left to the ensemble's preprocess, the one authority, whose errors name the field too.
+the output and are not implemented (``best_of`` > 1, ``suffix``; see ``refused``): a setting we accept
+does what it says. ``logit_bias`` keys must be token ids and its biases in [-100, 100] (``refused`` names
+the token). Ranges that depend on the served model (the context, the vocabulary, ``n``'s limit) are left
+to the ensemble's preprocess, the one authority, whose errors name the field too.
 """
 from __future__ import annotations
 
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from contracts.sampling_params import LOGIT_BIAS_BOUND
 
 UINT64_MAX = 2**64 - 1
 INT32_MAX = 2**31 - 1    # the ensemble's INT32 inputs
@@ -144,12 +147,20 @@ class Sampling(Body):
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
+    def token_biases(self) -> dict[int, float]:
+        """``logit_bias`` with its keys as token ids (``refused`` has checked them)."""
+        return {int(k): float(v) for k, v in (self.logit_bias or {}).items()}
+
     def refused(self) -> tuple[str, str] | None:
-        """(param, message) for a setting that would change the output and is not implemented."""
-        if self.logit_bias:
-            return "logit_bias", "logit_bias is not supported"
-        if self.ignore_eos:
-            return "ignore_eos", "ignore_eos is not supported by this server's ensemble"
+        """(param, message) for a setting that would change the output and is not implemented, or out of range."""
+        for key, bias in (self.logit_bias or {}).items():
+            if not (key.isascii() and key.isdigit()):
+                return "logit_bias", f"key {key[:40]!r} is not a token id (a decimal integer)"
+            if int(key) > INT32_MAX:
+                return "logit_bias", f"token id {key[:40]} is outside the vocabulary"
+            if not -LOGIT_BIAS_BOUND <= bias <= LOGIT_BIAS_BOUND:    # (False for NaN)
+                return "logit_bias", (f"the bias of token {int(key)} must be in [-{LOGIT_BIAS_BOUND:g}, "
+                                      f"{LOGIT_BIAS_BOUND:g}], got {bias:g}")
         if any(s == "" for s in self.stop_list()):
             return "stop", "stop strings must not be empty"
         return None

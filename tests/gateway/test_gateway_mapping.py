@@ -37,7 +37,8 @@ def everything_set(**input_case) -> pb.GenerateRequest:
         exclude_input_in_output=True, return_log_probs=True, return_num_input_tokens=True,
         return_num_output_tokens=True, skip_special_tokens=False, include_stop_str_in_output=True,
         guided_decoding=pb.GuidedDecoding(json_schema='{"type": "object"}'), request_id="req-1",
-        num_speculative_tokens=2, top_logprobs=3, lora_name="sql", **input_case)
+        num_speculative_tokens=2, top_logprobs=3, lora_name="sql", ignore_eos=True,
+        logit_bias={17: 2.5, 5: -100.0}, **input_case)
 
 
 def sent(request: pb.GenerateRequest) -> dict[str, tuple[str, list]]:
@@ -67,6 +68,8 @@ def test_values_are_encoded_as_the_ensemble_expects():
     assert got["stream"] == ("BOOL", [True]) and got["skip_special_tokens"] == ("BOOL", [False])
     assert got["guided_decoding_guide_type"] == ("BYTES", ["json_schema"])
     assert got["guided_decoding_guide"] == ("BYTES", ['{"type": "object"}'])
+    assert got["ignore_eos"] == ("BOOL", [True])
+    assert got["logit_bias"] == ("BYTES", ['{"5": -100.0, "17": 2.5}'])     # the ensemble's JSON, ids in order
     req = mapping.build_infer_request(everything_set(prompt="x"), "rid-9", model="ens2")
     assert (req.model_name, req.id) == ("ens2", "rid-9")
     assert req.parameters["triton_enable_empty_final_response"].bool_param
@@ -173,7 +176,7 @@ def test_proto_defaults_match_the_ensemble_defaults_in_docs_api():
         assert m, f"{fname}: no 'Default ...' in its comment: {comments[fname]!r}"
         assert _norm(m.group(1)) == _norm(docs[input_name]), (fname, m.group(1), docs[input_name])
         checked += 1
-    assert checked == len(mapping.OPTIONAL_SCALARS) + len(mapping.LIST_FIELDS) == 25
+    assert checked == len(mapping.OPTIONAL_SCALARS) + len(mapping.LIST_FIELDS) == 26
 
 
 # ---- responses ----------------------------------------------------------------------------------------
@@ -275,6 +278,10 @@ GUIDED = pb.GenerateRequest(prompt="x", max_tokens=4, guided_decoding=pb.GuidedD
     ("in ensemble 'ensemble', guided_decoding_guide_type: guided decoding is not supported yet by this engine",
      GUIDED, "guided_decoding.regex", None),
     ("seed: must be in [0, 18446744073709551615]", PROMPT, "seed", None),
+    ("in ensemble 'ensemble', logit_bias: token id 5000 is outside the vocabulary [0, 4096)", PROMPT, "logit_bias",
+     "logit_bias: token id 5000 is outside the vocabulary [0, 4096)"),
+    ("in ensemble 'ensemble', ignore_eos: not supported with guided decoding (the grammar ends with EOS)", GUIDED,
+     "ignore_eos", None),
 ])
 def test_ensemble_client_errors_name_the_proto_field(message, request_, field, text):
     err = mapping.map_triton_error(message, request_, "rid")
@@ -318,3 +325,5 @@ def test_rpc_errors():
 def test_nan_passes_through_for_preprocess_to_reject():
     got = sent(pb.GenerateRequest(prompt="x", max_tokens=3, temperature=float("nan")))
     assert math.isnan(got["temperature"][1][0])
+    got = sent(pb.GenerateRequest(prompt="x", max_tokens=3, logit_bias={3: float("nan")}))
+    assert got["logit_bias"] == ("BYTES", ['{"3": NaN}'])

@@ -86,6 +86,45 @@ def test_chat_parameters_reach_the_ensemble(client, fake):
     assert got["temperature"] == [pytest.approx(0.5)] and got["min_tokens"] == [1]
 
 
+def test_ignore_eos_and_logit_bias_reach_the_ensemble(client, fake):
+    """vLLM's extra ``ignore_eos`` (load generators' ``extra_body``) and OpenAI's ``logit_bias``, chat and completions."""
+    chat(client, logit_bias={"17": 2.5, "5": -100}, extra_body={"ignore_eos": True})
+    got = sent(fake)
+    assert got["ignore_eos"] == [True] and json.loads(got["logit_bias"][0]) == {"5": -100.0, "17": 2.5}
+    client.completions.create(model=MODEL, prompt="x", max_tokens=4, logit_bias={"3": 1}, extra_body={"ignore_eos": True})
+    got = sent(fake)
+    assert got["ignore_eos"] == [True] and json.loads(got["logit_bias"][0]) == {"3": 1.0}
+    chat(client, extra_body={"ignore_eos": False}, logit_bias={})
+    assert "ignore_eos" not in sent(fake) and "logit_bias" not in sent(fake)   # the ensemble's defaults
+
+
+@pytest.mark.parametrize("bias, message", [
+    ({"5": 150}, "logit_bias: the bias of token 5 must be in [-100, 100], got 150"),
+    ({"5": -100.5}, "logit_bias: the bias of token 5 must be in [-100, 100], got -100.5"),
+    ({"a5": 1}, "logit_bias: key 'a5' is not a token id (a decimal integer)"),
+    ({"-1": 1}, "logit_bias: key '-1' is not a token id (a decimal integer)"),
+    ({"99999999999": 1}, "logit_bias: token id 99999999999 is outside the vocabulary"),
+])
+def test_a_bad_logit_bias_is_a_400_naming_the_token(client, fake, bias, message):
+    for call in (lambda: chat(client, logit_bias=bias),
+                 lambda: client.completions.create(model=MODEL, prompt="x", logit_bias=bias)):
+        e = api_error(call)
+        assert e.status_code == 400 and e.body["param"] == "logit_bias" and e.body["message"] == message
+    assert not fake.requests                                             # refused before the ensemble
+
+
+def test_the_ensembles_logit_bias_and_ignore_eos_errors_name_the_param(client, fake):
+    fake.script = lambda req: [error("in ensemble 'ensemble', logit_bias: token id 5000 is outside the vocabulary "
+                                     "[0, 4096)")]
+    e = api_error(lambda: chat(client, logit_bias={"5000": 1}))
+    assert e.status_code == 400 and e.body["param"] == "logit_bias"
+    assert e.body["message"] == "logit_bias: token id 5000 is outside the vocabulary [0, 4096)"
+    fake.script = lambda req: [error("in ensemble 'ensemble', ignore_eos: not supported with guided decoding (the "
+                                     "grammar ends with EOS)")]
+    e = api_error(lambda: chat(client, response_format={"type": "json_object"}, extra_body={"ignore_eos": True}))
+    assert e.status_code == 400 and e.body["param"] == "ignore_eos"
+
+
 def test_chat_default_max_tokens_is_the_context(client, fake):
     chat(client)
     assert sent(fake)["max_tokens"] == [int(FAKE_PARAMS["max_model_len"])]
@@ -252,7 +291,8 @@ def test_tool_turns_go_back_through_the_template(client, fake):
     ({"temperature": 3.0}, "temperature"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
     ({"extra_body": {"no_such_field": 1}}, "no_such_field"),
-    ({"logit_bias": {"1": 2.0}}, "logit_bias"),
+    ({"logit_bias": {"1": 200.0}}, "logit_bias"),
+    ({"logit_bias": {"1": "high"}}, "logit_bias.1"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"messages": [{"role": "user", "content": "x", "name": "bob"}]}, "messages[0].name"),
     ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": [WEATHER]}, "tool_choice.function.name"),

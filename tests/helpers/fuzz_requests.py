@@ -29,7 +29,9 @@ GENERATE_FIELDS = {
     "return_log_probs": st.booleans(), "skip_special_tokens": st.booleans(),
     "include_stop_str_in_output": st.booleans(),
     "stop_words": st.lists(TEXT, max_size=3) | st.integers(60, 70).map(lambda n: [f"s{i}" for i in range(n)]),
-    "bad_words": st.lists(TEXT, max_size=3), "guided_decoding": GUIDED,
+    "bad_words": st.lists(TEXT, max_size=3), "guided_decoding": GUIDED, "ignore_eos": st.booleans(),
+    "logit_bias": st.dictionaries(st.one_of(INT32, st.integers(0, 5000)), FLOAT, max_size=3)
+    | st.integers(1_020, 1_030).map(lambda n: {i: 1.0 for i in range(n)}),
 }
 
 
@@ -46,6 +48,8 @@ def generate_requests(draw, live: bool = False) -> pb.GenerateRequest:
         value = draw(GENERATE_FIELDS[name])
         if isinstance(value, list):
             getattr(req, name).extend(value)
+        elif isinstance(value, dict):
+            getattr(req, name).update(value)
         elif name == "guided_decoding":
             req.guided_decoding.CopyFrom(value)
         else:
@@ -80,7 +84,10 @@ SAMPLING_VALUES = {
                                                                           THOUSANDS, HOSTILE),
     "presence_penalty": st.one_of(st.floats(-3, 3), HOSTILE), "stream": st.one_of(st.booleans(), HOSTILE),
     "top_k": st.one_of(st.integers(-2, 50), HOSTILE), "min_p": st.one_of(st.floats(0, 1.2), HOSTILE),
-    "min_tokens": st.one_of(st.integers(0, 4), HOSTILE), "logit_bias": st.one_of(st.just({"1": 5.0}), HOSTILE),
+    "min_tokens": st.one_of(st.integers(0, 4), HOSTILE), "logit_bias": st.one_of(
+        st.dictionaries(st.one_of(st.integers(-2, 5000).map(str), ODD_TEXT, st.just("1" * 40)),
+                        st.one_of(st.floats(-150, 150), HOSTILE), max_size=3), HOSTILE),
+    "ignore_eos": st.one_of(st.booleans(), HOSTILE),
     "repetition_penalty": st.one_of(st.floats(0, 3), HOSTILE), "user": ODD_TEXT, "best_of": HOSTILE,
     "not_a_parameter": HOSTILE,
 }

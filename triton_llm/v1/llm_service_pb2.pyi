@@ -76,7 +76,14 @@ class GuidedDecoding(_message.Message):
     def __init__(self, json_schema: _Optional[str] = ..., any_json: _Optional[_Union[GuidedDecoding.AnyJson, _Mapping]] = ..., regex: _Optional[str] = ..., ebnf_grammar: _Optional[str] = ..., structural_tag: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "messages", "max_tokens", "stream", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop_words", "bad_words", "end_id", "pad_id", "min_tokens", "num_return_sequences", "beam_width", "exclude_input_in_output", "return_log_probs", "return_num_input_tokens", "return_num_output_tokens", "skip_special_tokens", "include_stop_str_in_output", "guided_decoding", "request_id", "num_speculative_tokens", "top_logprobs", "lora_name")
+    __slots__ = ("prompt", "messages", "max_tokens", "stream", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop_words", "bad_words", "end_id", "pad_id", "min_tokens", "num_return_sequences", "beam_width", "exclude_input_in_output", "return_log_probs", "return_num_input_tokens", "return_num_output_tokens", "skip_special_tokens", "include_stop_str_in_output", "guided_decoding", "request_id", "num_speculative_tokens", "top_logprobs", "lora_name", "ignore_eos", "logit_bias")
+    class LogitBiasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +114,8 @@ class GenerateRequest(_message.Message):
     NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     messages: ChatMessages
     max_tokens: int
@@ -137,7 +146,9 @@ class GenerateRequest(_message.Message):
     num_speculative_tokens: int
     top_logprobs: int
     lora_name: str
-    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stream: bool = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop_words: _Optional[_Iterable[str]] = ..., bad_words: _Optional[_Iterable[str]] = ..., end_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., min_tokens: _Optional[int] = ..., num_return_sequences: _Optional[int] = ..., beam_width: _Optional[int] = ..., exclude_input_in_output: bool = ..., return_log_probs: bool = ..., return_num_input_tokens: bool = ..., return_num_output_tokens: bool = ..., skip_special_tokens: bool = ..., include_stop_str_in_output: bool = ..., guided_decoding: _Optional[_Union[GuidedDecoding, _Mapping]] = ..., request_id: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., top_logprobs: _Optional[int] = ..., lora_name: _Optional[str] = ...) -> None: ...
+    ignore_eos: bool
+    logit_bias: _containers.ScalarMap[int, float]
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stream: bool = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop_words: _Optional[_Iterable[str]] = ..., bad_words: _Optional[_Iterable[str]] = ..., end_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., min_tokens: _Optional[int] = ..., num_return_sequences: _Optional[int] = ..., beam_width: _Optional[int] = ..., exclude_input_in_output: bool = ..., return_log_probs: bool = ..., return_num_input_tokens: bool = ..., return_num_output_tokens: bool = ..., skip_special_tokens: bool = ..., include_stop_str_in_output: bool = ..., guided_decoding: _Optional[_Union[GuidedDecoding, _Mapping]] = ..., request_id: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., top_logprobs: _Optional[int] = ..., lora_name: _Optional[str] = ..., ignore_eos: bool = ..., logit_bias: _Optional[_Mapping[int, float]] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "total_tokens", "draft_tokens", "accepted_draft_tokens")
