@@ -7,6 +7,7 @@
     python -m cli.client "record = " --json-schema person.schema.json --max-tokens 96
     python -m cli.client "date: " --regex "[0-9]{4}-[0-9]{2}-[0-9]{2}"
     python -m cli.client "def f():" --gateway                # the typed API (gateway, localhost:50051)
+    python -m cli.client "def f():" --ignore-eos --max-tokens 128 --logit-bias 17=-100   # fixed length, token 17 banned
 
 Every flag works in both modes (the ensemble over KServe v2 gRPC, or ``--gateway``) except the
 ones a mode cannot honour, which are refused naming the flag: ``--model`` with ``--gateway`` (the
@@ -45,7 +46,7 @@ INPUT_TYPES: dict[str, str] = {
     "guided_decoding_guide": "BYTES", "messages": "BYTES", "skip_special_tokens": "BOOL",
     "include_stop_str_in_output": "BOOL", "stop": "BOOL", "num_speculative_tokens": "INT32",
     "return_perf_metrics": "BOOL", "lora_name": "BYTES", "lora_task_id": "UINT64", "lora_weights": "FP16",
-    "lora_config": "INT32", "top_logprobs": "INT32",
+    "lora_config": "INT32", "top_logprobs": "INT32", "ignore_eos": "BOOL", "logit_bias": "BYTES",
 }
 LIST_INPUTS = ("stop_words", "bad_words")
 OUTPUTS = ("text_output", "finish_reason", "cum_log_probs", "output_log_probs", "num_input_tokens",
@@ -61,8 +62,8 @@ def to_array(name: str, value: Any) -> np.ndarray:
     if name in LIST_INPUTS:
         items = [value] if isinstance(value, (str, bytes)) else list(value)
         return np.asarray([[v.encode() if isinstance(v, str) else v for v in items]], dtype=dtype)
-    if name == "messages" and not isinstance(value, (str, bytes)):
-        value = json.dumps(value)
+    if name in ("messages", "logit_bias") and not isinstance(value, (str, bytes)):
+        value = json.dumps({str(k): v for k, v in value.items()} if isinstance(value, dict) else value)
     if isinstance(value, str):
         value = value.encode()
     return np.asarray([[value]], dtype=dtype)
@@ -179,6 +180,17 @@ LIST_FLAGS = (("--stop", "stop_words", "stop string (repeatable; \\n, \\t and \\
 DEFAULT_URL = f"localhost:{os.environ.get('GRPC_PORT') or 8001}"
 
 
+def token_bias(text: str) -> tuple[int, float]:
+    """``--logit-bias 17=-100`` -> ``(17, -100.0)``; the server checks the id and the range."""
+    token, sep, bias = text.partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        return int(token), float(bias)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected TOKEN_ID=BIAS (e.g. 17=-100), got {text!r}") from None
+
+
 def unescape(text: str) -> str:
     """``\\n`` -> newline, ``\\t`` -> tab, ``\\\\`` -> backslash (shells pass ``'\\n\\n'`` literally)."""
     return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
@@ -189,12 +201,19 @@ def add_sampling_flags(ap: argparse.ArgumentParser) -> None:
         ap.add_argument(flag, type=typ, default=default, help=text)
     for flag, _, text in LIST_FLAGS:
         ap.add_argument(flag, action="append", type=unescape, help=text)
+    ap.add_argument("--ignore-eos", action="store_true", default=None,
+                    help="EOS does not end the output: max_tokens, --end-id or a stop string does (fixed lengths)")
+    ap.add_argument("--logit-bias", action="append", type=token_bias, metavar="TOKEN_ID=BIAS",
+                    help="add BIAS (in [-100, 100]) to a token's logit before temperature: -100 bans it, +100 "
+                         "forces it (repeatable)")
 
 
 def sampling_options(args: argparse.Namespace) -> dict[str, Any]:
     """The ensemble inputs the sampling flags set (None where the server's default applies)."""
     opts = {name: getattr(args, flag[2:].replace("-", "_")) for flag, name, *_ in SAMPLING_FLAGS}
     opts.update({name: getattr(args, flag[2:].replace("-", "_")) for flag, name, _ in LIST_FLAGS})
+    opts["ignore_eos"] = args.ignore_eos
+    opts["logit_bias"] = dict(args.logit_bias) if args.logit_bias else None
     return opts
 
 

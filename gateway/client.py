@@ -46,7 +46,7 @@ GUIDE_CASES = {"json": "any_json", "json_schema": "json_schema", "regex": "regex
 def generate_request(prompt: str, *, chat: bool = False, guide_type: str | None = None, guide: str = "",
                      **fields) -> pb.GenerateRequest:
     """A GenerateRequest from ensemble-named values: ``prompt`` (a user message when ``chat``), the
-    guide as the ensemble's type and text, and scalar or list fields named as in the proto (None: unset)."""
+    guide as the ensemble's type and text, and scalar, list or map fields named as in the proto (None: unset)."""
     req = pb.GenerateRequest()
     if chat:
         req.messages.messages.add(role="user", content=prompt)
@@ -57,6 +57,8 @@ def generate_request(prompt: str, *, chat: bool = False, guide_type: str | None 
             continue
         if isinstance(value, (list, tuple)):
             getattr(req, name).extend(value)
+        elif isinstance(value, dict):          # a map field (logit_bias)
+            getattr(req, name).update(value)
         else:
             setattr(req, name, value)
     if guide_type is not None:

@@ -28,13 +28,22 @@ def test_every_sampling_input_has_a_flag():
     args = client.parse_args(["p", "--temperature", "0.8", "--top-p", "0.9", "--top-k", "5", "--min-p", "0.1",
                               "--presence-penalty", "0.5", "--frequency-penalty", "-0.5", "--seed", "3",
                               "--min-tokens", "2", "--end-id", "7", "--n", "2", "--stop", "a", "--stop", "b",
-                              "--bad-words", "x", "--num-speculative-tokens", "0", "--lora", "sql"])
+                              "--bad-words", "x", "--num-speculative-tokens", "0", "--lora", "sql", "--ignore-eos",
+                              "--logit-bias", "17=-100", "--logit-bias", "5=2.5"])
     opts = client.sampling_options(args)
     assert opts == {"max_tokens": 64, "temperature": 0.8, "repetition_penalty": 1.2, "top_k": 5, "top_p": 0.9,
                     "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -0.5, "seed": 3, "min_tokens": 2,
                     "end_id": 7, "num_return_sequences": 2, "num_speculative_tokens": 0, "stop_words": ["a", "b"],
-                    "bad_words": ["x"], "lora_name": "sql"}
+                    "bad_words": ["x"], "lora_name": "sql", "ignore_eos": True, "logit_bias": {17: -100.0, 5: 2.5}}
+    assert client.to_array("logit_bias", opts["logit_bias"]).tolist() == [[b'{"17": -100.0, "5": 2.5}']]
     client.build_inputs("p", 4, **{k: v for k, v in opts.items() if k != "max_tokens"})   # all typed inputs
+
+
+@pytest.mark.parametrize("text", ["17", "x=1", "17=high", "=1"])
+def test_a_bad_logit_bias_flag_exits_2(text, capsys):
+    with pytest.raises(SystemExit) as e:
+        client.parse_args(["p", "--logit-bias", text])
+    assert e.value.code == 2 and "--logit-bias" in capsys.readouterr().err
 
 
 def test_stop_escapes():
@@ -174,12 +183,14 @@ def test_gateway_mode_sends_every_sampling_flag(fake_gateway, capsys):
     argv = ["p", "--temperature", "0.5", "--top-p", "0.9", "--top-k", "5", "--min-p", "0.25",
             "--presence-penalty", "0.5", "--frequency-penalty", "-0.5", "--seed", "3", "--min-tokens", "2",
             "--end-id", "7", "--n", "1", "--stop", "a", "--stop", "b", "--bad-words", "x",
-            "--num-speculative-tokens", "0", "--lora", "sql", "--max-tokens", "9", "--chat"]
+            "--num-speculative-tokens", "0", "--lora", "sql", "--max-tokens", "9", "--chat", "--ignore-eos",
+            "--logit-bias", "17=-100", "--logit-bias", "5=2.5"]
     assert client.main([*argv, "--gateway", "--url", url]) == 0
     req = service.requests[-1]
     opts = client.sampling_options(client.parse_args(argv))
     for name, value in opts.items():
-        got = list(getattr(req, name)) if isinstance(value, list) else getattr(req, name)
+        got = getattr(req, name)
+        got = list(got) if isinstance(value, list) else dict(got) if isinstance(value, dict) else got
         assert got == pytest.approx(value), name
         if req.DESCRIPTOR.fields_by_name[name].has_presence:
             assert req.HasField(name), name
