@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from tests.helm.chart import CHART, dataclass_fields, dict_literal_keys, render, render_error
+from tests.helm.chart import CHART, render, render_error
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
@@ -84,15 +84,43 @@ def test_schema_closes_the_levels_that_matter():
 
 
 def test_engine_map_covers_every_engine_parameter():
-    """`engine:` accepts exactly the llm model's parameters but the checkpoint paths (set from `model`)."""
-    config_file, fields = dataclass_fields("EngineConfig")
-    serving_file, serving = dict_literal_keys("SERVING_PARAMETERS")
-    expected = (set(fields) | set(serving)) - {"model_path", "draft_model_path"}
+    """`engine:` accepts exactly the parameters the llm model reads (LLM_PARAMETERS: EngineConfig and
+    SERVING_PARAMETERS) but the checkpoint paths (set from `model`) and the settings for tests only."""
+    from backend.config import TEST_ONLY_PARAMETERS
+    from backend.serving.llm_startup import LLM_PARAMETERS
+
+    expected = set(LLM_PARAMETERS) - {"model_path", "draft_model_path"} - set(TEST_ONLY_PARAMETERS)
     declared = set(SCHEMA["properties"]["engine"]["properties"])
     assert declared == expected, (
-        f"helm/triton-llm/values.schema.json engine properties differ from {config_file.name} EngineConfig + "
-        f"{serving_file.name} SERVING_PARAMETERS: missing {sorted(expected - declared)}, "
-        f"unknown {sorted(declared - expected)}")
+        f"helm/triton-llm/values.schema.json engine properties differ from the llm model's parameters "
+        f"(backend/serving/llm_startup.py LLM_PARAMETERS, less backend/config.py TEST_ONLY_PARAMETERS): "
+        f"missing {sorted(expected - declared)}, unknown {sorted(declared - expected)}")
+    assert set(TEST_ONLY_PARAMETERS) <= set(LLM_PARAMETERS)
+
+
+def test_extra_overrides_reach_the_models_refusal(tmp_path):
+    """`extraOverrides`, past the schema, become TRITON_LLM_SET items; each model refuses what it does not read."""
+    from tests.helm.chart import container, env_of
+    from bench.harness.server import pbtxt_parameters
+    from backend.serving.llm_startup import LLM_PARAMETERS
+    from cli.launcher import render_model_repository
+    from cli.serve import parse_overrides, settings_from_env
+    from contracts.triton_config import check_known_parameters
+    from postprocess.serving import POSTPROCESS_PARAMETERS
+    from preprocess.serving import PREPROCESS_PARAMETERS
+
+    items, _ = settings_from_env(env_of(container(render(sets=(
+        "extraOverrides[0]=llm.kv_cache_free_gpu_mem_fraction=0.9", "extraOverrides[1]=preprocess.no_such=1",
+        "extraOverrides[2]=postprocess.no_such=1")), "tritonserver")))
+    repo = render_model_repository(tmp_path / "repo", parse_overrides(items))
+    known = {"llm": LLM_PARAMETERS, "preprocess": PREPROCESS_PARAMETERS, "postprocess": POSTPROCESS_PARAMETERS}
+    refused = {"llm": "kv_cache_free_gpu_mem_fraction", "preprocess": "no_such", "postprocess": "no_such"}
+    for model, key in refused.items():
+        params = pbtxt_parameters((repo / model / "config.pbtxt").read_text())
+        with pytest.raises(ValueError, match=rf"^{key}: not a parameter of the {model} model \("):
+            check_known_parameters(model, params, known[model])
+        del params[key]
+        check_known_parameters(model, params, known[model])   # the rest of the chart's render is known
 
 
 def test_every_engine_parameter_renders(tmp_path):

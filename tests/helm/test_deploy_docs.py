@@ -56,7 +56,7 @@ def pbtxt_parameters(model: str) -> dict[str, str]:
 
 
 def test_engine_key_table_matches_the_schema_and_the_defaults():
-    table = rows(section("### `engine` keys", None))
+    table = rows(section("### `engine` keys", "\n## "))
     assert set(table) == set(SCHEMA["properties"]["engine"]["properties"])
     pbtxt = pbtxt_parameters("llm")
     _, engine_defaults = dataclass_defaults("EngineConfig")
