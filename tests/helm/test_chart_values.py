@@ -1,5 +1,6 @@
 """values.schema.json and the chart's own checks: a wrong value fails with a message naming it; the
-engine map covers every engine parameter the llm model reads."""
+engine map covers every engine parameter the llm model reads; what the chart renders into the model
+repository is read by the models, and anything else reaches their refusal."""
 from __future__ import annotations
 
 import json
@@ -98,29 +99,50 @@ def test_engine_map_covers_every_engine_parameter():
     assert set(TEST_ONLY_PARAMETERS) <= set(LLM_PARAMETERS)
 
 
-def test_extra_overrides_reach_the_models_refusal(tmp_path):
-    """`extraOverrides`, past the schema, become TRITON_LLM_SET items; each model refuses what it does not read."""
-    from tests.helm.chart import container, env_of
+def rendered_model_parameters(docs: list[dict], tmp_path) -> dict[str, dict[str, str]]:
+    """Each model's config.pbtxt parameters once the launcher has applied a render's TRITON_LLM_SET."""
     from bench.harness.server import pbtxt_parameters
-    from backend.serving.llm_startup import LLM_PARAMETERS
     from cli.launcher import render_model_repository
     from cli.serve import parse_overrides, settings_from_env
+    from tests.helm.chart import container, env_of
+
+    items, _ = settings_from_env(env_of(container(docs, "tritonserver")))
+    repo = render_model_repository(tmp_path / "repo", parse_overrides(items))
+    return {m: pbtxt_parameters((repo / m / "config.pbtxt").read_text()) for m in ("llm", "preprocess", "postprocess")}
+
+
+def model_checks() -> dict:
+    """model -> check(params): the refusal each model runs at load."""
+    from backend.serving.llm_startup import LLM_PARAMETERS
     from contracts.triton_config import check_known_parameters
     from postprocess.serving import POSTPROCESS_PARAMETERS
     from preprocess.serving import PREPROCESS_PARAMETERS
 
-    items, _ = settings_from_env(env_of(container(render(sets=(
-        "extraOverrides[0]=llm.kv_cache_free_gpu_mem_fraction=0.9", "extraOverrides[1]=preprocess.no_such=1",
-        "extraOverrides[2]=postprocess.no_such=1")), "tritonserver")))
-    repo = render_model_repository(tmp_path / "repo", parse_overrides(items))
     known = {"llm": LLM_PARAMETERS, "preprocess": PREPROCESS_PARAMETERS, "postprocess": POSTPROCESS_PARAMETERS}
+    return {m: (lambda params, m=m: check_known_parameters(m, params, known[m])) for m in known}
+
+
+SCENARIOS = sorted(p.name.removesuffix("-values.yaml") for p in (CHART / "ci").glob("*-values.yaml"))
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_scenario_renders_only_parameters_the_models_read(scenario, tmp_path):
+    params = rendered_model_parameters(render(scenario), tmp_path)
+    for model, check in model_checks().items():
+        check(params[model])
+
+
+def test_extra_overrides_reach_the_models_refusal(tmp_path):
+    """`extraOverrides`, past the schema, become TRITON_LLM_SET items; each model refuses what it does not read."""
+    params = rendered_model_parameters(render(sets=(
+        "extraOverrides[0]=llm.kv_cache_free_gpu_mem_fraction=0.9", "extraOverrides[1]=preprocess.no_such=1",
+        "extraOverrides[2]=postprocess.no_such=1")), tmp_path)
     refused = {"llm": "kv_cache_free_gpu_mem_fraction", "preprocess": "no_such", "postprocess": "no_such"}
-    for model, key in refused.items():
-        params = pbtxt_parameters((repo / model / "config.pbtxt").read_text())
-        with pytest.raises(ValueError, match=rf"^{key}: not a parameter of the {model} model \("):
-            check_known_parameters(model, params, known[model])
-        del params[key]
-        check_known_parameters(model, params, known[model])   # the rest of the chart's render is known
+    for model, check in model_checks().items():
+        with pytest.raises(ValueError, match=rf"^{refused[model]}: not a parameter of the {model} model \("):
+            check(params[model])
+        del params[model][refused[model]]
+        check(params[model])   # the rest of the chart's render is known
 
 
 def test_every_engine_parameter_renders(tmp_path):
