@@ -18,6 +18,10 @@ A traced Generate forwards the span's own context to Triton as ``traceparent`` (
 children. The span is recorded after the call ends, with explicit times, through the models' exporter
 (``ModelTracer``: a batch span processor with a bounded queue, exports with a timeout).
 
+The OpenAI-compatible API's requests get the same span as OpenTelemetry's HTTP server conventions name and
+describe it (``HTTPServerSpan``: ``POST /v1/completions``, ``http.*`` and ``url.*`` attributes; status ERROR for a
+5xx or no response) with the same GenAI attributes (``gateway/openai/span.py``).
+
 Attributes: ``rpc.system``/``rpc.service``/``rpc.method``, ``rpc.grpc.status_code``, and for Generate the
 GenAI semantic conventions (``gen_ai.operation.name``, ``gen_ai.request.{model, max_tokens, temperature,
 top_p, top_k, seed, choice.count, stream}``, ``gen_ai.usage.{input,output}_tokens``,
@@ -101,6 +105,34 @@ class ServerSpan:
                          kind="SERVER", error=error, context=self.context)
 
 
+@dataclass
+class HTTPServerSpan(ServerSpan):
+    """An HTTP request's span (the OpenAI-compatible API): ``method`` is the HTTP method, ``route`` the path."""
+
+    route: str = ""
+    status: int | None = None       # the response's status code, once its start was sent
+
+    def failed_with(self, exc: BaseException) -> None:
+        """The request ended with ``exc`` instead of a response (the ASGI server answers 500 then)."""
+        self.message = f"{type(exc).__name__}: {exc}"
+        if self.status is None:
+            self.attributes["error.type"] = type(exc).__qualname__
+
+    def end(self) -> None:
+        attrs = self.attributes
+        error = None
+        if self.status is not None:
+            attrs["http.response.status_code"] = self.status
+            if self.status >= 500:      # a 4xx is the client's: no error on a server span
+                attrs["error.type"] = str(self.status)
+                error = f"HTTP {self.status}" + (f": {self.message}" if self.message else "")
+        else:
+            attrs.setdefault("error.type", "_OTHER")
+            error = self.message or "the request ended without a response"
+        self.tracer.span(f"{self.method} {self.route}", self.parent, self.start_ns, time.time_ns(), attrs,
+                         kind="SERVER", error=error, context=self.context)
+
+
 class GatewayTracing:
     def __init__(self, tracer: ModelTracer):
         self.tracer = tracer
@@ -112,21 +144,36 @@ class GatewayTracing:
             return None
         return cls(ModelTracer(settings, COMPONENT, exporter, resource_key=RESOURCE_KEY))
 
-    def start(self, method: str, metadata: Mapping[str, str], start_ns: int) -> ServerSpan | None:
-        """The call's span, or None when this call is not traced (see the module's docstring)."""
+    def _sampled(self, metadata: Mapping[str, str]) -> tuple[Any, Any, str | None] | None:
+        """(the caller's span context or None, this span's context, the caller's tracestate), or None when the
+        call is not traced (see the module's docstring)."""
         caller = parse_traceparent(metadata.get("traceparent"))
         if caller is not None:
             if not caller.sampled:
                 return None
             parent = self.tracer.parent({"traceparent": metadata["traceparent"]})
-            context = self.tracer.new_context(parent)
-        else:
-            parent, context = None, self.tracer.new_context()
-            if not ratio_samples(context.trace_id, self.tracer.settings.ratio):
-                return None
+            return parent, self.tracer.new_context(parent), metadata.get("tracestate")
+        context = self.tracer.new_context()
+        if not ratio_samples(context.trace_id, self.tracer.settings.ratio):
+            return None
+        return None, context, None
+
+    def start(self, method: str, metadata: Mapping[str, str], start_ns: int) -> ServerSpan | None:
+        """An LLMService call's span, or None when this call is not traced."""
+        sampled = self._sampled(metadata)
+        if sampled is None:
+            return None
         attrs = {"rpc.system": "grpc", "rpc.service": RPC_SERVICE, "rpc.method": method}
-        return ServerSpan(self.tracer, method, parent, context, start_ns,
-                          metadata.get("tracestate") if caller is not None else None, attrs)
+        return ServerSpan(self.tracer, method, *sampled[:2], start_ns, sampled[2], attrs)
+
+    def start_http(self, method: str, route: str, scheme: str, headers: Mapping[str, str],
+                   start_ns: int) -> HTTPServerSpan | None:
+        """An HTTP request's span (``headers``: its trace headers, lower-case), or None when it is not traced."""
+        sampled = self._sampled(headers)
+        if sampled is None:
+            return None
+        attrs = {"http.request.method": method, "url.path": route, "http.route": route, "url.scheme": scheme}
+        return HTTPServerSpan(self.tracer, method, *sampled[:2], start_ns, sampled[2], attrs, route=route)
 
     def shutdown(self, timeout_s: float = 2.0) -> bool:
         return self.tracer.shutdown(timeout_s)
@@ -151,12 +198,13 @@ def generate_attributes(request, request_id: str, model: str, triton_model: str)
     }
 
 
-def usage_attributes(assembler) -> dict[str, Any]:
-    """What the ensemble's responses said (``mapping.ResponseAssembler``): token counts, finish reasons."""
-    seqs = [assembler.sequences[i] for i in sorted(assembler.sequences)]
+def usage_attributes(*assemblers) -> dict[str, Any]:
+    """What the ensemble's responses said (``mapping.ResponseAssembler``, one per prompt): token counts, finish
+    reasons."""
+    seqs = [a.sequences[i] for a in assemblers for i in sorted(a.sequences)]
     reasons = [s.finish_reason for s in seqs if s.finish_reason]
     return {
-        t.GEN_AI_USAGE_INPUT_TOKENS: assembler.prompt_tokens or None,
+        t.GEN_AI_USAGE_INPUT_TOKENS: sum(a.prompt_tokens for a in assemblers) or None,
         t.GEN_AI_USAGE_OUTPUT_TOKENS: sum(s.output_tokens for s in seqs) if seqs else None,
         t.GEN_AI_RESPONSE_FINISH_REASONS: reasons or None,
     }

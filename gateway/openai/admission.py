@@ -8,7 +8,6 @@ limit, shared with the gRPC ``Generate`` calls (429 ``rate_limit_exceeded`` with
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from dataclasses import dataclass
 
@@ -16,8 +15,11 @@ import grpc
 from fastapi import Request
 
 from gateway.service import TRACE_HEADERS, LLMService
+from gateway.tracing import HTTPServerSpan
 
 from .errors import APIError
+from .runner import Runner
+from .span import span_of, usage
 
 log = logging.getLogger("gateway")
 
@@ -51,18 +53,18 @@ class Admitted:
     service: LLMService
     request_id: str
     metadata: tuple[tuple[str, str], ...]
-    span: object | None = None
+    span: HTTPServerSpan | None = None
+    runner: Runner | None = None        # set once the request is built: its usage goes on the span at release
     released: bool = False
 
     def release(self) -> None:
         if not self.released:
             self.released = True
             self.service.inflight -= 1
-            if self.span is not None:
-                self.span.end()
+            usage(self.span, self.runner)
 
 
-async def admit(service: LLMService, request: Request, model: str, operation: str) -> Admitted:
+async def admit(service: LLMService, request: Request, model: str) -> Admitted:
     """After ``check_auth`` (the routes' dependency): readiness, the model's name, a slot of the limit."""
     upstream = service.upstream
     if not upstream.ready:
@@ -79,9 +81,7 @@ async def admit(service: LLMService, request: Request, model: str, operation: st
     if not (0 < len(rid) <= MAX_REQUEST_ID_CHARS and rid.isascii() and rid.isprintable() and " " not in rid):
         rid = uuid.uuid4().hex
     headers = {k: request.headers[k] for k in TRACE_HEADERS if k in request.headers}
-    span = None
-    if service.tracing is not None:
-        span = service.tracing.start(operation, headers, time.time_ns())
+    span = span_of(request)     # the request's server span (span.py), the parent of Triton's spans
     metadata = span.upstream_metadata() if span is not None else tuple(headers.items())
     service.inflight += 1
     return Admitted(service, rid, metadata, span)

@@ -29,6 +29,7 @@ from .errors import APIError, bad_request, install
 from .logprobs import Splitter, token_strings
 from .runner import Runner
 from .schemas import ChatCompletionRequest, CompletionRequest, ErrorResponse
+from .span import ServerSpans, request_attributes
 from .sse import respond
 
 log = logging.getLogger("gateway")
@@ -145,6 +146,8 @@ def create_app(service: LLMService, metrics_url: str, max_body_bytes: int = MAX_
     install(app)
     app.openapi = _without_422(app)
     app.add_middleware(BodyLimit, limit=max_body_bytes)
+    if service.tracing is not None:     # added last: the outermost, so a refused body has its span too
+        app.add_middleware(ServerSpans, tracing=service.tracing)
     upstream = service.upstream
     http = httpx.AsyncClient(timeout=METRICS_TIMEOUT_S)
     app.router.on_shutdown.append(http.aclose)
@@ -158,15 +161,17 @@ def create_app(service: LLMService, metrics_url: str, max_body_bytes: int = MAX_
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         _refuse(body)
         plan = guides.plan(body)
-        admitted = await admit(service, request, body.model, "ChatCompletions")
+        admitted = await admit(service, request, body.model)
         try:
             if body.user:
                 log.info("request %s: user %s", admitted.request_id, body.user)
             facts = await upstream.facts()
             req = params.chat_request(body, prompt.prompt_messages(body), facts.max_context_tokens, plan.guide)
             params.select_adapter(req, body.model, facts.lora_adapters)
-            runner = Runner(upstream, service.closer, [req], admitted.request_id, body.n,
-                            params.param_of(plan.param), admitted.metadata, service.stream_buffer_bytes)
+            request_attributes(admitted.span, [req], admitted.request_id, body.model, upstream.model)
+            runner = admitted.runner = Runner(upstream, service.closer, [req], admitted.request_id, body.n,
+                                              params.param_of(plan.param), admitted.metadata,
+                                              service.stream_buffer_bytes)
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             chat = ChatCompletion(runner, plan, model=body.model, completion_id="chatcmpl-" + admitted.request_id,
                                   n=body.n, logprobs=body.logprobs, include_usage=include_usage and body.stream,
@@ -181,7 +186,7 @@ def create_app(service: LLMService, metrics_url: str, max_body_bytes: int = MAX_
     @app.post("/v1/completions", dependencies=guarded, responses={**SSE, **GENERATION_ERRORS})
     async def completions(body: CompletionRequest, request: Request):
         _refuse(body)
-        admitted = await admit(service, request, body.model, "Completions")
+        admitted = await admit(service, request, body.model)
         try:
             if body.user:
                 log.info("request %s: user %s", admitted.request_id, body.user)
@@ -190,8 +195,9 @@ def create_app(service: LLMService, metrics_url: str, max_body_bytes: int = MAX_
             reqs = [params.completion_request(body, p) for p in prompts]
             for req in reqs:
                 params.select_adapter(req, body.model, facts.lora_adapters)
-            runner = Runner(upstream, service.closer, reqs, admitted.request_id, body.n, params.PARAM_OF,
-                            admitted.metadata, service.stream_buffer_bytes)
+            request_attributes(admitted.span, reqs, admitted.request_id, body.model, upstream.model)
+            runner = admitted.runner = Runner(upstream, service.closer, reqs, admitted.request_id, body.n,
+                                              params.PARAM_OF, admitted.metadata, service.stream_buffer_bytes)
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             completion = Completion(runner, model=body.model, completion_id="cmpl-" + admitted.request_id,
                                     prompts=prompts, n=body.n, echo=body.echo, logprobs=body.logprobs is not None,
