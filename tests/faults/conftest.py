@@ -2,6 +2,10 @@
 a queue cap) under the launcher's ``Supervisor`` (cli/supervisor.py) in a thread, and the gateway (gRPC and the
 OpenAI HTTP API) in front of it. One for the whole suite: every restart costs a model load.
 
+Every test needs its requests still running when the fault comes, on any CPU: the engine sleeps ``STEP_DELAY_S``
+after each step (``test_step_delay_s``, a setting for tests only), so a request of N tokens runs for at least
+``shortest_run_s(N)`` seconds (one token and the n-gram speculation's drafts a step at most), whatever the CPU.
+
 Each test records its figures (time to error, time to recover, requests lost) with ``record``; the run's table
 is printed at the end (``python -m pytest tests/faults -q -rA``) and, with ``FAULTS_FIGURES=path``, written there
 as JSON: docs/reliability.md quotes it.
@@ -9,6 +13,7 @@ as JSON: docs/reliability.md quotes it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -26,7 +31,21 @@ from tests.e2e.helpers import clean_env
 MAX_NUM_SEQS = 8
 MAX_QUEUED_REQUESTS = 16
 KV_CACHE_BYTES = "24MiB"       # 12,288 tokens: 8 running sequences of 1,000 tokens fit
+STEP_DELAY_S = 0.05            # a 900-token request runs 5 s at least; a 128-token one 0.7 s
+TOKENS_PER_STEP = 1 + int(SPECULATIVE["num_speculative_tokens"])   # the most a step gives one sequence
 FIGURES = pytest.StashKey[list]()
+
+
+def shortest_run_s(tokens: int) -> float:
+    """The least time a request of ``tokens`` can run on the suite's server, on any CPU."""
+    return (math.ceil(tokens / TOKENS_PER_STEP) - 1) * STEP_DELAY_S
+
+
+def none_ended(outs, what: str, tokens: int) -> None:
+    """Fail at once, saying why, if a stream ended before the fault: the test would wait for nothing."""
+    ended = [o.kind for o in outs if o.ended_at is not None]
+    assert not ended, (f"{len(ended)} streams ended before {what} ({ended}): a {tokens}-token request should run "
+                       f"{shortest_run_s(tokens):.1f} s at least with a step delay of {STEP_DELAY_S} s")
 
 
 @dataclass
@@ -66,7 +85,7 @@ def render(root: Path, model_path: Path) -> Path:
     return render_model_repository(root / "model_repository", {
         "llm": {"model_path": str(model_path), "kv_cache_bytes": KV_CACHE_BYTES, "max_num_seqs": str(MAX_NUM_SEQS),
                 "max_queued_requests": str(MAX_QUEUED_REQUESTS), "metrics_interval_s": "0.1",
-                "cancel_poll_interval_s": "0.02", "device": "cpu",
+                "cancel_poll_interval_s": "0.02", "device": "cpu", "test_step_delay_s": str(STEP_DELAY_S),
                 "guided_compile_timeout_s": GUIDED_COMPILE_TIMEOUT_S, **SPECULATIVE},
         "preprocess": {"tokenizer_path": str(model_path)},
         "postprocess": {"tokenizer_path": str(model_path)},

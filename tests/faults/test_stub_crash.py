@@ -14,6 +14,7 @@ from cli.stub_watch import stub_processes
 from tests.e2e.helpers import gauge, run, wait_until
 from tests.faults import clients
 from tests.faults.clients import Outcome
+from tests.faults.conftest import none_ended
 
 MIX = {"direct": 6, "grpc": 5, "http": 5}     # 16 streams: 8 running (max_num_seqs), 8 waiting
 MAX_TOKENS = 900
@@ -42,8 +43,11 @@ def test_a_dead_stub_ends_every_stream_and_the_server_comes_back(faulty, model, 
     restarts = len(sup.restarts)
     outs, threads = start_streams(faulty)
     active = lambda: gauge(faulty.metrics_url, "nv_trt_llm_request_metrics", request_type="active")  # noqa: E731
-    wait_until(lambda: active() == len(outs) and sum(o.started.is_set() for o in outs) >= 8, 120,
-               "16 streams in the engine, 8 of them generating")
+
+    def all_in_flight() -> bool:
+        none_ended(outs, "16 were in flight", MAX_TOKENS)
+        return active() == len(outs) and sum(o.started.is_set() for o in outs) >= 8
+    wait_until(all_in_flight, 120, "16 streams in the engine, 8 of them generating")
     (stub,) = [s for s in stub_processes(server.proc.pid).values() if s.model == model]
     killed = time.monotonic()
     os.kill(stub.pid, signal.SIGKILL)

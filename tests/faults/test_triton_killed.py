@@ -11,6 +11,7 @@ import httpx
 from tests.e2e.helpers import gauge, wait_until
 from tests.faults import clients
 from tests.faults.clients import Outcome
+from tests.faults.conftest import none_ended
 
 MAX_TOKENS = 900
 ERROR_WITHIN_S = 5.0
@@ -27,8 +28,12 @@ def test_a_killed_tritonserver_fails_calls_fast_and_is_served_again(faulty, reco
         threads.append(clients.start(fn, *args, out, MAX_TOKENS, 120))
         outs.append(out)
     active = lambda: gauge(faulty.metrics_url, "nv_trt_llm_request_metrics", request_type="active")  # noqa: E731
-    wait_until(lambda: active() == len(outs), 120, "every call in the engine")
-    wait_until(lambda: sum(o.started.is_set() for o in outs) >= 8, 60, "8 calls streaming")
+
+    def in_flight(streaming: int) -> bool:
+        none_ended(outs, "the kill", MAX_TOKENS)
+        return active() == len(outs) and sum(o.started.is_set() for o in outs) >= streaming
+    wait_until(lambda: in_flight(0), 120, "every call in the engine")
+    wait_until(lambda: in_flight(8), 60, "8 calls streaming")
 
     faulty.supervisor.request_stop()          # the launcher would exit with tritonserver: the test restarts it
     killed = time.monotonic()
