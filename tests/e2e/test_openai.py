@@ -1,6 +1,6 @@
 """The OpenAI-compatible API through the real ``openai`` SDK (sync and async, ``max_retries=0``) against the
 gateway in front of the real tritonserver: text, n, seeds, stops, logprobs and top logprobs, usage,
-structured output and tool calls that validate, errors, a disconnect that frees KV, 32 concurrent streams,
+``ignore_eos`` and ``logit_bias``, structured output and tool calls that validate, errors, a disconnect that frees KV, 32 concurrent streams,
 the router's metrics.
 One gateway (module scope) in front of the session's server."""
 from __future__ import annotations
@@ -154,6 +154,73 @@ def test_bad_inputs_get_openai_errors(client, model):
     with pytest.raises(openai.BadRequestError) as e:   # the ensemble's own check: a prompt over the context
         client.completions.create(model=model, prompt="x " * 5000, max_tokens=4)
     assert e.value.body["param"] == "prompt"
+
+
+EOS_PROMPT = "if __name__ == '__main__':\n    main()\n"   # the demo model's greedy answer is EOS at once
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_path):
+    from preprocess.tokenizer import load_tokenizer
+
+    return load_tokenizer(model_path)
+
+
+def test_ignore_eos_gives_exactly_max_tokens(client, model):
+    """vLLM's extra as load generators send it (``extra_body``): a completion that EOS ends at once, and chat,
+    streamed and not, each have exactly ``max_tokens`` tokens."""
+    early = client.completions.create(model=model, prompt=EOS_PROMPT, max_tokens=24, temperature=0)
+    assert early.choices[0].finish_reason == "stop" and early.usage.completion_tokens < 24
+    fixed = client.completions.create(model=model, prompt=EOS_PROMPT, max_tokens=24, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    assert fixed.choices[0].finish_reason == "length" and fixed.usage.completion_tokens == 24
+    for n_tokens, stream in ((40, False), (33, True)):
+        kw = dict(model=model, messages=PROMPT, max_tokens=n_tokens, temperature=1.0, seed=5,
+                  extra_body={"ignore_eos": True})
+        if stream:
+            chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+            usage, finish = chunks[-1].usage, [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        else:
+            out = client.chat.completions.create(**kw)
+            usage, finish = out.usage, out.choices[0].finish_reason
+        assert finish == "length" and usage.completion_tokens == n_tokens
+
+
+WORDS = (" return", " import", " class")   # one token each in the demo tokenizer
+
+
+def test_logit_bias_forces_and_bans_a_greedy_token(client, model, tokenizer):
+    ids = [tokenizer.encode(w, add_special_tokens=False) for w in WORDS]
+    assert all(len(i) == 1 for i in ids), ids
+    ids = [i[0] for i in ids]
+
+    def words(bias: dict) -> list[str]:
+        out = client.completions.create(model=model, prompt="def fibonacci(n):", max_tokens=6, temperature=0,
+                                        logit_bias={str(t): b for t, b in bias.items()})
+        return out.choices[0].text.split(" ")[1:]
+
+    assert words({ids[0]: 100}) == ["return"] * 6                       # +100 makes the greedy request emit it
+    three = words({t: 100 for t in ids})
+    assert three and set(three) <= {w.strip() for w in WORDS}, three
+    first = WORDS.index(" " + three[0])                                  # the one of three the model prefers
+    banned = words({t: -100 if i == first else 100 for i, t in enumerate(ids)})
+    assert banned and WORDS[first].strip() not in banned and set(banned) <= {w.strip() for w in WORDS}, banned
+    chat = client.chat.completions.create(model=model, messages=PROMPT, max_tokens=4, temperature=0,
+                                          logit_bias={str(ids[2]): 100})
+    assert chat.choices[0].message.content == " class" * 4
+
+
+@pytest.mark.parametrize("kw, param, message", [
+    (dict(logit_bias={"5": 101}), "logit_bias", "logit_bias: the bias of token 5 must be in [-100, 100], got 101"),
+    (dict(logit_bias={"99999": 1}), "logit_bias", "logit_bias: token id 99999 is outside the vocabulary [0, 4096)"),
+    (dict(logit_bias={"x": 1}), "logit_bias", "logit_bias: key 'x' is not a token id (a decimal integer)"),
+    (dict(response_format={"type": "json_object"}, extra_body={"ignore_eos": True}), "ignore_eos",
+     "ignore_eos: not supported with guided decoding (the grammar ends with EOS)"),
+])
+def test_a_bad_logit_bias_or_ignore_eos_is_a_400_naming_it(client, model, kw, param, message):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model, messages=PROMPT, max_tokens=4, **kw)
+    assert e.value.body["param"] == param and e.value.body["message"] == message
 
 
 def test_32_concurrent_streams_complete(aclient, model):
