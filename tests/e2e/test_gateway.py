@@ -129,6 +129,27 @@ def test_tokenize_and_model_info_agree_with_generate(stub, model_path):
     assert tok.token_count == out[-1].usage.prompt_tokens
 
 
+def test_ignore_eos_and_logit_bias(stub, model_path):
+    """A prompt whose greedy answer is EOS at once: with ``ignore_eos`` it has ``max_tokens`` tokens. +100 on a
+    token makes a greedy request emit only it; -100 on it then keeps it out."""
+    from preprocess.tokenizer import load_tokenizer
+
+    eos_prompt = "if __name__ == '__main__':\n    main()\n"
+    early = generate(stub, prompt=eos_prompt, max_tokens=16, temperature=0.0)
+    assert early[-1].finish_reason == pb.FINISH_REASON_STOP and early[-1].usage.completion_tokens < 16
+    fixed = generate(stub, prompt=eos_prompt, max_tokens=16, temperature=0.0, ignore_eos=True)
+    assert fixed[-1].finish_reason == pb.FINISH_REASON_LENGTH and fixed[-1].usage.completion_tokens == 16
+    ret, = load_tokenizer(model_path).encode(" return", add_special_tokens=False)
+    forced = generate(stub, prompt=PROMPTS[0], max_tokens=5, temperature=0.0, exclude_input_in_output=True,
+                      logit_bias={ret: 100.0})
+    assert "".join(m.text for m in forced) == " return" * 5
+    plain = generate(stub, prompt="def f():\n   ", max_tokens=1, temperature=0.0, exclude_input_in_output=True)
+    assert "".join(m.text for m in plain) == " return"                  # the model's own choice there
+    banned = generate(stub, prompt="def f():\n   ", max_tokens=8, temperature=0.0, exclude_input_in_output=True,
+                      logit_bias={ret: -100.0})
+    assert "return" not in "".join(m.text for m in banned)
+
+
 # ---- deadlines and cancellation free the KV cache: tests/e2e/test_cancel.py (a server whose steps are paced) ----
 
 # ---- invalid fields ------------------------------------------------------------------------------------------
@@ -169,6 +190,11 @@ INVALID = {
     "a regex that does not parse": (
         {**P, "guided_decoding": pb.GuidedDecoding(regex="[0-9")}, "guided_decoding.regex"),
     "request_id too long": ({**P, "request_id": "r" * 129}, "request_id"),
+    "logit_bias outside the vocabulary": ({**P, "logit_bias": {10**6: 1.0}}, "logit_bias"),
+    "logit_bias above 100": ({**P, "logit_bias": {5: 100.5}}, "logit_bias"),
+    "logit_bias negative id": ({**P, "logit_bias": {-1: 1.0}}, "logit_bias"),
+    "ignore_eos with a guide": ({**P, "ignore_eos": True, "guided_decoding": pb.GuidedDecoding(regex="[0-9]+")},
+                                "ignore_eos"),
 }
 
 
