@@ -176,6 +176,7 @@ def record(**kw) -> FinishedRequest:
                 params=SamplingParams(max_tokens=4, temperature=0.8, top_k=40, top_p=0.9, min_p=0.05,
                                       repetition_penalty=1.1, presence_penalty=0.2, frequency_penalty=0.3,
                                       bad_words_ids=((5, 6),),   # stop_token_ids: refused beside a guide
+                                      logit_bias=((9, -100.0), (12, 0.1)),
                                       guide=GuideSpec("regex", "[a-z]+")),
                 stats=stats(), finish_reason="length", finish_reasons=["length"], prompt_sha256="p" * 64,
                 num_prompt_tokens=3, output_sha256=["o" * 64],
@@ -194,7 +195,8 @@ def test_log_record_holds_the_whole_sampling_tuple():
     assert d["sampling"] == {
         "seed": 77, "temperature": 0.8, "top_k": 40, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.1,
         "presence_penalty": 0.2, "frequency_penalty": 0.3, "max_tokens": 4, "min_tokens": 0, "n": 1,
-        "stop_token_ids": [], "ignore_eos": False, "bad_words_ids": [[5, 6]], "logprobs": None,
+        "stop_token_ids": [], "ignore_eos": False, "bad_words_ids": [[5, 6]], "logit_bias": [[9, -100.0], [12, 0.1]],
+        "logprobs": None,
         "guide_type": "regex", "guide_sha256": __import__("hashlib").sha256(b"[a-z]+").hexdigest()}
     assert d["seed_drawn"] is True                      # the request had none; the engine drew 77
     assert d["output_options"] == {"stop": ["\n\n"], "skip_special_tokens": True}   # no prompt tokens
