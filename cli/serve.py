@@ -40,11 +40,12 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from tracing import TracingConfigError, TracingSettings
+from tracing import LOCAL_SCHEDULE_DELAY_MS, TracingConfigError, TracingSettings
 from cli.serve_ports import GatewayListen, check_distinct, gateway_listen_from_env
 from cli.supervisor import Supervisor, liveness_path_from_env
 from cli.launcher import (
@@ -193,8 +194,26 @@ def tracing_summary(env=None) -> str:
         return f"off ({e})"
     if settings is None:
         return "off (set OTEL_EXPORTER_OTLP_ENDPOINT, e.g. http://localhost:4318, to send traces)"
-    share = "none sampled" if settings.triton_rate is None else f"1 request in {settings.triton_rate}"
+    share = "none sampled" if settings.triton_rate is None else \
+        f"1 request in {settings.triton_rate}, sent within {settings.schedule_delay_ms} ms"
     return f"{settings.traces_url} as {settings.service_name!r}, {share}"
+
+
+def local_trace_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``OTEL_BSP_SCHEDULE_DELAY`` = ``LOCAL_SCHEDULE_DELAY_MS`` (1000) for tritonserver, the models and the
+    gateway when traces go to this machine (``localhost``, ``127.x``, ``::1``: the trace viewer, a local Jaeger)
+    and the variable is unset, so a trace shows within a few seconds of its request rather than after the
+    spec's 5 s delay; {} otherwise (a remote collector keeps the spec's batching)."""
+    try:
+        settings = TracingSettings.from_env(env)
+    except TracingConfigError:
+        return {}
+    if settings is None or env.get("OTEL_BSP_SCHEDULE_DELAY", "").strip():
+        return {}
+    host = urllib.parse.urlsplit(settings.traces_url).hostname or ""
+    if host in ("localhost", "::1") or host.startswith("127."):
+        return {"OTEL_BSP_SCHEDULE_DELAY": str(LOCAL_SCHEDULE_DELAY_MS)}
+    return {}
 
 
 def client_command(python: str | None = None, cwd: Path | None = None) -> str:
@@ -245,8 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     except LauncherError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    trace_env = local_trace_env(os.environ)
     server = TritonServer(repo, ports, install=install, log_verbose=args.log_verbose, extra_args=server_args,
-                          log_path=args.log_file, echo=True)
+                          log_path=args.log_file, echo=True, env=trace_env)
     print(f"tritonserver: {install.binary} (from {install.source})")
     print(f"model repository: {repo}")
     print(f"log: {args.log_file}" + ("" if cuda_device_present() else " (all of it: the 2 harmless CUDA E lines of a "
@@ -264,12 +284,12 @@ def main(argv: list[str] | None = None) -> int:
         ready = True
         supervisor.arm()      # the stubs of the ready server; the liveness file says serving
         if listen is not None:
-            gateway = start_gateway(server, listen)
+            gateway = start_gateway(server, listen, trace_env)
         print("\nready:")
         print(f"  gRPC     {server.grpc_url}    (KServe v2; model 'ensemble', decoupled: use streaming)")
         print(f"  HTTP     http://{server.http_url}  (/v2/health/ready, /v2/models/ensemble/config)")
         print(f"  metrics  {server.metrics_url}")
-        print(f"  traces   {tracing_summary()}")
+        print(f"  traces   {tracing_summary({**os.environ, **trace_env})}")
         client = client_command()
         print(f"  try:     {client} \"def fibonacci(n):\" --max-tokens 64 --url {server.grpc_url}")
         if gateway is not None:
@@ -302,12 +322,12 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(repo, ignore_errors=True)
 
 
-def start_gateway(server: TritonServer, listen: GatewayListen):
+def start_gateway(server: TritonServer, listen: GatewayListen, env: Mapping[str, str] | None = None):
     """``python -m gateway`` on ``listen`` (the typed gRPC API; the OpenAI-compatible HTTP API unless it is off) in
-    front of ``server``; returns once both answer."""
+    front of ``server``, with ``env`` added to this environment; returns once both answer."""
     from cli.gateway_process import GatewayProcess
 
-    gateway = GatewayProcess(listen.grpc.address, server.grpc_url,
+    gateway = GatewayProcess(listen.grpc.address, server.grpc_url, env={**os.environ, **(env or {})},
                              openai_listen=listen.openai.address if listen.openai is not None else None,
                              triton_metrics_url=server.metrics_url).start()
     try:

@@ -5,8 +5,9 @@
     python -m cli.client "def fibonacci(n):" --max-tokens 32
 
 Each trace is printed once no span of it has arrived for ``--idle`` seconds (default: 1.5 times the
-exporters' batch delay ``OTEL_BSP_SCHEDULE_DELAY``, 5 s unless set: each process exports its spans on
-its own schedule, so one trace's spans arrive up to one delay apart), one span a line:
+exporters' batch delay: ``OTEL_BSP_SCHEDULE_DELAY`` when set here, else the 1 s ``make serve`` gives its
+exporters when traces go to this machine, so a trace prints about 1.5-2.5 s after its request ends; each
+process exports its spans on its own schedule, so one trace's spans arrive up to one delay apart), one span a line:
 indented under its parent, with its service, start offset from the trace's first span, duration,
 and its key attributes and events::
 
@@ -32,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Mapping
 
 from cli.otlp import Span, decode
-from tracing import TracingSettings
+from tracing import LOCAL_SCHEDULE_DELAY_MS
 
 TRACES_PATH = "/v1/traces"
 # attributes worth a place on the waterfall line (short label: attribute)
@@ -69,10 +70,11 @@ def quiet_period_s(schedule_delay_ms: int) -> float:
 
 
 def default_idle_s(env: Mapping[str, str]) -> float:
-    """``quiet_period_s`` of ``OTEL_BSP_SCHEDULE_DELAY`` (ms), the setting the server's exporters read."""
+    """``quiet_period_s`` of ``OTEL_BSP_SCHEDULE_DELAY`` (ms), the setting the server's exporters read; unset,
+    of ``LOCAL_SCHEDULE_DELAY_MS``, the delay ``make serve`` sets for a receiver on this machine."""
     raw = env.get("OTEL_BSP_SCHEDULE_DELAY", "").strip()
     if not raw:
-        return quiet_period_s(TracingSettings.schedule_delay_ms)
+        return quiet_period_s(LOCAL_SCHEDULE_DELAY_MS)
     if not raw.isdigit() or int(raw) <= 0:
         raise ValueError(f"OTEL_BSP_SCHEDULE_DELAY: expected a whole number of milliseconds > 0, got {raw!r}")
     return quiet_period_s(int(raw))
@@ -251,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default="0.0.0.0")
     ap.add_argument("--port", type=int, default=4318)
     ap.add_argument("--idle", type=float, help="print a trace once no span came for this long, in seconds "
-                    "(default: 1.5 x $OTEL_BSP_SCHEDULE_DELAY, which defaults to 5000 ms)")
+                    "(default: 1.5 x $OTEL_BSP_SCHEDULE_DELAY, else 1.5 x the 1000 ms make serve sets for a "
+                    "receiver on this machine; a server exporting every 5 s needs --idle 7.5)")
     ap.add_argument("--jsonl", type=argparse.FileType("a"), help="also append every span to this file as JSON lines")
     args = ap.parse_args(argv)
     if args.idle is None:

@@ -7,6 +7,9 @@ from typing import Any, Mapping
 
 DEFAULT_SERVICE_NAME = "triton-llm"
 TRACES_PATH = "/v1/traces"
+# The batch delay ``make serve`` gives every exporter when traces go to this machine (the trace viewer, a local
+# Jaeger) and OTEL_BSP_SCHEDULE_DELAY is unset (cli/serve.py); the trace viewer's quiet period follows it.
+LOCAL_SCHEDULE_DELAY_MS = 1000
 SAMPLERS = ("always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off",
             "parentbased_traceidratio")
 

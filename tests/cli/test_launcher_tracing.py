@@ -55,7 +55,33 @@ def test_serve_prints_where_traces_go():
     assert tracing_summary({}).startswith("off (set OTEL_EXPORTER_OTLP_ENDPOINT")
     assert tracing_summary({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://j:4318",
                             "OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"}) == \
-        "http://j:4318/v1/traces as 'triton-llm', 1 request in 10"
+        "http://j:4318/v1/traces as 'triton-llm', 1 request in 10, sent within 5000 ms"
     assert tracing_summary({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://j:4318", "OTEL_TRACES_SAMPLER": "always_off"}) \
         .endswith("none sampled")
     assert tracing_summary({"OTEL_EXPORTER_OTLP_ENDPOINT": "x"}).startswith("off (OTEL_EXPORTER_OTLP_ENDPOINT")
+
+
+@pytest.mark.parametrize("env, delay", [
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://localhost:4318"}, "1000"),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"}, "1000"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://[::1]:4318"}, "1000"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://jaeger.monitoring:4318"}, None),        # a remote collector
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://localhost:4318", "OTEL_BSP_SCHEDULE_DELAY": "3000"}, None),  # its own
+    ({}, None),
+])
+def test_traces_to_this_machine_are_sent_within_a_second(env, delay):
+    from cli.serve import local_trace_env
+
+    assert local_trace_env(env).get("OTEL_BSP_SCHEDULE_DELAY") == delay
+
+
+def test_the_local_delay_reaches_tritonservers_flags(monkeypatch):
+    from cli.serve import local_trace_env
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318")
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
+    monkeypatch.delenv("OTEL_BSP_SCHEDULE_DELAY", raising=False)
+    server = TritonServer(Path("/repo"), Ports(), install=TritonInstall(Path("/bin/tritonserver"), None),
+                          env=local_trace_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://localhost:4318"}))
+    assert "opentelemetry,bsp_schedule_delay=1000" in flags(server.command()[server.command().index("--trace-config"):])
+    assert server.server_env()["OTEL_BSP_SCHEDULE_DELAY"] == "1000"     # the Python models' exporters too

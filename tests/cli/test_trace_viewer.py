@@ -120,15 +120,17 @@ def test_idle_traces_are_handed_out_once(receiver):
     assert len(done) == 2 and receiver.store.trace_ids() == []
 
 
-def test_spans_of_one_trace_five_seconds_apart_stay_one_trace():
+@pytest.mark.parametrize("env, interval_s", [({}, 1.0), ({"OTEL_BSP_SCHEDULE_DELAY": "5000"}, 5.0)])
+def test_spans_of_one_trace_one_export_interval_apart_stay_one_trace(env, interval_s):
+    """Unset here, the interval is the one make serve gives exporters that send to this machine (cli/serve.py)."""
     from cli.trace_viewer import TraceStore, default_idle_s
 
     now = [100.0]
     store = TraceStore(clock=lambda: now[0])
-    idle = default_idle_s({})               # OTEL_BSP_SCHEDULE_DELAY unset: the exporters flush every 5 s
+    idle = default_idle_s(env)
     first, second = (Span(TRACE_ID, f"{i:016x}", None, f"s{i}", "svc", 0, 1) for i in (1, 2))
     store.add([first])
-    now[0] += 5.0                           # the next process's batch arrives one export interval later
+    now[0] += interval_s                    # the next process's batch arrives one export interval later
     assert store.pop_idle(idle) == []
     store.add([second])
     now[0] += idle
@@ -137,10 +139,11 @@ def test_spans_of_one_trace_five_seconds_apart_stay_one_trace():
 
 
 def test_the_quiet_period_follows_the_export_interval():
+    from cli.serve import local_trace_env
     from cli.trace_viewer import default_idle_s
 
-    assert default_idle_s({}) > 5.0
-    assert default_idle_s({"OTEL_BSP_SCHEDULE_DELAY": "1000"}) > 1.0
-    assert default_idle_s({"OTEL_BSP_SCHEDULE_DELAY": "1000"}) < default_idle_s({})
+    local = local_trace_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://localhost:4318"})["OTEL_BSP_SCHEDULE_DELAY"]
+    assert default_idle_s({}) == default_idle_s({"OTEL_BSP_SCHEDULE_DELAY": local}) > int(local) / 1000
+    assert default_idle_s({"OTEL_BSP_SCHEDULE_DELAY": "5000"}) > 5.0
     with pytest.raises(ValueError, match="OTEL_BSP_SCHEDULE_DELAY"):
         default_idle_s({"OTEL_BSP_SCHEDULE_DELAY": "soon"})
