@@ -24,6 +24,7 @@ VOCAB = LOGITS.shape[0]
 BUILD = native_ops()
 KERNELS = [pytest.param(TORCH_KERNELS, id="torch")] + (
     [pytest.param(BitmaskKernels.of(BUILD.ops), id="native")] if BUILD.available else [])
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 
 
 def seq(seq_id=0, output=(), **params):
@@ -136,6 +137,20 @@ def test_verification_includes_the_bias(temperature):
     unbiased = int(logits[0].argmax())                  # banned by the bias: rejected, the biased draw emitted
     out = sampler.verify(logits[:2], [s], [[unbiased]])
     assert out.token_ids == [[plain[0]]] and plain[0] != unbiased
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_rule_on_the_device(device):
+    """The sampler's tensors on ``device`` (the CUDA path is the same tensor ops): greedy forced and banned, a
+    sampled row under a grammar mask, coupled verification."""
+    sampler = Sampler(vocab_size=VOCAB, device=device, seed=2)
+    logits = LOGITS.to(device).repeat(3, 1)
+    rows = [seq(0, temperature=0.0, logit_bias=((5, 100.0),)), seq(1, temperature=0.0, logit_bias=((0, -100.0),)),
+            seq(2, temperature=0.7, seed=4, logit_bias=((0, 100.0), (1, 1.0)))]
+    mask = torch.cat([mask_words(list(range(VOCAB)), 2), mask_words([1, 3, 4])]).to(device)
+    out = sampler.sample(logits, sampler.build_batch(rows, grammar_bitmask=mask)).token_ids.tolist()
+    assert out[:2] == [5, 3] and out[2] in (1, 3, 4)
+    assert sampler.verify(logits[:2], [rows[0]], [[5]]).token_ids == [[5, 5]]
 
 
 def test_probabilities_of_verify_rows_carry_the_bias():
