@@ -231,7 +231,7 @@ def client_command(python: str | None = None, cwd: Path | None = None) -> str:
     return shown if chosen == script else f"{shown} -m cli.client"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
     ap.add_argument("--set", action="append", default=[], metavar="MODEL.KEY=VALUE",
@@ -241,7 +241,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="tritonserver's whole log, also echoed here (default .cache/tritonserver.log)")
     ap.add_argument("--no-gateway", action="store_true",
                     help="do not start the gateway (the typed gRPC API on GATEWAY_PORT, the OpenAI API on OPENAI_PORT)")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     gateway = None
     try:
         ports = Ports.from_env()
