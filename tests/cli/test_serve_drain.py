@@ -122,7 +122,9 @@ def sigterm_during_streams(drain_s: int, n: int = 3, max_tokens: int = 300,
 
     ports = Ports.free()
     env = dict(os.environ, HTTP_PORT=str(ports.http), GRPC_PORT=str(ports.grpc), METRICS_PORT=str(ports.metrics),
-               TRITON_LLM_SET="llm.kv_cache_bytes=16MiB llm.speculative_method=none",
+               # the step delay (a setting for tests only) keeps every stream running 3 s at least on any CPU, so
+               # SIGTERM comes while all are in flight
+               TRITON_LLM_SET="llm.kv_cache_bytes=16MiB llm.speculative_method=none llm.test_step_delay_s=0.01",
                TRITON_LLM_SERVER_ARGS="--exit-timeout-secs=15", **{DRAIN_ENV: str(drain_s)})
     proc = subprocess.Popen([sys.executable, "-m", "cli.serve"], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
