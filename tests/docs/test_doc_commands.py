@@ -1,7 +1,7 @@
 """Every ``cli.client`` and ``cli.serve`` command in a ``bash`` block of the README and docs/ parses as pasted: the
 flags exist, take the values shown, and nothing is left over (a placeholder such as ``[--lora NAME]`` would fail
 with "unrecognized arguments"). Environment prefixes (``TRITON_LLM_SET=... make serve``) are checked for the
-variables ``make serve`` reads."""
+variables ``make serve`` reads, and give its five servers a port each."""
 from __future__ import annotations
 
 import re
@@ -10,6 +10,8 @@ import shlex
 import pytest
 
 from cli import client, serve
+from cli.launcher import Ports
+from cli.serve_ports import check_distinct, gateway_listen_from_env
 from tests.helpers.api_docs import REPO
 
 DOCS = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])
@@ -78,5 +80,7 @@ def test_make_serve_prefixes_are_variables_it_reads(doc, line):
     prefix = tokens[:tokens.index("make")]
     names = {t.split("=", 1)[0] for t in prefix}
     assert all("=" in t for t in prefix) and names <= SERVE_VARIABLES, f"{doc}: {line}"
-    for item in shlex.split(dict(t.split("=", 1) for t in prefix).get("TRITON_LLM_SET", "")):
+    env = dict(t.split("=", 1) for t in prefix)
+    for item in shlex.split(env.get("TRITON_LLM_SET", "")):
         serve.parse_overrides([item])
+    check_distinct(Ports.from_env(env), gateway_listen_from_env(env))    # the servers it starts get a port each
