@@ -10,7 +10,8 @@ Sources: the parameters of TensorRT-LLM backend's ``all_models/inflight_batcher_
 (``tensorrt_llm``, ``preprocessing``, ``postprocessing``, ``tensorrt_llm_bls``) and the template
 variables of their ``fill_template.py`` (``batching_strategy``, ``engine_dir``, ...), vLLM's engine
 arguments, and the parameters of Triton's vLLM backend. The table is documented in docs/deploy.md
-("Parameters from TensorRT-LLM and vLLM"); ``tests/repo/test_foreign_parameters.py`` keeps the two in step.
+("9. Model parameters: every key is read, or refused"); ``tests/contracts/test_model_parameters.py`` keeps the
+two in step.
 """
 from __future__ import annotations
 
