@@ -121,9 +121,10 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
         # process-wide; on a small shared CPU fewer threads than cores avoids OpenMP barrier stalls
         torch.set_num_threads(config.cpu_threads)
     mcfg = ModelConfig.from_file(folder / "config.json")
+    check_composes(config, mcfg)
     dtype = resolve_dtype(config.dtype, device, mcfg.dtype)
     check_kv_format_device(kv_format(config.kv_cache_dtype, dtype), device)   # before the weights load
-    max_model_len = config.resolve_max_model_len(mcfg.max_position_embeddings)
+    max_model_len = served_context(config, mcfg)
     model = load_model(folder, dtype=dtype, device=device, max_positions=max_model_len)
     quantize_model(model, config.quantization, config.quantization_group_size)
     model.fused, fused_text = fused_ops(device, dtype, mcfg.head_dim)   # Triton elementwise kernels on CUDA
@@ -132,9 +133,16 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
                        dtype=dtype, device=device, kv_cache_dtype=config.kv_cache_dtype)
     eos = set(mcfg.eos_token_ids) | generation_eos_ids(folder)
     windows = serving_windows(mcfg.sliding_windows, mcfg.num_hidden_layers, max_model_len)
+    structured = StructuredOutputManager(
+        lambda: xgrammar_backend(folder, mcfg.vocab_size, eos, device), vocab_size=mcfg.vocab_size,
+        compile_timeout_s=config.guided_compile_timeout_s, max_workers=config.guided_compile_workers, device=device,
+        jump_forward=config.guided_jump_forward)
+    is_ready = structured.compiles.is_ready   # a guided request waits for its grammar; a LoRA one for a slot too
     scheduler = Scheduler(config, num_blocks=blocks, max_model_len=max_model_len, vocab_size=mcfg.vocab_size,
                           eos_token_ids=eos, cache_key=checkpoint_identity(folder),
-                          sliding_window=uniform_window(windows))
+                          sliding_window=uniform_window(windows),
+                          can_admit=is_ready if not config.lora_enabled else   # lora: built below, before any step
+                          (lambda seq: lora.admission.can_admit(seq) and is_ready(seq)))
     attn = make_attention_backend(kv_cache, windows=windows)
     fast = build_fast_decode(config, model, kv_cache, windows, max_model_len)
     sampler = Sampler(vocab_size=mcfg.vocab_size, device=device, seed=config.seed, eos_token_ids=sorted(eos),
@@ -143,21 +151,36 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
     lora = LoraRuntime.build(config, mcfg, device, scheduler, dtype) if config.lora_enabled else None
     runner = ModelRunner(model, kv_cache, attn, sampler, device, fast_decode=fast.step,
                          lora=lora.slots if lora is not None else None)
-    structured = StructuredOutputManager(
-        lambda: xgrammar_backend(folder, mcfg.vocab_size, eos, device), vocab_size=mcfg.vocab_size,
-        compile_timeout_s=config.guided_compile_timeout_s, max_workers=config.guided_compile_workers, device=device,
-        jump_forward=config.guided_jump_forward)
     speculator = build_speculator(config, folder, mcfg, blocks, device, dtype, max_model_len, grammar=structured)
     summary = load_summary(config, mcfg, model, kv_cache, device, dtype, max_model_len, windows,
                            type(attn).__name__, speculator) + f", fused ops {fused_text}, fast decode {fast.describe()}" \
         + (f", LoRA adapters {', '.join(lora.names)} (max_loras {config.max_loras}, max_lora_rank "
            f"{config.max_lora_rank})" if lora is not None else "")
     threads = (config.cpu_threads or torch.get_num_threads()) if device.type == "cpu" else 1
-    scheduler.can_admit = structured.is_ready if lora is None else \
-        (lambda seq: lora.admission.can_admit(seq) and structured.is_ready(seq))
     formats = ServedFormats(config.quantization, config.kv_cache_dtype, str(dtype).replace("torch.", ""))
     return EngineParts(scheduler, runner, speculator, cpu_threads=threads, summary=summary,
                        structured_output=structured, formats=formats, lora=lora)
+
+
+def check_composes(config: EngineConfig, mcfg: ModelConfig) -> None:
+    """Refuse, naming the setting, what this model's family does not compose with (``Architecture``)."""
+    arch = mcfg.architecture
+    if config.lora_enabled and not arch.lora:
+        raise ValueError(f"{'lora_adapters' if config.lora_adapters else 'lora_dir'}: LoRA adapters on a "
+                         f"{arch.hf_class} checkpoint are not supported (its PEFT adapters target the fused "
+                         "qkv_proj / gate_up_proj)")
+
+
+def served_context(config: EngineConfig, mcfg: ModelConfig) -> int:
+    """``max_model_len``: the model's context, or where transformers' own output depends on how generation was
+    chunked (LongRoPE past ``original_max_position_embeddings``: ``ModelConfig.exact_positions``) that length."""
+    if config.max_model_len is not None and mcfg.exact_positions < min(config.max_model_len,
+                                                                      mcfg.max_position_embeddings):
+        raise ValueError(f"max_model_len: {config.max_model_len} exceeds {mcfg.exact_positions}, this LongRoPE "
+                         "checkpoint's original_max_position_embeddings; past it transformers switches a whole "
+                         "forward to the long factors and keeps the keys cached before with the short ones, which "
+                         "the engine does not reproduce")
+    return config.resolve_max_model_len(mcfg.exact_positions)
 
 
 def load_summary(config: EngineConfig, mcfg: ModelConfig, model: LlamaForCausalLM, kv: KVCache,
@@ -182,7 +205,7 @@ def load_summary(config: EngineConfig, mcfg: ModelConfig, model: LlamaForCausalL
                    if config.speculative_method == "draft" else ""))
     kv_text = (f"{kv.format.name} (+ an fp16 scale per token and head)" if kv.format.quantized
                else f"auto ({kv.format.label})")
-    arch = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}.get(mcfg.family, mcfg.family)
+    arch = mcfg.architecture.label
     return (f"llm engine loaded: checkpoint {config.model_path} ({arch}, {mcfg.num_hidden_layers} layers, "
             f"{params / 1e6:.2f}M parameters) on {device} in {str(dtype).replace('torch.', '')}; "
             f"weights quantization {config.quantization}; KV cache {kv_text}; "

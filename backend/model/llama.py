@@ -1,4 +1,5 @@
-"""A Llama-family decoder (Llama, Mistral, Qwen2) over flat token batches.
+"""The decoder of every declared family (``architecture.py``: Llama, Mistral, Qwen2, Qwen3, Phi-3) over flat
+token batches; each layer's blocks are what the family declares (q/k norms, biases, partial RoPE).
 
 The model sees one flat list of tokens per step (all sequences end to end) with
 their positions; attention, and with it the KV cache, belongs to an
@@ -51,7 +52,8 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """GQA self-attention with a fused QKV projection (split back into HF names on save)."""
+    """GQA self-attention with a fused QKV projection (split back into HF names on save); with ``q_norm`` /
+    ``k_norm`` (Qwen3) each q and k head is RMS-normed before RoPE."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
@@ -62,17 +64,23 @@ class Attention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
+        qk_norm = cfg.architecture.qk_norm
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
 
     def forward(self, x, cos, sin, attn: AttentionBackend, rope=apply_rope, lora: LoraBatch | None = None):
-        # x: [num_tokens, hidden]; cos/sin: [num_tokens, 1, head_dim]; rope: apply_rope or a fused kernel;
+        # x: [num_tokens, hidden]; cos/sin: [num_tokens, 1, rotary_dim]; rope: apply_rope or a fused kernel;
         # lora: the step's adapters (a delta after each projection), or None
         n = x.shape[0]
         qkv = linear(x, self.qkv_proj)
         if lora is not None:
             lora.add(self.layer_idx, QKV, x, qkv)
         qkv = qkv.view(n, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
-        qk = rope(qkv[:, :self.num_heads + self.num_kv_heads], cos, sin)  # q and k rotated together
+        qk = qkv[:, :self.num_heads + self.num_kv_heads]
+        if self.q_norm is not None:
+            qk = torch.cat((self.q_norm(qk[:, :self.num_heads]), self.k_norm(qk[:, self.num_heads:])), dim=1)
+        qk = rope(qk, cos, sin)  # q and k rotated together
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.num_heads + self.num_kv_heads:]
         out = attn.forward(self.layer_idx, q, k, v).reshape(n, self.q_size)  # [num_tokens, num_heads * head_dim]
@@ -140,12 +148,12 @@ class LlamaForCausalLM(nn.Module):
         with torch.device("cpu"):  # real tensors even when the weights are built on 'meta'
             inv_freq, scaling = rope_parameters(cfg)
         self._rope = (inv_freq, scaling)
-        self.max_positions = max_positions or cfg.max_position_embeddings
+        self.max_positions = max_positions or cfg.exact_positions
         self._cos = self._sin = None
         self.fused = None   # FusedOps (backend/model/fused.py): Triton elementwise kernels, set on CUDA by the builder
 
     def rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``cos, sin`` ``[max_positions, head_dim]`` in the model's dtype, built once per device."""
+        """``cos, sin`` ``[max_positions, rotary_dim]`` in the model's dtype, built once per device."""
         w = self.embed_tokens.weight
         if self._cos is None or self._cos.device != w.device or self._cos.dtype != w.dtype:
             self._cos, self._sin = rope_cos_sin(*self._rope, self.max_positions, w.dtype, w.device)
@@ -159,7 +167,7 @@ class LlamaForCausalLM(nn.Module):
         lora: LoraBatch | None = None,   # the step's adapters per token (backend/lora/delta.py), or None
     ) -> torch.Tensor:            # [num_tokens, hidden] final-normed hidden states
         cos_t, sin_t = self.rope_tables()
-        cos, sin = cos_t[positions].unsqueeze(1), sin_t[positions].unsqueeze(1)  # [num_tokens, 1, head_dim]
+        cos, sin = cos_t[positions].unsqueeze(1), sin_t[positions].unsqueeze(1)  # [num_tokens, 1, rotary_dim]
         x = F.embedding(input_ids, self.embed_tokens.weight)
         if self.fused is not None:
             return self._forward_fused(x, cos, sin, attn, lora)
@@ -171,11 +179,12 @@ class LlamaForCausalLM(nn.Module):
         """The layers with the residual carried beside the hidden state: each RMSNorm takes the residual add
         before it (``add_rms_norm``), RoPE and SiLU-mul are one kernel each. Same maths as ``forward``."""
         ops = self.fused
+        rope = ops.rope if self.config.rope_dim == self.config.head_dim else apply_rope   # the kernel: whole heads
         norms = [layer.input_layernorm for layer in self.layers][1:] + [self.norm]
         first = self.layers[0].input_layernorm
         h, residual = ops.add_rms_norm(x, None, first.weight, first.eps)
         for layer, next_norm in zip(self.layers, norms):
-            h = layer.self_attn(h, cos, sin, attn, ops.rope, lora)
+            h = layer.self_attn(h, cos, sin, attn, rope, lora)
             post = layer.post_attention_layernorm
             h, residual = ops.add_rms_norm(h, residual, post.weight, post.eps)
             h = layer.mlp(h, ops.silu_mul, lora)

@@ -1,4 +1,4 @@
-"""Load (and save) Llama-family checkpoints in the HF folder format.
+"""Load (and save) checkpoints of the declared families (``architecture.py``) in the HF folder format.
 
 A folder holds ``config.json``, one ``model.safetensors`` or several shards named
 in ``model.safetensors.index.json``, ``tokenizer.json``, ``tokenizer_config.json``
@@ -25,7 +25,8 @@ _LAYER = "model.layers.{i}."
 
 
 def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every HF tensor name the config implies, with its expected shape."""
+    """Every HF tensor name the config implies, with its expected shape (names from the family's declaration)."""
+    arch = cfg.architecture
     h, hd = cfg.hidden_size, cfg.head_dim
     q, kv, inter = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd, cfg.intermediate_size
     shapes = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
@@ -33,19 +34,22 @@ def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (cfg.vocab_size, h)
     for i in range(cfg.num_hidden_layers):
         p = _LAYER.format(i=i)
-        shapes.update({
-            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-            p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-            p + "mlp.down_proj.weight": (h, inter),
-        })
-        if cfg.attention_bias:
-            shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
-                           p + "self_attn.v_proj.bias": (kv,)})
+        shapes.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                       p + "self_attn.o_proj.weight": (h, q), p + "mlp.down_proj.weight": (h, inter)})
+        for name, rows in arch.qkv_rows(q, kv):
+            shapes[p + name + ".weight"] = (rows, h)
+            if cfg.attention_bias:
+                shapes[p + name + ".bias"] = (rows,)
+        for name, rows in arch.gate_up_rows(inter):
+            shapes[p + name + ".weight"] = (rows, h)
+            if cfg.mlp_bias:
+                shapes[p + name + ".bias"] = (rows,)
+        if cfg.o_proj_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (h,)
         if cfg.mlp_bias:
-            shapes.update({p + "mlp.gate_proj.bias": (inter,), p + "mlp.up_proj.bias": (inter,),
-                           p + "mlp.down_proj.bias": (h,)})
+            shapes[p + "mlp.down_proj.bias"] = (h,)
+        if arch.qk_norm:
+            shapes.update({p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)})
     return shapes
 
 
@@ -94,48 +98,47 @@ def read_hf_tensors(folder: Path, cfg: ModelConfig, expected: dict[str, tuple[in
     return tensors
 
 
+# our per-layer tensors that keep their checkpoint name (under ``model.layers.{i}.``), when the config has them
+_SAME_NAMES = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.o_proj.weight",
+               "self_attn.o_proj.bias", "mlp.down_proj.weight", "mlp.down_proj.bias", "self_attn.q_norm.weight",
+               "self_attn.k_norm.weight")
+
+
+def _fused(cfg: ModelConfig) -> tuple[tuple[str, tuple[tuple[str, int], ...], bool], ...]:
+    """(our fused projection, the checkpoint's parts with their rows, biased) of one layer."""
+    arch, hd = cfg.architecture, cfg.head_dim
+    return (("self_attn.qkv_proj", arch.qkv_rows(cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd),
+             cfg.attention_bias),
+            ("mlp.gate_up_proj", arch.gate_up_rows(cfg.intermediate_size), cfg.mlp_bias))
+
+
 def hf_to_internal(cfg: ModelConfig, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """HF names → our fused layout (qkv_proj, gate_up_proj)."""
     out = {"embed_tokens.weight": hf["model.embed_tokens.weight"], "norm.weight": hf["model.norm.weight"]}
     out["lm_head.weight"] = hf["model.embed_tokens.weight"] if cfg.tie_word_embeddings else hf["lm_head.weight"]
     for i in range(cfg.num_hidden_layers):
         p, o = _LAYER.format(i=i), f"layers.{i}."
-        out[o + "input_layernorm.weight"] = hf[p + "input_layernorm.weight"]
-        out[o + "post_attention_layernorm.weight"] = hf[p + "post_attention_layernorm.weight"]
-        out[o + "self_attn.qkv_proj.weight"] = torch.cat(
-            [hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], dim=0)
-        if cfg.attention_bias:
-            out[o + "self_attn.qkv_proj.bias"] = torch.cat([hf[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
-        out[o + "self_attn.o_proj.weight"] = hf[p + "self_attn.o_proj.weight"]
-        out[o + "mlp.gate_up_proj.weight"] = torch.cat(
-            [hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]], dim=0)
-        out[o + "mlp.down_proj.weight"] = hf[p + "mlp.down_proj.weight"]
-        if cfg.mlp_bias:
-            out[o + "mlp.gate_up_proj.bias"] = torch.cat([hf[p + "mlp.gate_proj.bias"], hf[p + "mlp.up_proj.bias"]])
-            out[o + "mlp.down_proj.bias"] = hf[p + "mlp.down_proj.bias"]
+        out.update({o + n: hf[p + n] for n in _SAME_NAMES if p + n in hf})
+        for ours, parts, biased in _fused(cfg):
+            out[o + ours + ".weight"] = torch.cat([hf[p + name + ".weight"] for name, _ in parts], dim=0)
+            if biased:
+                out[o + ours + ".bias"] = torch.cat([hf[p + name + ".bias"] for name, _ in parts])
     return out
 
 
 def internal_to_hf(cfg: ModelConfig, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Our fused layout → HF names (the inverse of ``hf_to_internal``)."""
-    q = cfg.num_attention_heads * cfg.head_dim
-    kv = cfg.num_key_value_heads * cfg.head_dim
     out = {"model.embed_tokens.weight": sd["embed_tokens.weight"], "model.norm.weight": sd["norm.weight"]}
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = sd["lm_head.weight"]
     for i in range(cfg.num_hidden_layers):
         p, o = _LAYER.format(i=i), f"layers.{i}."
-        out[p + "input_layernorm.weight"] = sd[o + "input_layernorm.weight"]
-        out[p + "post_attention_layernorm.weight"] = sd[o + "post_attention_layernorm.weight"]
-        for name, t in zip("qkv", sd[o + "self_attn.qkv_proj.weight"].split([q, kv, kv])):
-            out[p + f"self_attn.{name}_proj.weight"] = t
-        if cfg.attention_bias:
-            for name, t in zip("qkv", sd[o + "self_attn.qkv_proj.bias"].split([q, kv, kv])):
-                out[p + f"self_attn.{name}_proj.bias"] = t
-        out[p + "self_attn.o_proj.weight"] = sd[o + "self_attn.o_proj.weight"]
-        gate, up = sd[o + "mlp.gate_up_proj.weight"].split(cfg.intermediate_size)
-        out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = gate, up
-        out[p + "mlp.down_proj.weight"] = sd[o + "mlp.down_proj.weight"]
+        out.update({p + n: sd[o + n] for n in _SAME_NAMES if o + n in sd})
+        for ours, parts, biased in _fused(cfg):
+            rows = [r for _, r in parts]
+            for kind in ("weight", "bias") if biased else ("weight",):
+                for (name, _), t in zip(parts, sd[o + ours + "." + kind].split(rows)):
+                    out[p + name + "." + kind] = t
     return {k: v.contiguous() for k, v in out.items()}
 
 

@@ -1,7 +1,8 @@
 """Rotary position embeddings and the HF ``rope_scaling`` variants.
 
 Each variant is a pure function from the config to ``(inv_freq, attention_scaling)``:
-``inv_freq`` is ``[head_dim // 2]`` and ``attention_scaling`` multiplies cos/sin (yarn only).
+``inv_freq`` is ``[rotary_dim // 2]`` (``rotary_dim``: the head's leading dims RoPE rotates, all of it unless
+``partial_rotary_factor`` < 1) and ``attention_scaling`` multiplies cos/sin (yarn, longrope).
 """
 from __future__ import annotations
 
@@ -71,9 +72,27 @@ def yarn_inv_freq(base: float, dim: int, factor: float, original_max: int, beta_
     return inv_freq, attention_factor
 
 
-def rope_parameters(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
-    """``(inv_freq [head_dim // 2], attention_scaling)`` for the config's rope type."""
-    dim, base = cfg.head_dim, cfg.rope_theta
+def longrope_inv_freq(base: float, dim: int, ext_factors: list[float]) -> torch.Tensor:
+    """LongRoPE (Phi-3): each frequency divided by its own factor (``short_factor`` or ``long_factor``)."""
+    ext = torch.tensor(ext_factors, dtype=torch.float32)
+    return 1.0 / (ext * base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+
+def longrope_attention_factor(factor: float | None, attention_factor: float | None, max_pos: int,
+                              original_max: int) -> float:
+    """cos/sin scale of LongRoPE as transformers computes it: ``attention_factor`` if set, else from ``factor``
+    (default ``max_position_embeddings / original_max_position_embeddings``)."""
+    if attention_factor is not None:
+        return float(attention_factor)
+    factor = max_pos / original_max if factor is None else factor
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original_max))
+
+
+def rope_parameters(cfg: ModelConfig, long: bool = False) -> tuple[torch.Tensor, float]:
+    """``(inv_freq [rotary_dim // 2], attention_scaling)`` for the config's rope type. LongRoPE: the short
+    factors (what transformers uses while a sequence stays within ``original_max_position_embeddings``: the
+    engine serves no more, ``ModelConfig.exact_positions``), ``long``: the long ones."""
+    dim, base = cfg.rope_dim, cfg.rope_theta
     rs = cfg.rope_scaling_dict or {}
     rtype = cfg.rope_type
     if rtype == "default":
@@ -94,12 +113,16 @@ def rope_parameters(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
         if rs.get("attention_factor") is not None:
             att = float(rs["attention_factor"])
         return inv, att
+    if rtype == "longrope":
+        att = longrope_attention_factor(rs.get("factor"), rs.get("attention_factor"), cfg.max_position_embeddings,
+                                        original_max)
+        return longrope_inv_freq(base, dim, list(rs["long_factor" if long else "short_factor"])), att
     raise ValueError(f"unknown rope type {rtype!r}")
 
 
 def rope_cos_sin(inv_freq: torch.Tensor, attention_scaling: float, max_positions: int,
                  dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tables ``cos, sin`` of shape ``[max_positions, head_dim]`` (HF's rotate-half layout)."""
+    """Tables ``cos, sin`` of shape ``[max_positions, rotary_dim]`` (HF's rotate-half layout)."""
     t = torch.arange(max_positions, dtype=torch.float32)
     freqs = torch.outer(t, inv_freq.float())
     emb = torch.cat((freqs, freqs), dim=-1)
@@ -108,7 +131,11 @@ def rope_cos_sin(inv_freq: torch.Tensor, attention_scaling: float, max_positions
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ``[num_tokens, num_heads, head_dim]`` by per-token ``cos, sin`` ``[num_tokens, 1, head_dim]``."""
-    half = x.shape[-1] // 2
+    """Rotate ``x`` ``[num_tokens, num_heads, head_dim]`` by per-token ``cos, sin`` ``[num_tokens, 1, rotary_dim]``:
+    the first ``rotary_dim`` dims of each head (all of them unless the rotary is partial), the rest unchanged."""
+    rd = cos.shape[-1]
+    if rd != x.shape[-1]:
+        return torch.cat((apply_rope(x[..., :rd], cos, sin), x[..., rd:]), dim=-1)
+    half = rd // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin

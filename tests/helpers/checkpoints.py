@@ -45,3 +45,33 @@ def make_random_checkpoint(folder: Path, *, layers: int = 2, hidden: int = 64, h
         shutil.copy(DEMO_TARGET / f, folder / f)
     (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}) + "\n")
     return folder
+
+
+def demo_vocab_size() -> int:
+    tok = json.loads((DEMO_TARGET / "tokenizer.json").read_text())
+    return max(list(tok["model"]["vocab"].values()) + [t["id"] for t in tok["added_tokens"]]) + 1
+
+
+def make_hf_checkpoint(folder: Path, config_class: str, *, seed: int = 0, **fields) -> Path:
+    """A random-weight checkpoint written by transformers itself (``config_class``, e.g. ``"Qwen3Config"``, with
+    ``fields``; ``save_pretrained``) sharing the demo tokenizer: matrices drawn N(0, 0.08), norm weights and
+    biases near 1 and 0, so greedy outputs vary."""
+    import transformers
+
+    cfg = getattr(transformers, config_class)(vocab_size=demo_vocab_size(), bos_token_id=0, eos_token_id=1,
+                                              pad_token_id=2, **fields)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.08)
+            elif name.endswith(".bias"):
+                p.normal_(0, 0.1)
+            else:
+                p.uniform_(0.8, 1.2)
+    model.save_pretrained(str(folder))
+    for f in TOKENIZER_FILES:
+        shutil.copy(DEMO_TARGET / f, folder / f)
+    (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}) + "\n")
+    return folder

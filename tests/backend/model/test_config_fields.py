@@ -40,11 +40,53 @@ def test_biases_follow_transformers_per_family():
     assert not cfg("MistralForCausalLM", attention_bias=True, sliding_window=None).attention_bias
     assert not cfg("MistralForCausalLM", mlp_bias=True, sliding_window=None).mlp_bias
     assert cfg("LlamaForCausalLM", mlp_bias=True).mlp_bias
+    llama = cfg("LlamaForCausalLM", attention_bias=True)                     # q/k/v and o_proj biases
+    assert llama.attention_bias and llama.o_proj_bias
+    qwen3 = cfg("Qwen3ForCausalLM", attention_bias=True)
+    assert qwen3.attention_bias and qwen3.o_proj_bias
+    assert not cfg("Qwen2ForCausalLM").o_proj_bias and not cfg("Qwen3ForCausalLM").attention_bias
+    assert not cfg("Phi3ForCausalLM", attention_bias=True, mlp_bias=True).attention_bias   # Phi-3 has none
+
+
+def test_family_defaults_follow_their_config_classes():
+    """A key absent from config.json takes the value of the family's transformers config class."""
+    assert cfg("Qwen3ForCausalLM").head_dim == 128                          # Qwen3Config's head_dim
+    assert cfg("LlamaForCausalLM").head_dim == 8                            # hidden / heads
+    assert cfg("Phi3ForCausalLM").rms_norm_eps == 1e-5 and cfg("LlamaForCausalLM").rms_norm_eps == 1e-6
+    assert cfg("Phi3ForCausalLM").sliding_windows == ()                      # Phi3Config: no window by default
+    assert cfg("Phi3ForCausalLM", sliding_window=16).sliding_windows == (16,) * 4
+    q3 = cfg("Qwen3ForCausalLM", use_sliding_window=True, sliding_window=8, max_window_layers=3)
+    assert q3.sliding_windows == (None, None, None, 8)
+
+
+def longrope(n: int, **extra) -> dict:
+    return {"rope_type": "longrope", "short_factor": [1.0] * n, "long_factor": [4.0] * n, **extra}
+
+
+def test_longrope_and_partial_rotary():
+    phi = cfg("Phi3ForCausalLM", max_position_embeddings=512, original_max_position_embeddings=128,
+              rope_scaling=longrope(4))
+    assert phi.rope_type == "longrope" and phi.rope_dim == 8 and phi.exact_positions == 128
+    assert phi.rope_scaling_dict["original_max_position_embeddings"] == 128
+    # Phi3Config's original_max_position_embeddings (4096 when absent) wins over rope_scaling's, as transformers
+    assert cfg("Phi3ForCausalLM", max_position_embeddings=8192,
+               rope_scaling=longrope(4, original_max_position_embeddings=64)).exact_positions == 4096
+    # "su" and "yarn" are LongRoPE to Phi3Config
+    assert cfg("Phi3ForCausalLM", rope_scaling={**longrope(4), "type": "su"}).rope_type == "longrope"
+    partial = cfg("Phi3ForCausalLM", partial_rotary_factor=0.75, rope_scaling=longrope(3))
+    assert partial.rope_dim == 6 and partial.head_dim == 8
+    assert cfg("Phi3ForCausalLM").exact_positions == 4096 == cfg("Phi3ForCausalLM").max_position_embeddings
 
 
 @pytest.mark.parametrize("arch,extra,match", [
     ("LlamaForCausalLM", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-    ("LlamaForCausalLM", {"attention_bias": True}, "attention_bias"),
+    ("Phi3ForCausalLM", {"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 3,
+                                          "long_factor": [1.0] * 4}}, "short_factor must list 4"),
+    ("Phi3ForCausalLM", {"rope_scaling": {"rope_type": "llama3", "factor": 2.0}}, "rope type 'llama3'"),
+    ("Phi3ForCausalLM", {"partial_rotary_factor": 0.4}, "odd rotary dimension"),
+    ("Phi3ForCausalLM", {"quantization_config": {"quant_method": "gptq"}}, "quantization_config"),
+    ("Qwen3ForCausalLM", {"hidden_act": "gelu_pytorch_tanh"}, "hidden_act"),
+    ("Qwen3ForCausalLM", {"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
     ("LlamaForCausalLM", {"sliding_window": 128}, "sliding_window 128"),
     ("LlamaForCausalLM", {"quantization_config": {"quant_method": "bitsandbytes"}}, "quantized.*bitsandbytes"),
     ("LlamaForCausalLM", {"partial_rotary_factor": 0.5}, "partial_rotary_factor"),

@@ -1,0 +1,73 @@
+"""Oracle: each declared family's random checkpoint, written by transformers' own config class, loads into our
+model with logits equal to transformers' (the same fp32 maths in another order: 1e-4 absolute) and the same greedy
+continuation. The variants cover each block the declarations name: q/k norms and q/k/v/o biases (Qwen3), o_proj
+biases (Llama's attention_bias), fused qkv_proj / gate_up_proj in the checkpoint, LongRoPE and partial rotary
+(Phi-3, Phi-4-mini)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from backend.model.loader import load_model
+from tests.helpers.checkpoints import make_hf_checkpoint
+from tests.helpers.oracle import dense_greedy, dense_logits, hf_greedy
+
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, tie_word_embeddings=False)
+
+
+def longrope(rotary_dim: int, original: int) -> dict:
+    rng = random.Random(rotary_dim)
+    return {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": original,
+            "short_factor": [round(1 + rng.random(), 3) for _ in range(rotary_dim // 2)],
+            "long_factor": [round(2 + 8 * rng.random(), 3) for _ in range(rotary_dim // 2)]}
+
+
+# name: (config class, fields)
+FAMILIES = {
+    "qwen3": ("Qwen3Config", dict(SMALL, head_dim=16, max_position_embeddings=256)),
+    "qwen3_bias_tied": ("Qwen3Config", dict(SMALL, head_dim=24, attention_bias=True, tie_word_embeddings=True,
+                                            max_position_embeddings=256)),
+    "llama_attention_bias": ("LlamaConfig", dict(SMALL, attention_bias=True, max_position_embeddings=256)),
+    "phi3": ("Phi3Config", dict(SMALL, max_position_embeddings=256)),
+    # Phi-3 128k's layout: LongRoPE (max 512 over an original 128: an attention factor), served within 128
+    "phi3_longrope": ("Phi3Config", dict(SMALL, max_position_embeddings=512, original_max_position_embeddings=128,
+                                         rope_parameters=longrope(16, 128))),
+    # Phi-4-mini's: LongRoPE on 3/4 of each head, tied embeddings
+    "phi4_partial": ("Phi3Config", dict(SMALL, max_position_embeddings=512, original_max_position_embeddings=128,
+                                        partial_rotary_factor=0.75, tie_word_embeddings=True,
+                                        rope_parameters={**longrope(12, 128), "partial_rotary_factor": 0.75})),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tmp_path_factory):
+    cls, fields = FAMILIES[request.param]
+    folder = make_hf_checkpoint(tmp_path_factory.mktemp(request.param) / "ckpt", cls, seed=1, **fields)
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    return request.param, folder, hf
+
+
+def prompts(n: int = 4, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[0] + [rng.randrange(7, 4000) for _ in range(rng.randint(5, 60))] for _ in range(n)]
+
+
+def test_logits_match_transformers(family):
+    name, folder, hf = family
+    ours = load_model(folder)
+    assert ours.config.family == name.split("_")[0].replace("phi4", "phi3")
+    for ids in prompts():
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0]
+        torch.testing.assert_close(dense_logits(ours, ids), ref, rtol=0, atol=1e-4)
+
+
+def test_greedy_matches_transformers_generate(family):
+    _, folder, hf = family
+    ours = load_model(folder)
+    for ids in prompts(3, seed=1):
+        assert dense_greedy(ours, ids, 16, banned=(1,)) == hf_greedy(hf, ids, 16)
