@@ -1,7 +1,8 @@
 """The fast step on the CPU: the whole forward of any step (decode, verify, prefill, mixed) in one native op.
 
 ``torch.ops.triton_llm.decode_forward`` (``backend/native/csrc/decode_forward.cpp``) runs every layer
-(RMSNorm fused with the residual add, QKV, RoPE, paged K/V write, GQA paged attention over the block
+(RMSNorm fused with the residual add, QKV, q/k norms where the family declares them, RoPE (partial too), paged
+K/V write, GQA paged attention over the block
 table, o-proj, gate-up, SiLU * up, down) and the LM head with no Python and no op dispatch between
 them; its inputs come from the persistent buffers of ``PersistentDecodeBatch``. A step with prefill chunks
 asks the op for the sampled tokens' logits alone (``logit_rows``), which also lets those tokens alone go
@@ -46,8 +47,6 @@ def unsupported_reason(model: LlamaForCausalLM, kv_cache: KVCache, windows, scal
         for lin in projections(layer):
             if not op_layer(lin):
                 return f"{type(lin).__name__} projections without the quantized GEMM's strips run eagerly"
-    if any(layer.self_attn.o_proj.bias is not None for layer in model.layers):
-        return "an o_proj bias is not supported"
     if not op_layer(model.lm_head) or model.lm_head.bias is not None:
         return "a biased LM head, or a quantized one without the GEMM's strips, runs eagerly"
     return None
@@ -78,11 +77,12 @@ class NativeWeights:
     projections' weights packed for the op's GEMV, a copy: ``pack_panels``)."""
 
     embed: torch.Tensor                 # [vocab, hidden]
-    layer_weights: list[torch.Tensor]   # per layer: input_norm, qkv, o, post_norm, gate_up, down
-    layer_biases: list[torch.Tensor]    # per layer: qkv, gate_up, down (an empty tensor: no bias)
+    layer_weights: list[torch.Tensor]   # per layer: input_norm, qkv, o, post_norm, gate_up, down, q_norm, k_norm
+                                        # (q/k norms [head_dim], empty tensors where the family has none)
+    layer_biases: list[torch.Tensor]    # per layer: qkv, o, gate_up, down (an empty tensor: no bias)
     layer_panels: list[torch.Tensor]    # per layer: qkv, o, gate_up, down, each [ceil(out / 64), in, 64] (empty: int)
-    cos: torch.Tensor                   # [max_positions, head_dim]
-    sin: torch.Tensor                   # [max_positions, head_dim]
+    cos: torch.Tensor                   # [max_positions, rotary_dim] (RoPE on each head's first rotary_dim dims)
+    sin: torch.Tensor                   # [max_positions, rotary_dim]
     final_norm: torch.Tensor            # [hidden]
     lm_head: torch.Tensor               # [vocab, hidden] (quantized: its int8 weight)
     lm_head_panels: torch.Tensor        # [ceil(vocab / 64), hidden, 64] (empty: quantized)
@@ -93,13 +93,15 @@ class NativeWeights:
     def of(cls, ops, model: LlamaForCausalLM) -> NativeWeights:
         none = torch.empty(0)
         bias = lambda lin: none if lin.bias is None else lin.bias.detach().contiguous()
+        norm = lambda n: none if n is None else n.weight.detach().contiguous()
         weights, biases, quant, fp32 = [], [], [], []
         for layer in model.layers:
             a, m = layer.self_attn, layer.mlp
             rows = [op_tensors(lin) for lin in projections(layer)]
             weights += [layer.input_layernorm.weight.detach(), rows[0][0], rows[1][0],
-                        layer.post_attention_layernorm.weight.detach(), rows[2][0], rows[3][0]]
-            biases += [bias(a.qkv_proj), bias(m.gate_up_proj), bias(m.down_proj)]
+                        layer.post_attention_layernorm.weight.detach(), rows[2][0], rows[3][0],
+                        norm(a.q_norm), norm(a.k_norm)]
+            biases += [bias(a.qkv_proj), bias(a.o_proj), bias(m.gate_up_proj), bias(m.down_proj)]
             quant += [t for _, q in rows for t in q]
             fp32 += [type(lin) is nn.Linear for lin in projections(layer)]
         head, head_quant = op_tensors(model.lm_head)
@@ -113,9 +115,12 @@ class NativeWeights:
                    quant if not all(fp32[:-1]) else [], head_quant if not fp32[-1] else [])
 
 
+LAYER_WEIGHTS = 8   # the op's tensors a layer in ``layer_weights`` (decode_forward.cpp, kLayerWeights)
+
+
 def weights_of(layer_weights: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The projections' entries of the per-layer list (qkv, o, gate_up, down of each layer's six)."""
-    return [w for i, w in enumerate(layer_weights) if i % 6 in (1, 2, 4, 5)]
+    """The projections' entries of the per-layer list (qkv, o, gate_up, down of each layer's eight)."""
+    return [w for i, w in enumerate(layer_weights) if i % LAYER_WEIGHTS in (1, 2, 4, 5)]
 
 
 def pack_panels(ops, weights: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -1,4 +1,4 @@
-// The whole Llama decoder forward for decode and speculative-verify steps, in one op (fp32, CPU).
+// The whole decoder forward (every declared family: backend/model/architecture.py) for decode and speculative-verify steps, in one op (fp32, CPU).
 //
 // Every token of the step attends causally to its own sequence's paged KV: token t of the step sits at
 // positions[t] of the sequence whose persistent block-table row is token_rows[t]; its K/V go to slot
@@ -6,8 +6,10 @@
 // 0..positions[t] of that row. That covers one-token decodes and the k+1 tokens of a verify step (the
 // last known token and the drafts) alike, with no per-step metadata beyond the three token arrays.
 //
-// Per layer: RMSNorm (fused with the residual add of the previous block), QKV projection, RoPE
-// (rotate-half, from the model's cos/sin tables), paged K/V write, GQA attention over the block table,
+// Per layer: RMSNorm (fused with the residual add of the previous block), QKV projection, q/k norms (RMSNorm
+// over each q and k head, Qwen3; where the layer's q_norm / k_norm weights are not empty), RoPE (rotate-half on
+// each head's first rotary_dim dims, rotary_dim being the cos/sin tables' width: all of the head or part of it),
+// paged K/V write, GQA attention over the block table,
 // o-projection + residual, RMSNorm, gate-up projection, SiLU * up, down projection (+ residual into the
 // next norm). Then the final norm and the LM head: returns logits [num_tokens, vocab], or with logit_rows only
 // those tokens' logits [len(logit_rows), vocab]. Then only those tokens go on past the last layer's K/V write:
@@ -40,8 +42,8 @@
 namespace triton_llm_native {
 namespace {
 
-constexpr int kLayerWeights = 6;  // input_norm, qkv, o, post_norm, gate_up, down
-constexpr int kLayerBiases = 3;   // qkv, gate_up, down (empty tensor: none)
+constexpr int kLayerWeights = 8;  // input_norm, qkv, o, post_norm, gate_up, down, q_norm, k_norm (empty: none)
+constexpr int kLayerBiases = 4;   // qkv, o, gate_up, down (empty tensor: none)
 constexpr int kLayerPanels = 4;   // qkv, o, gate_up, down: the projections' weights packed (pack_panels)
 
 constexpr int kQuantTensors = 3;  // strips, scales, aux of a quantized projection (empty: fp32)
@@ -72,11 +74,11 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
                           const at::Tensor& token_rows,    // [T] int32  block-table row of each token
                           const at::Tensor& block_tables,  // [rows, width] int32
                           int64_t block_size, const at::Tensor& embed,  // [V, D]
-                          at::TensorList layer_weights,    // 6 per layer
-                          at::TensorList layer_biases,     // 3 per layer (empty: none)
+                          at::TensorList layer_weights,    // 8 per layer
+                          at::TensorList layer_biases,     // 4 per layer (empty: none)
                           at::TensorList layer_panels,     // 4 per layer, [ceil(N / W), K, W] each (W: kPanelWidth)
                           at::TensorList k_cache,          // per layer [blocks, block_size, KVH, hd]
-                          at::TensorList v_cache, const at::Tensor& cos_table,  // [max_pos, hd]
+                          at::TensorList v_cache, const at::Tensor& cos_table,  // [max_pos, rotary_dim]
                           const at::Tensor& sin_table, const at::Tensor& final_norm,  // [D]
                           const at::Tensor& lm_head,       // [V, D]
                           const at::Tensor& lm_head_panels,  // [ceil(V / W), D, W]
@@ -105,6 +107,10 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
   check_f32(embed, "embed");
   check_f32(cos_table, "cos");
   check_f32(sin_table, "sin");
+  const int64_t rotary_dim = cos_table.size(1);
+  TORCH_CHECK(cos_table.dim() == 2 && sin_table.sizes() == cos_table.sizes() && rotary_dim % 2 == 0 &&
+                  rotary_dim <= head_dim,
+              "decode_forward: cos / sin must be [max_positions, rotary_dim], rotary_dim even and <= head_dim");
   const int64_t max_ctx = check_step_tokens(positions, token_rows, block_tables, block_size, cos_table.size(0));
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int32_t* rows = token_rows.data_ptr<int32_t>();
@@ -157,7 +163,12 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
     at::Tensor qkv = project(h, w[1], pn[0], quant(0), b[0]);  // [T, (H + 2 KVH) hd]
     delta_of(0, h, qkv);
     float* qkvp = qkv.data_ptr<float>();
-    apply_rope(qkvp, qkv_width, num_heads + kv_heads, head_dim, pos, cos_table.data_ptr<float>(),
+    if (w[6].numel() > 0) {  // q/k norms: each q head by q_norm, each k head by k_norm
+      TORCH_CHECK(w[6].numel() == head_dim && w[7].numel() == head_dim, "decode_forward: q/k norm shape");
+      rms_norm_heads(qkvp, qkv_width, 0, num_heads, head_dim, w[6].data_ptr<float>(), eps, T);
+      rms_norm_heads(qkvp, qkv_width, num_heads, kv_heads, head_dim, w[7].data_ptr<float>(), eps, T);
+    }
+    apply_rope(qkvp, qkv_width, num_heads + kv_heads, head_dim, rotary_dim, pos, cos_table.data_ptr<float>(),
                sin_table.data_ptr<float>(), T);
     write_kv(qkvp, qkv_width, num_heads, kv_heads, head_dim, pos, rows, paged, k_cache[l].data_ptr<float>(),
              v_cache[l].data_ptr<float>(), T);
@@ -175,16 +186,16 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
     paged_attention(qkvp, qkv_width, num_heads, kv_heads, head_dim, pos, rows, paged,
                     k_cache[l].data_ptr<float>(), v_cache[l].data_ptr<float>(), static_cast<float>(scale),
                     attn.data_ptr<float>(), T, max_ctx);
-    at::Tensor o = project(attn, w[2], pn[1], quant(1), at::Tensor());  // [T, D] (no o_proj bias)
+    at::Tensor o = project(attn, w[2], pn[1], quant(1), b[1]);  // [T, D]
     delta_of(1, attn, o);
     add_rms_norm(x.data_ptr<float>(), o.data_ptr<float>(), w[3].data_ptr<float>(), h.data_ptr<float>(), T, D,
                  eps);
-    at::Tensor gate_up = project(h, w[4], pn[2], quant(2), b[1]);  // [T, 2I]
+    at::Tensor gate_up = project(h, w[4], pn[2], quant(2), b[2]);  // [T, 2I]
     delta_of(2, h, gate_up);
     const int64_t I = gate_up.size(1) / 2;
     at::Tensor act = at::empty({T, I}, x.options());
     silu_mul(gate_up.data_ptr<float>(), act.data_ptr<float>(), T, I);
-    delta = project(act, w[5], pn[3], quant(3), b[2]);        // [T, D]
+    delta = project(act, w[5], pn[3], quant(3), b[3]);        // [T, D]
     delta_of(3, act, delta);
   }
   add_rms_norm(x.data_ptr<float>(), delta.defined() ? delta.data_ptr<float>() : nullptr,

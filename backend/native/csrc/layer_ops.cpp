@@ -24,12 +24,20 @@ void add_rms_norm(float* x, const float* delta, const float* weight, float* out,
   }
 }
 
-void apply_rope(float* qkv, int64_t row_stride, int64_t heads, int64_t head_dim, const int64_t* positions,
-                const float* cos_table, const float* sin_table, int64_t T) {
-  const int64_t half = head_dim / 2;
+void rms_norm_heads(float* qkv, int64_t row_stride, int64_t first, int64_t heads, int64_t head_dim,
+                    const float* weight, double eps, int64_t T) {
   for (int64_t t = 0; t < T; ++t) {
-    const float* c = cos_table + positions[t] * head_dim;
-    const float* s = sin_table + positions[t] * head_dim;
+    float* row = qkv + t * row_stride + first * head_dim;  // `heads` contiguous heads
+    add_rms_norm(row, nullptr, weight, row, heads, head_dim, eps);
+  }
+}
+
+void apply_rope(float* qkv, int64_t row_stride, int64_t heads, int64_t head_dim, int64_t rotary_dim,
+                const int64_t* positions, const float* cos_table, const float* sin_table, int64_t T) {
+  const int64_t half = rotary_dim / 2;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* c = cos_table + positions[t] * rotary_dim;
+    const float* s = sin_table + positions[t] * rotary_dim;
     for (int64_t h = 0; h < heads; ++h) {
       float* x = qkv + t * row_stride + h * head_dim;
       for (int64_t i = 0; i < half; ++i) {

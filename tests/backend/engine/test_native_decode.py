@@ -4,7 +4,7 @@ Sequences with cached contexts crossing block boundaries compute 1 (decode) or k
 tokens, or prefill chunks (with ``logit_rows``: only the sampled tokens' logits, only those tokens
 through the last layer past its K/V write); the native op's logits and the K/V it writes must equal
 the eager forward's (tolerance: a different summation order), for GQA and MHA, tied and untied heads,
-biased projections.
+biased projections, q/k norms with o_proj biases (Qwen3) and partial LongRoPE (Phi-4-mini's layout).
 """
 from __future__ import annotations
 
@@ -32,15 +32,26 @@ def ops(native_lib):
     return native_lib
 
 
-def make_model(heads: int, kv_heads: int, tie: bool, bias: bool, seed: int = 0) -> LlamaForCausalLM:
-    """``bias``: a Qwen2 layout (q/k/v biases) with Llama's optional MLP biases as well."""
+# families beside Llama / Qwen2: their config.json fields (q/k norms and o_proj biases; partial LongRoPE)
+FAMILY_FIELDS = {
+    "qwen3": {"architectures": ["Qwen3ForCausalLM"], "head_dim": 16, "attention_bias": True},
+    "phi3": {"architectures": ["Phi3ForCausalLM"], "partial_rotary_factor": 0.75, "max_position_embeddings": 512,
+             "original_max_position_embeddings": 256,
+             "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0, 1.3, 1.7, 2.0, 3.1, 5.0],
+                              "long_factor": [4.0] * 6}},
+}
+
+
+def make_model(heads: int, kv_heads: int, tie: bool, bias: bool, family: str = "", seed: int = 0) -> LlamaForCausalLM:
+    """``bias``: a Qwen2 layout (q/k/v biases) with Llama's optional MLP biases as well; ``family``: one of
+    ``FAMILY_FIELDS`` instead."""
     cfg = ModelConfig.from_dict({
         "architectures": ["Qwen2ForCausalLM" if bias else "LlamaForCausalLM"],
         "model_type": "qwen2" if bias else "llama", "vocab_size": 300, "hidden_size": 48,
         "intermediate_size": 80, "num_hidden_layers": 2, "num_attention_heads": heads,
         "num_key_value_heads": kv_heads, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0, "tie_word_embeddings": tie,
-        "torch_dtype": "float32"})
+        "torch_dtype": "float32", **FAMILY_FIELDS.get(family, {})})
     torch.manual_seed(seed)
     if bias:
         cfg = dataclasses.replace(cfg, mlp_bias=True)
@@ -85,8 +96,10 @@ def native_step(ops, model, cache, tables, ctx_lens, query_lens, token_ids, logi
 
 
 # head_dim 8, 12, 6: the attention's per-token path; 16 (G = 3) and 48 (MHA): its tiled path (paged_attention.cpp)
+# qwen3: q/k norms, q/k/v/o biases (head_dim 16); phi3: LongRoPE on 12 of 16 dims
 MODELS = {"gqa_tied": (6, 2, True, False), "mha_untied": (4, 4, False, False), "gqa_bias": (8, 2, True, True),
-          "gqa_hd16": (3, 1, True, False), "mha_hd48_bias": (1, 1, False, True)}
+          "gqa_hd16": (3, 1, True, False), "mha_hd48_bias": (1, 1, False, True),
+          "qwen3_hd16": (4, 2, False, False, "qwen3"), "phi3_partial": (3, 1, True, False, "phi3")}
 
 
 @pytest.mark.parametrize("model_kind", sorted(MODELS))
@@ -110,7 +123,7 @@ def test_native_forward_matches_eager(ops, model_kind, ctx_lens, query_lens):
     torch.testing.assert_close(cache.data, eager_cache.data, atol=1e-5, rtol=1e-5)   # the same K/V written
 
 
-@pytest.mark.parametrize("model_kind", ["gqa_tied", "gqa_bias", "mha_hd48_bias"])
+@pytest.mark.parametrize("model_kind", ["gqa_tied", "gqa_bias", "mha_hd48_bias", "qwen3_hd16", "phi3_partial"])
 @pytest.mark.parametrize("ctx_lens, query_lens, picks", [
     ([0], [37], [36]),                        # a whole prompt, its last token sampled
     ([0, 9, 5], [70, 1, 5], [69, 70, 72, 73, 74, 75]),   # a prefill chunk beside a decode and a verify (k = 3)

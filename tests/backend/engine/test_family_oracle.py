@@ -1,0 +1,91 @@
+"""Oracle for the families beside Llama / Mistral / Qwen2 (Qwen3: q/k norms; Phi-3 / Phi-4-mini: fused
+checkpoint projections, LongRoPE on part of each head): random checkpoints written by transformers' own config
+classes, served by the engine on the eager path and on the native step, greedy outputs equal transformers'
+``generate`` token for token on unseen prompts, under concurrency, chunked prefill, n-gram speculation and forced
+preemption; every KV block comes back."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from backend.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.native_decode import NativeDecodeStep
+from tests.backend.engine.test_engine_oracle import check_greedy_matches
+from tests.backend.model.test_family_oracle import SMALL, longrope
+from tests.helpers.checkpoints import make_hf_checkpoint
+from tests.helpers.oracle import hf_greedy, repeating_prompts
+
+NEW_TOKENS = 24
+FAMILIES = {
+    "qwen3": ("Qwen3Config", dict(SMALL, head_dim=16, max_position_embeddings=256)),
+    # Phi-4-mini's layout: LongRoPE on 12 of 16 dims, original context 128 of 512 (served: 128), tied embeddings
+    "phi4_partial": ("Phi3Config", dict(SMALL, max_position_embeddings=512, original_max_position_embeddings=128,
+                                        partial_rotary_factor=0.75, tie_word_embeddings=True,
+                                        rope_parameters={**longrope(12, 128), "partial_rotary_factor": 0.75})),
+}
+VARIANTS = {
+    "eager": {"fast_decode": False},
+    "eager_ngram_chunked": {"fast_decode": False, "speculative_method": "ngram", "num_speculative_tokens": 3,
+                            "speculative_adaptive": False, "max_num_batched_tokens": 16},
+    "native": {"fast_decode": True},
+    "native_ngram": {"fast_decode": True, "speculative_method": "ngram", "num_speculative_tokens": 4,
+                     "speculative_adaptive": False},
+    "native_preemption": {"fast_decode": True, "num_kv_blocks": 10, "max_model_len": 128, "watermark": 0.0, "block_size": 16,
+                          "speculative_method": "ngram", "num_speculative_tokens": 2},
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def setup(request, tmp_path_factory):
+    cls, fields = FAMILIES[request.param]
+    folder = make_hf_checkpoint(tmp_path_factory.mktemp(request.param) / "ckpt", cls, seed=2, **fields)
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    prompts = repeating_prompts(7, 10, stem_len=20, span_range=(6, 14), gap_range=(4, 20))
+    expected = [hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
+    return request.param, folder, prompts, expected
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_greedy_matches_hf(setup, variant):
+    name, folder, prompts, expected = setup
+    kw = dict(model_path=str(folder), max_num_seqs=16, kv_cache_bytes=16 << 20, device="cpu", **VARIANTS[variant])
+    engine = LLMEngine(EngineConfig(**kw))
+    assert isinstance(engine.runner.fast_decode, NativeDecodeStep) == variant.startswith("native")
+    burst = variant.endswith("preemption")          # one burst: the small pool runs out on any machine
+    if not burst:
+        engine.start()
+    try:
+        check_greedy_matches(engine, prompts, expected, NEW_TOKENS, f"{name}/{variant}: ", stagger=not burst)
+        stats = engine.stats()
+        assert stats.kv_blocks_used == 0, "blocks leaked"
+        if "ngram" in variant:
+            assert stats.spec.num_accepted_tokens > 0, "speculation should have accepted drafts"
+        if burst:
+            assert stats.num_preemptions > 0
+    finally:
+        engine.shutdown()
+
+
+def test_longrope_context_is_the_original_one(setup):
+    """LongRoPE is served up to original_max_position_embeddings (transformers' own output past it depends on
+    how generation was chunked): the default context, and a longer max_model_len is refused by name."""
+    name, folder, _, _ = setup
+    if name != "phi4_partial":
+        pytest.skip("LongRoPE only")
+    engine = LLMEngine(EngineConfig(model_path=str(folder), kv_cache_bytes=4 << 20, device="cpu"))
+    try:
+        assert engine.scheduler.max_model_len == 128
+    finally:
+        engine.shutdown()
+    with pytest.raises(ValueError, match="max_model_len: 256 exceeds 128.*original_max_position_embeddings"):
+        LLMEngine(EngineConfig(model_path=str(folder), kv_cache_bytes=4 << 20, device="cpu", max_model_len=256))
+
+
+def test_lora_on_phi3_is_refused_by_name(setup, tmp_path):
+    name, folder, _, _ = setup
+    if name != "phi4_partial":
+        pytest.skip("Phi-3 only")
+    with pytest.raises(ValueError, match="lora_dir: LoRA adapters on a Phi3ForCausalLM"):
+        LLMEngine(EngineConfig(model_path=str(folder), kv_cache_bytes=4 << 20, device="cpu", lora_dir=str(tmp_path)))
