@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = make_engine(False)
     t = time.perf_counter()
-    engine.structured.warm_up()
+    engine.structured.compiles.warm_up()
     warm = time.perf_counter() - t
     engine.start()
     try:
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         engine.shutdown()
     if not args.no_jump_forward:
         engine = make_engine(True)
-        engine.structured.warm_up()
+        engine.structured.compiles.warm_up()
         engine.start()
         try:
             results["jump_forward"] = [bench_concurrency(engine, tokenizer, c, args.max_tokens, args.rounds, args.seed)

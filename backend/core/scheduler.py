@@ -28,62 +28,27 @@ import itertools
 import numbers
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from backend.config import EngineConfig
 from backend.core.block_manager import BlockManager
-from backend.core.outputs import FinishReason, RequestOutput
+from backend.core.outputs import FinishReason, RequestOutput, TokenLogprob
 from backend.core.plan import ModelRunnerOutput, ScheduledSequence, SchedulerOutput
 from backend.core.request_state import RequestState, run_continues, stop_reason
+from backend.core.scheduler_stats import SchedulerStats, SpecDecodeCounters
 from backend.core.sequence import Sequence, SequenceStatus
+from backend.core.stream_pacer import StreamPacer
 from contracts.sampling_params import SamplingParams
-
-
-@dataclass(frozen=True)
-class SchedulerStats:
-    num_running: int
-    num_waiting: int               # sequences in the waiting queue (new or preempted)
-    num_prefilling: int            # running sequences with more than one token left to compute
-    num_scheduled: int             # sequences in the last step
-    num_batched_tokens: int        # tokens in the last step
-    num_preemptions: int           # cumulative
-    num_kv_blocks: int
-    num_free_blocks: int
-    num_used_blocks: int
-    num_cached_blocks: int
-    prefix_cache_queries: int      # tokens, cumulative
-    prefix_cache_hits: int         # tokens, cumulative
-    spec: "SpecDecodeCounters"     # speculative decoding, cumulative
-
-
-@dataclass
-class SpecDecodeCounters:
-    """Cumulative speculative-decoding counts (terms: backend/core/plan.py)."""
-
-    num_drafts: int = 0                  # verifications of a sequence with at least one draft
-    num_draft_tokens: int = 0            # draft tokens verified
-    num_accepted_tokens: int = 0         # of which accepted
-    accepted_per_pos: list[int] = field(default_factory=list)   # [j]: drafts accepted at position j (0-based)
-    num_standby_steps: int = 0           # decode rounds for which the draft-length policy drafted nothing
-
-    def record(self, num_drafts: int, num_accepted: int) -> None:
-        self.num_drafts += 1
-        self.num_draft_tokens += num_drafts
-        self.num_accepted_tokens += num_accepted
-        if len(self.accepted_per_pos) < num_drafts:
-            self.accepted_per_pos.extend([0] * (num_drafts - len(self.accepted_per_pos)))
-        for j in range(num_accepted):
-            self.accepted_per_pos[j] += 1
-
-    def snapshot(self) -> "SpecDecodeCounters":
-        return SpecDecodeCounters(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
-                                  list(self.accepted_per_pos), self.num_standby_steps)
 
 
 class Scheduler:
     def __init__(self, config: EngineConfig, *, num_blocks: int, max_model_len: int, vocab_size: int,
-                 eos_token_ids: Iterable[int], cache_key: str = "", sliding_window: int | None = None):
+                 eos_token_ids: Iterable[int], cache_key: str = "", sliding_window: int | None = None,
+                 can_admit: Callable[[Sequence], bool] | None = None, pacer: StreamPacer | None = None):
+        """``can_admit``: whether a waiting sequence may start now (a guided request waits for its grammar, a
+        LoRA request for a slot); None admits every one in turn. ``pacer``: the tokens a streamed output may
+        hold back (``pacer.current``, fed by the engine each step); by default one from ``stream_interval``
+        and ``stream_responses_per_s``."""
         if max_model_len < 2:
             raise ValueError(f"max_model_len: must be >= 2, got {max_model_len}")
         if num_blocks * config.block_size < max_model_len:
@@ -107,11 +72,11 @@ class Scheduler:
         self._seq_ids = itertools.count()
         self._finished_seq_ids: list[int] = []    # ended since the last plan (the runner drops their state)
         self.spec_counters = SpecDecodeCounters()
-        self.stream_interval = config.stream_interval   # tokens a streamed output may hold back (the engine adapts it)
+        self.pacer = pacer if pacer is not None else StreamPacer(config.stream_interval, config.stream_responses_per_s)
         self.num_preemptions = 0
         self.num_scheduled_last_step = 0
         self.num_batched_tokens_last_step = 0
-        self.can_admit: Callable[[Sequence], bool] | None = None  # e.g. a guided request waits for its grammar
+        self._can_admit = can_admit
 
     # ---- requests ---------------------------------------------------------------------------
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -174,7 +139,7 @@ class Scheduler:
         for seq in live:
             self.block_manager.free(seq)
             self._finish(req, seq, reason)
-            outs.append(req.emit(seq, self.stream_interval, error=error))   # never None: finished
+            outs.append(req.emit(seq, self.pacer.current, error=error))   # never None: finished
         return outs
 
     def request_ids(self) -> list[str]:
@@ -263,9 +228,10 @@ class Scheduler:
 
     def _next_admissible(self) -> Sequence | None:
         """The first waiting sequence that ``can_admit`` (all of them wait their turn otherwise)."""
-        if self.can_admit is None:
+        can_admit = self._can_admit
+        if can_admit is None:
             return self.waiting[0]
-        return next((s for s in self.waiting if self.can_admit(s)), None)
+        return next((s for s in self.waiting if can_admit(s)), None)
 
     def _num_running_tokens(self, seq: Sequence, budget: int) -> tuple[int, int]:
         """(tokens to compute, of which drafts) for a running sequence; trims its drafts to what can pay."""
@@ -290,12 +256,12 @@ class Scheduler:
 
     # ---- one step: apply results ------------------------------------------------------------
     def update_from_output(self, plan: SchedulerOutput, output: ModelRunnerOutput) -> list[RequestOutput]:
-        """Apply one step's results: advance computed tokens, append sampled ones, stop, free, cache
-        full blocks, fork parallel samples. Returns the outputs to stream now."""
+        """Apply one step's results: each prefill chunk that samples nothing (``_apply_chunk``), each sampled
+        sequence's tokens (``_apply_sampled``). Returns the outputs to stream now (``pacer.current``)."""
         if len(output.sampled_token_ids) != len(plan.scheduled):
             raise ValueError(f"runner output has {len(output.sampled_token_ids)} rows for "
                              f"{len(plan.scheduled)} scheduled sequences")
-        bm, outs, now = self.block_manager, [], time.monotonic()
+        outs, now, interval = [], time.monotonic(), self.pacer.current
         any_finished = False
         for k, sched in enumerate(plan.scheduled):
             seq = sched.seq
@@ -303,70 +269,78 @@ class Scheduler:
                 continue                                 # aborted since the plan was made
             tokens = output.sampled_token_ids[k]
             if not sched.sample:
-                if tokens:
-                    raise ValueError(f"runner sampled for sequence {seq.seq_id}, whose chunk had sample=False")
-                seq.num_computed_tokens += sched.num_new_tokens
-                bm.commit_full_blocks(seq)
-                if self.sliding_window is not None:
-                    bm.free_outside_window(seq, self.sliding_window)
+                self._apply_chunk(sched, tokens)
                 continue
-            if not 1 <= len(tokens) <= sched.num_draft_tokens + 1:
-                raise ValueError(f"runner returned {len(tokens)} tokens for sequence {seq.seq_id} "
-                                 f"({sched.num_draft_tokens} drafts)")
-            # rejected drafts are not computed: their K/V slots get rewritten later, and blocks that
-            # held only rejected positions go back to the pool
-            num_rejected = sched.num_draft_tokens + 1 - len(tokens)
-            seq.num_computed_tokens += sched.num_new_tokens - num_rejected
-            seq.draft_token_ids = []
-            if sched.num_draft_tokens:
-                seq.num_spec_draft_tokens += sched.num_draft_tokens
-                seq.num_spec_accepted_tokens += len(tokens) - 1
-                self.spec_counters.record(sched.num_draft_tokens, len(tokens) - 1)
-                if num_rejected:
-                    bm.truncate(seq, seq.num_computed_tokens)
             req = self._requests[seq.request_id]
-            if req.pending_forks and seq.num_output_tokens == 0:
-                bm.commit_full_blocks(seq)
-                self._fork(req, seq)
             lps = output.logprobs[k] if k < len(output.logprobs) else None
-            one_by_one = tokens
-            if lps is None and len(tokens) > 1 and run_continues(seq, tokens, self.eos_token_ids, self.max_model_len):
-                seq.output_token_ids.extend(tokens)         # an accepted run that cannot stop: at once
-                if seq.first_token_time is None:
-                    seq.first_token_time = now
-                one_by_one = ()                             # nothing left to append; the loop's else commits
-            for j, token in enumerate(one_by_one):
-                seq.output_token_ids.append(token)
-                if seq.first_token_time is None:
-                    seq.first_token_time = now
-                if lps is not None and j < len(lps):
-                    seq.cum_logprob += lps[j].logprob
-                    req.logprob_buf[seq.seq_index].append(lps[j])
-                reason = stop_reason(seq, token, self.eos_token_ids, self.max_model_len)
-                if reason is not None:
-                    bm.commit_full_blocks(seq)
-                    bm.free(seq)
-                    self._finish(req, seq, reason)
-                    if req.finished:
-                        del self._requests[req.request_id]
-                    any_finished = True
-                    break
-            else:
-                bm.commit_full_blocks(seq)
-                if self.sliding_window is not None:
-                    bm.free_outside_window(seq, self.sliding_window)
-            out = req.emit(seq, self.stream_interval)
+            any_finished |= self._apply_sampled(req, sched, tokens, lps, now)
+            out = req.emit(seq, interval)
             if out is not None:
                 outs.append(out)
         if any_finished:
             self.running = [s for s in self.running if s.status is SequenceStatus.RUNNING]
         return outs
 
+    def _apply_chunk(self, sched: ScheduledSequence, tokens: list[int]) -> None:
+        """A prefill chunk that samples nothing: its tokens are computed; full blocks go to the prefix cache."""
+        seq = sched.seq
+        if tokens:
+            raise ValueError(f"runner sampled for sequence {seq.seq_id}, whose chunk had sample=False")
+        seq.num_computed_tokens += sched.num_new_tokens
+        self.block_manager.commit_full_blocks(seq)
+        if self.sliding_window is not None:
+            self.block_manager.free_outside_window(seq, self.sliding_window)
+
+    def _apply_sampled(self, req: RequestState, sched: ScheduledSequence, tokens: list[int],
+                       lps: list[TokenLogprob] | None, now: float) -> bool:
+        """A sampled sequence's step: drafts settled (the speculation counts), the parallel samples forked after
+        the prompt's last chunk, the tokens appended until a stop. Returns whether the sequence finished."""
+        seq, bm = sched.seq, self.block_manager
+        if not 1 <= len(tokens) <= sched.num_draft_tokens + 1:
+            raise ValueError(f"runner returned {len(tokens)} tokens for sequence {seq.seq_id} "
+                             f"({sched.num_draft_tokens} drafts)")
+        # rejected drafts are not computed: their K/V slots get rewritten later, and blocks that
+        # held only rejected positions go back to the pool
+        num_rejected = sched.num_draft_tokens + 1 - len(tokens)
+        seq.num_computed_tokens += sched.num_new_tokens - num_rejected
+        seq.draft_token_ids = []
+        if sched.num_draft_tokens:
+            seq.num_spec_draft_tokens += sched.num_draft_tokens
+            seq.num_spec_accepted_tokens += len(tokens) - 1
+            self.spec_counters.record(sched.num_draft_tokens, len(tokens) - 1)
+            if num_rejected:
+                bm.truncate(seq, seq.num_computed_tokens)
+        if req.pending_forks and seq.num_output_tokens == 0:
+            bm.commit_full_blocks(seq)
+            self._fork(req, seq)
+        one_by_one = tokens
+        if lps is None and len(tokens) > 1 and run_continues(seq, tokens, self.eos_token_ids, self.max_model_len):
+            seq.output_token_ids.extend(tokens)         # an accepted run that cannot stop: at once
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            one_by_one = ()                             # nothing left to append; the loop's else commits
+        for j, token in enumerate(one_by_one):
+            seq.output_token_ids.append(token)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            if lps is not None and j < len(lps):
+                seq.cum_logprob += lps[j].logprob
+                req.logprob_buf[seq.seq_index].append(lps[j])
+            reason = stop_reason(seq, token, self.eos_token_ids, self.max_model_len)
+            if reason is not None:
+                bm.commit_full_blocks(seq)
+                self._stop(req, seq, reason)
+                return True
+        bm.commit_full_blocks(seq)
+        if self.sliding_window is not None:
+            bm.free_outside_window(seq, self.sliding_window)
+        return False
+
     def append_forced_tokens(self, seq: Sequence, tokens: list[int]) -> tuple[int, RequestOutput | None]:
         """Append tokens decided without the model (a grammar's jump-forward) to a running sequence.
         They are not computed: the next plan computes them with the last sampled token in one chunk and
-        samples after them. Stops as sampled tokens do (max_tokens, context). Returns (tokens appended,
-        the output to stream now or None)."""
+        samples after them. Stops as sampled tokens do (max_tokens, context) and streams as they do (the
+        paced interval). Returns (tokens appended, the output to stream now or None)."""
         if seq.status is not SequenceStatus.RUNNING or not tokens:
             return 0, None
         req = self._requests[seq.request_id]
@@ -376,13 +350,17 @@ class Scheduler:
             n += 1
             reason = stop_reason(seq, token, self.eos_token_ids, self.max_model_len)
             if reason is not None:
-                self.block_manager.free(seq)
-                self._finish(req, seq, reason)
-                if req.finished:
-                    del self._requests[req.request_id]
+                self._stop(req, seq, reason)
                 self.running = [s for s in self.running if s.status is SequenceStatus.RUNNING]
                 break
-        return n, req.emit(seq, self.config.stream_interval)
+        return n, req.emit(seq, self.pacer.current)
+
+    def _stop(self, req: RequestState, seq: Sequence, reason: FinishReason) -> None:
+        """A running sequence stops: its blocks go back, and the request is forgotten when it was the last."""
+        self.block_manager.free(seq)
+        self._finish(req, seq, reason)
+        if req.finished:
+            del self._requests[req.request_id]
 
     def _finish(self, req: RequestState, seq: Sequence, reason: FinishReason) -> None:
         seq.status = SequenceStatus.FINISHED

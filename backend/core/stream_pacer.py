@@ -8,19 +8,14 @@ carries ``ceil(r / R)`` tokens, clamped to ``[1, stream_interval]``. So a lightl
 streams every token, and a busy one batches more tokens per response instead of starving the
 forward of CPU. A sequence's first token and its last always go out at once. With
 ``stream_responses_per_s = 0`` the interval is the fixed ``stream_interval``.
+
+The scheduler owns its pacer and streams with ``current``; the engine feeds it each step's sampled tokens
+(``PacerObserver``, backend/engine/pacer_observer.py) before the scheduler applies the step.
 """
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from backend.core.plan import ModelRunnerOutput, SchedulerOutput
-from backend.engine.step_observer import StepObserver
-
-if TYPE_CHECKING:  # pragma: no cover
-    from backend.core.scheduler import Scheduler
+from dataclasses import dataclass, field
 
 DECAY = 0.2   # weight of the newest step in the tokens-per-second average
 
@@ -31,6 +26,10 @@ class StreamPacer:
     responses_per_s: float              # budget; 0 = fixed interval
     tokens_per_s: float = 0.0
     _last: float | None = None
+    current: int = field(init=False)    # the interval the last ``observe`` chose (``max_interval`` before one)
+
+    def __post_init__(self) -> None:
+        self.current = self.max_interval
 
     @property
     def interval(self) -> int:
@@ -45,23 +44,9 @@ class StreamPacer:
             rate = new_tokens / (now - self._last)
             self.tokens_per_s += DECAY * (rate - self.tokens_per_s) if self.tokens_per_s else rate
         self._last = now
-        return self.interval
+        self.current = self.interval
+        return self.current
 
     def idle(self) -> None:
         """The engine went idle: the next step's rate is measured from its own start."""
         self._last = None
-
-
-class PacerObserver(StepObserver):
-    """Feeds each step's sampled tokens to the pacer and sets the scheduler's ``stream_interval`` before the
-    scheduler applies the step; an idle engine restarts the pacer's rate measurement."""
-
-    def __init__(self, pacer: StreamPacer, scheduler: Scheduler):
-        self.pacer, self.scheduler = pacer, scheduler
-
-    def sampled(self, plan: SchedulerOutput, output: ModelRunnerOutput) -> None:
-        new_tokens = sum(map(len, output.sampled_token_ids))
-        self.scheduler.stream_interval = self.pacer.observe(time.perf_counter(), new_tokens)
-
-    def idle(self) -> None:
-        self.pacer.idle()

@@ -31,11 +31,11 @@ from backend.engine.jump_forward import jump_forward
 from backend.engine.loop_clock import LoopClock
 from backend.engine.output_emitter import OutputEmitter
 from backend.engine.output_router import OutputCallback, OutputRouter
+from backend.engine.pacer_observer import PacerObserver
 from backend.engine.spec_step_clock import SpeculatorObserver
 from backend.engine.stats import EngineStats, engine_stats
 from backend.engine.step_observer import StepObservers, StepStart
 from backend.engine.step_timeline import TimelineObserver
-from backend.engine.stream_pacer import PacerObserver, StreamPacer
 from backend.engine.switch_interval import SwitchInterval
 from backend.engine.thread_policy import ThreadObserver, ThreadPolicy, matrix_elements
 from backend.sampling.batch import GREEDY_EPS
@@ -54,7 +54,7 @@ class LLMEngine:
         self.speculator = self.parts.speculator   # None unless speculative_method is ngram or draft
         self.structured = self.parts.structured_output      # None: guided requests are refused
         self.lora = self.parts.lora                          # None: requests naming an adapter are refused
-        self.pacer = StreamPacer(config.stream_interval, config.stream_responses_per_s)
+        self.pacer = self.scheduler.pacer                     # the stream interval, fed each step
         self.threads = ThreadPolicy(self.parts.cpu_threads, macs_per_token=matrix_elements(self.runner.model))
         self.observers = self._observers()
         self._inbox: deque[InboxMessage] = deque()
@@ -68,13 +68,13 @@ class LLMEngine:
         self._seeds = random.Random(config.seed)   # seeds for unseeded sampled requests (under _cv)
         self._idle = False                                  # the last step had nothing to schedule
         if self.structured is not None:
-            self.structured.set_event_callback(self._wake)
+            self.structured.compiles.set_event_callback(self._wake)
 
     def _observers(self) -> StepObservers:
         """The step's instrumentation, in hook order: threads are set before the timeline's first stamp, and
         the thread policy's report precedes the speculator's (whose seconds include everything before it)."""
         threads = ThreadObserver(self.threads)
-        observers = [threads, TimelineObserver(), PacerObserver(self.pacer, self.scheduler)]
+        observers = [threads, TimelineObserver(), PacerObserver(self.pacer)]
         if self.speculator is not None:
             on_cpu = str(getattr(self.runner, "device", "cpu")).startswith("cpu")   # steps end on this thread
             observers.append(SpeculatorObserver(self.speculator, self.scheduler, threads, on_cpu))
@@ -110,7 +110,7 @@ class LLMEngine:
                 on_output = self.lora.hold(params.lora_name, on_output)   # a TensorRT-LLM task stays cached
             self.outputs.callbacks[request_id] = on_output
             if params.guide is not None:
-                self.structured.submit(request_id, params.guide)   # compiles off the loop; admitted when ready
+                self.structured.compiles.submit(request_id, params.guide)   # compiles off the loop; admitted when ready
             self._inbox.append(AddRequest(request_id, prompt, params, arrival))
             self._cv.notify()
 
@@ -151,7 +151,7 @@ class LLMEngine:
         self._finish_all(FinishReason.ABORT, "engine shut down")
         if self.structured is not None:
             self.structured.shutdown()
-            self.structured.set_event_callback(None)   # no engine <-> manager cycle left behind
+            self.structured.compiles.set_event_callback(None)   # no engine <-> manager cycle left behind
         self._switch.restore()
 
     def loop_alive(self) -> bool:
@@ -189,7 +189,7 @@ class LLMEngine:
             self.speculator.release_gone()
         so = self.structured
         if so is not None and so.num_requests:
-            self._fail(so.poll())
+            self._fail(so.compiles.poll())
 
     def _schedule(self) -> SchedulerOutput | None:
         """The step's plan, or None when nothing runs: no request left (the observers go idle), or every
@@ -228,7 +228,7 @@ class LLMEngine:
         if not self._idle or self.structured is None:
             return
         with self._cv:
-            wait = self.structured.idle_wait_s()
+            wait = self.structured.compiles.idle_wait_s()
             if wait is not None and not self._inbox and not self._stopping:
                 self._cv.wait(timeout=min(wait + 1e-3, 1.0))
 

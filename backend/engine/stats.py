@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backend.core.scheduler import SchedulerStats, SpecDecodeCounters
+from backend.core.scheduler_stats import SchedulerStats, SpecDecodeCounters
 from backend.engine.loop_clock import LoopTime
 
 

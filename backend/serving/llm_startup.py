@@ -43,7 +43,7 @@ def build_llm_serving(model_config: dict, pb_utils, *, model_version: str = "1")
     interval = positive_float_param(serving, "metrics_interval_s", 1.0)
     engine = LLMEngine(EngineConfig.from_parameters(engine_params))
     if engine.structured is not None:
-        engine.structured.warm_up()    # the grammar layer at load time, not on the first guided request
+        engine.structured.compiles.warm_up()    # the grammar layer at load time, not on the first guided request
     gaps = DecodeGaps()                # the inter-token latency, one value per decode step (after the timeline's)
     engine.observers.observers.append(gaps)
     engine.start()

@@ -31,7 +31,7 @@ PHASES = {  # label -> (owner attribute path from the engine, method)
     "schedule": ("scheduler", "schedule"), "begin_fill": ("structured", "begin_fill"),
     "execute": ("runner", "execute"), "sample": ("runner", "sample"),
     "build_batch": ("runner.sampler", "build_batch"), "sampler.sample": ("runner.sampler", "sample"),
-    "accept": ("structured", "accept"), "poll": ("structured", "poll"),
+    "accept": ("structured", "accept"), "poll": ("structured.compiles", "poll"),
     "fill_bitmask": ("structured", "fill_bitmask"), "fill_rows": ("structured", "fill_rows"),
     "update_from_output": ("scheduler", "update_from_output"),
     "dispatch": ("", "_dispatch"), "step": ("", "step"),
@@ -57,7 +57,7 @@ def instrument(engine: LLMEngine, acc: dict[str, list[int]]) -> None:
         for part in filter(None, path.split(".")):
             owner = getattr(owner, part)
         setattr(owner, name, timer(getattr(owner, name), acc[label]))
-    backend = engine.structured._get_backend()
+    backend = engine.structured.compiles.get_backend()
     backend.fill_bitmasks = timer(backend.fill_bitmasks, acc["fill_bitmasks (xgrammar)"])
     for label, (cls, name) in CLASS_PHASES.items():
         fn = getattr(cls, name)
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = LLMEngine(EngineConfig(model_path=args.model, device="cpu", cpu_threads=1, kv_cache_bytes=64 << 20,
                                     max_num_seqs=max(64, args.concurrency), fast_decode=args.fast_decode == "on"))
     so = engine.structured
-    so.warm_up()
+    so.compiles.warm_up()
     if args.fill != "default":
         so.fill_on_worker = args.fill == "worker"
     acc: dict[str, list[int]] = defaultdict(list)

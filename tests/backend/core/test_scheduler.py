@@ -21,6 +21,7 @@ from backend.core.outputs import FinishReason, TokenLogprob
 from backend.core.plan import ModelRunnerOutput
 from backend.core.scheduler import Scheduler, SchedulerOutput
 from backend.core.sequence import SequenceStatus
+from backend.core.stream_pacer import StreamPacer
 from contracts.sampling_params import SamplingParams
 
 VOCAB, EOS = 64, 1
@@ -367,6 +368,29 @@ def test_stream_interval_buffers_and_flushes_on_finish():
     assert [len(o.logprobs) for o in outs] == [1, 3, 3, 1]
     assert outs[-1].request_finished and outs[-1].cum_logprob == pytest.approx(-8.0)
     assert sum(o.request_finished for o in outs) == 1
+
+
+def test_the_pacer_given_at_construction_sets_the_interval_of_each_step():
+    pacer = StreamPacer(3, 0.0)
+    sch = Scheduler(EngineConfig(model_path="m", block_size=4), num_blocks=64, max_model_len=64, vocab_size=VOCAB,
+                    eos_token_ids=[EOS], pacer=pacer)
+    sch.add_request("s", [3, 4, 5], greedy(max_tokens=9, ignore_eos=True))
+    sizes = []
+    for step in range(9):
+        pacer.current = 1 if step >= 4 else 3            # what the engine's pacer chose for this step
+        sizes += [len(o.new_token_ids) for o in sch.update_from_output(sch.schedule(), ModelRunnerOutput([[9]]))]
+    assert sizes == [1, 3, 1, 1, 1, 1, 1]                # first at once, then 3 held, then every token
+
+
+def test_can_admit_given_at_construction_holds_only_the_sequences_it_refuses():
+    held = {"g"}
+    sch = Scheduler(EngineConfig(model_path="m", block_size=4), num_blocks=64, max_model_len=64, vocab_size=VOCAB,
+                    eos_token_ids=[EOS], can_admit=lambda seq: seq.request_id not in held)
+    sch.add_request("g", [3, 4], greedy(max_tokens=2))
+    sch.add_request("p", [5, 6], greedy(max_tokens=2))
+    assert [s.seq.request_id for s in sch.schedule().scheduled] == ["p"]
+    held.clear()
+    assert [s.seq.request_id for s in sch.schedule().scheduled] == ["p", "g"]
 
 
 def test_abort_frees_blocks_at_once_and_ends_the_stream():

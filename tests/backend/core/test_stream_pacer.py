@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from backend.config import EngineConfig
-from backend.engine.stream_pacer import StreamPacer
+from backend.core.stream_pacer import StreamPacer
 
 
 def test_fixed_when_no_budget():

@@ -182,11 +182,11 @@ def test_compiled_grammars_are_cached_and_shared(engine, tokenizer):
     so = engine.structured
     text = json.dumps({"type": "object", "properties": {"cache_probe": {"type": "integer"}},
                        "required": ["cache_probe"], "additionalProperties": False})
-    before = so.num_compiles
+    before = so.compiles.num_compiles
     engine.generate([encode(tokenizer, i) for i in range(3)], greedy_params("json_schema", text, 8))
-    assert so.num_compiles == before + 1                 # three requests in flight together: one compile
+    assert so.compiles.num_compiles == before + 1                 # three requests in flight together: one compile
     engine.generate([encode(tokenizer, 0)], greedy_params("json_schema", text, 8))
-    assert so.num_compiles == before + 1                 # later: a cache hit
+    assert so.compiles.num_compiles == before + 1                 # later: a cache hit
     assert so.num_requests == 0
 
 
@@ -243,7 +243,7 @@ def test_compile_time_limit_fails_the_request_and_never_stalls_the_loop(demo_tar
 
     eng = LLMEngine(EngineConfig(model_path=str(demo_target), kv_cache_bytes=8 << 20, device="cpu",
                                  guided_compile_timeout_s=0.5, guided_compile_workers=1))
-    eng.structured._backend = SlowBackend(XGrammarBackend.from_folder(demo_target, 4096, [1]), delay=2.0)
+    eng.structured.compiles.backend = SlowBackend(XGrammarBackend.from_folder(demo_target, 4096, [1]), delay=2.0)
     eng.start()
     try:
         results: dict[str, list] = {}
@@ -286,7 +286,7 @@ def test_idle_loop_sleeps_while_grammars_compile(demo_target, tokenizer):
     from grammar import XGrammarBackend
 
     eng = LLMEngine(EngineConfig(model_path=str(demo_target), kv_cache_bytes=8 << 20, device="cpu"))
-    eng.structured._backend = SlowBackend(XGrammarBackend.from_folder(demo_target, 4096, [1]), delay=0.6)
+    eng.structured.compiles.backend = SlowBackend(XGrammarBackend.from_folder(demo_target, 4096, [1]), delay=0.6)
     plans = []
     schedule = eng.scheduler.schedule
     eng.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
@@ -317,8 +317,8 @@ def test_unavailable_backend_fails_guided_requests_with_the_reason(demo_target):
 
     def broken():
         raise FileNotFoundError("no tokenizer.json")
-    eng.structured._factory = broken
-    assert eng.structured.warm_up() is False
+    eng.structured.compiles._factory = broken
+    assert eng.structured.compiles.warm_up() is False
     outs = eng.generate([[0, 5]], greedy_params("regex", "a+"))[0]
     assert outs[-1].finish_reason is FinishReason.ERROR
     assert "guided decoding is unavailable for this model (FileNotFoundError: no tokenizer.json)" in outs[-1].error

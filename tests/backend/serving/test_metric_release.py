@@ -9,7 +9,7 @@ import weakref
 
 import pytest
 
-from backend.core.scheduler import SpecDecodeCounters
+from backend.core.scheduler_stats import SpecDecodeCounters
 from backend.engine.loop_clock import LoopTime
 from backend.serving.llm_serving import LLMServing
 from backend.serving.llm_startup import build_telemetry

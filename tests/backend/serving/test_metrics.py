@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from backend.core.scheduler import SpecDecodeCounters
+from backend.core.scheduler_stats import SpecDecodeCounters
 from backend.engine.loop_clock import LoopTime
 from backend.serving.metrics import (
     GENERAL_FAMILY,

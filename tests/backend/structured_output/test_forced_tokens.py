@@ -10,9 +10,9 @@ from backend.core.sequence import SequenceStatus
 from contracts.sampling_params import SamplingParams
 
 
-def scheduler():
-    return Scheduler(EngineConfig(model_path="/m", block_size=4), num_blocks=32, max_model_len=64, vocab_size=64,
-                     eos_token_ids=[1])
+def scheduler(**cfg):
+    return Scheduler(EngineConfig(model_path="/m", block_size=4, **cfg), num_blocks=32, max_model_len=64,
+                     vocab_size=64, eos_token_ids=[1])
 
 
 def test_forced_tokens_are_computed_next_step_in_one_chunk():
@@ -37,3 +37,20 @@ def test_forced_tokens_stop_at_max_tokens_and_free_the_blocks():
     assert n == 2 and out.finished and out.request_finished and out.finish_reason is FinishReason.LENGTH
     assert seq.status is SequenceStatus.FINISHED and sch.block_manager.num_used_blocks == 0
     assert not sch.has_unfinished() and sch.append_forced_tokens(seq, [4]) == (0, None)
+
+
+def test_forced_tokens_stream_at_the_paced_interval():
+    """Forced tokens go out as sampled ones do: at the interval the pacer chose for the step (here every token,
+    under a stream_interval of 4), never held back to the configured maximum."""
+    sch = scheduler(stream_interval=4, stream_responses_per_s=100.0)
+    pacer = sch.pacer
+    seq, = sch.add_request("r", [0, 5, 6], SamplingParams(max_tokens=20))
+    assert pacer.observe(0.0, 1) == 1                   # no rate measured yet: every token
+    sch.update_from_output(sch.schedule(), ModelRunnerOutput([[7]]))
+    out, = sch.update_from_output(sch.schedule(), ModelRunnerOutput([[8]]))
+    assert out.new_token_ids == [8]
+    n, out = sch.append_forced_tokens(seq, [9, 10])
+    assert n == 2 and out is not None and out.new_token_ids == [9, 10]
+    pacer.current = 4                                   # a busy engine: 4 tokens a response
+    n, out = sch.append_forced_tokens(seq, [11, 12])
+    assert n == 2 and out is None                       # held back, as sampled tokens are

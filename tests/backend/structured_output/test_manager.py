@@ -1,5 +1,5 @@
 """The engine's grammar manager: the step's bitmask rows (one per verified position, ready for
-speculation), draft validation, accepting tokens, compile bookkeeping."""
+speculation), draft validation, accepting tokens; forgetting a request."""
 from __future__ import annotations
 
 import threading
@@ -33,7 +33,7 @@ def tok(backend):
 
 def make_manager(backend):
     m = StructuredOutputManager(lambda: backend, vocab_size=V)
-    assert m.warm_up()
+    assert m.compiles.warm_up()
     return m
 
 
@@ -50,10 +50,10 @@ def plan_of(*seqs):
 
 
 def ready(manager, rid, guide):
-    manager.submit(rid, guide)
+    manager.compiles.submit(rid, guide)
     for _ in range(200):
-        assert manager.poll() == []
-        if manager.is_ready(guided_seq(0, rid, guide)):
+        assert manager.compiles.poll() == []
+        if manager.compiles.is_ready(guided_seq(0, rid, guide)):
             return
         threading.Event().wait(0.01)
     raise AssertionError("compile did not finish")
@@ -101,8 +101,9 @@ def test_accept_advances_and_reports_rejections(backend, tok):
     assert failures and failures[0][0] == "r" and failures[0][1].startswith("guided_decoding_guide: ")
     assert so.accept(plan, ModelRunnerOutput([[tok["b"], 1]])) == []      # speculative: several tokens at once
     assert so.fill_bitmask(plan, [0]) is None                        # terminated: nothing to constrain
+    assert so.valid_draft_prefix(seq, [tok["x"]]) == 0                # an ended grammar admits nothing more
     so.drop("r")
-    assert so.num_requests == 0
+    assert so.num_requests == 0 and so.valid_draft_prefix(seq, [tok["x"]]) == 1   # forgotten: unconstrained
 
 
 def test_no_bitmask_without_guided_rows(backend):
@@ -111,73 +112,6 @@ def test_no_bitmask_without_guided_rows(backend):
                      status=SequenceStatus.RUNNING)
     assert so.fill_bitmask(plan_of(plain), [0]) is None
     assert so.accept(plan_of(plain), ModelRunnerOutput([[5]])) == []
-
-
-def test_compile_failures_and_deadlines_come_out_of_poll(backend):
-    clock = [0.0]
-    gate = threading.Event()
-
-    class Gated:
-        vocab_size = V
-
-        def cached(self, kind, guide):
-            return None
-
-        def compile(self, kind, guide):
-            if guide == "bad":
-                raise ValueError("guided_decoding_guide: not valid")
-            gate.wait(5)
-            return backend.compile(kind, guide)
-
-        def matcher(self, compiled):
-            return backend.matcher(compiled)
-
-    so = StructuredOutputManager(Gated, vocab_size=V, compile_timeout_s=10, max_workers=2, clock=lambda: clock[0])
-    so.submit("bad", GuideSpec("regex", "bad"))
-    failures = []
-    for _ in range(500):
-        failures += so.poll()
-        if failures:
-            break
-        threading.Event().wait(0.01)
-    assert failures == [("bad", "guided_decoding_guide: not valid")]
-    so.submit("late", GuideSpec("regex", "late"))
-    so.submit("late2", GuideSpec("regex", "late"))                   # the same guide: one compile
-    assert so.num_compiles == 2
-    assert so.poll() == [] and so.idle_wait_s() == 10.0
-    clock[0] = 10.0
-    failures = dict(so.poll())
-    assert set(failures) == {"late", "late2"} and so.num_requests == 0
-    assert failures["late"] == ("guided_decoding_guide: compiling the grammar took longer than "
-                                "guided_compile_timeout_s (10 s)")
-    gate.set()
-    so.shutdown()
-
-
-def test_a_compile_that_ends_at_once_calls_back_on_the_worker_thread(backend):
-    """A guide that fails in microseconds must not run the manager's callback on the submitting
-    thread (which holds the manager's lock inside submit: that would deadlock)."""
-    class Instant:
-        vocab_size = V
-
-        def cached(self, kind, guide):
-            return None
-
-        def compile(self, kind, guide):
-            raise ValueError("guided_decoding_guide: bad")
-
-    so = StructuredOutputManager(Instant, vocab_size=V)
-    called_on = []
-    so.set_event_callback(lambda: called_on.append(threading.current_thread().name))
-    for i in range(50):
-        so.submit(f"r{i}", GuideSpec("regex", f"g{i}"))
-    for _ in range(500):
-        if len(called_on) == 50:
-            break
-        threading.Event().wait(0.01)
-    assert len(called_on) == 50 and all(n.startswith("grammar-compile") for n in called_on)
-    assert len(dict(so.poll())) == 50
-    so.shutdown()
 
 
 def test_begin_fill_does_no_work_without_guided_rows_and_checks_the_rows(backend, tok):
