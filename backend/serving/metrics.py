@@ -91,6 +91,22 @@ GENERAL_GAUGES: dict[str, Callable[[Any], float]] = {
 }
 
 
+class _Counters:
+    """Cumulative engine figures published as counters, which only go up: each update adds what grew since the
+    last (a figure the source does not report, None, stays where it is)."""
+
+    def __init__(self, metrics: list[tuple[Any, Callable[[Any], float | None]]]):
+        self.metrics = metrics
+        self._seen = [0] * len(metrics)
+
+    def update(self, source) -> None:
+        for i, (metric, read) in enumerate(self.metrics):
+            now = read(source)
+            if now is not None and now > self._seen[i]:
+                metric.increment(float(now - self._seen[i]))
+                self._seen[i] = now
+
+
 class EngineMetrics:
     """Publishes ``stats_fn()`` as gauges; ``update()`` once, or ``start()`` a periodic thread."""
 
@@ -104,60 +120,63 @@ class EngineMetrics:
         self._interval = interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        gauge = pb_utils.MetricFamily.GAUGE
-        base = {"model": model, "version": str(version)}
-        self._families = [
-            pb_utils.MetricFamily(name=KV_FAMILY, description="KV cache block counts of the paged cache",
-                                  kind=gauge),
-            pb_utils.MetricFamily(name=REQUEST_FAMILY, description="Request counts of the engine's scheduler",
-                                  kind=gauge),
-            pb_utils.MetricFamily(name=GENERAL_FAMILY, description="General engine counters", kind=gauge),
-        ]
-        kv, req, gen = self._families
-        self._gauges: list[tuple[Any, Callable[[Any], float]]] = []
-        for label, read in KV_GAUGES.items():
-            self._gauges.append((kv.Metric(labels={**base, "kv_cache_block_type": label}), read))
-        for label, read in REQUEST_GAUGES.items():
-            self._gauges.append((req.Metric(labels={**base, "request_type": label}), read))
-        for label, read in GENERAL_GAUGES.items():
-            self._gauges.append((gen.Metric(labels={**base, "general_type": label}), read))
-        self._max_seqs = req.Metric(labels={**base, "request_type": "max"})  # keep a reference: metrics die with it
-        self._max_seqs.set(float(max_num_seqs))
-        self._info = self._info_family = None
-        if model_info is not None:
-            self._info_family = pb_utils.MetricFamily(
-                name=MODEL_INFO_FAMILY, kind=gauge,
-                description="What serves requests: weight quantization, KV cache dtype, compute dtype (always 1)")
-            self._info = self._info_family.Metric(labels={**base, **model_info})
-            self._info.set(1.0)
-        self._base = base
+        self._pb, self._base = pb_utils, {"model": model, "version": str(version)}
+        self._families: list[Any] = []         # every family, released after every metric by close()
+        self._gauges = self._engine_gauges(max_num_seqs)
+        self._info = self._model_info(model_info)
         counter = pb_utils.MetricFamily.COUNTER
-        self._spec = [(pb_utils.MetricFamily(name=SPEC_PREFIX + name, kind=counter,
-                                             description=f"Speculative decoding: {name.replace('_', ' ')}"), read)
-                      for name, read in SPEC_COUNTERS.items()]
-        self._spec_metrics = [(fam.Metric(labels=base), read) for fam, read in self._spec]
-        self._per_pos_family = pb_utils.MetricFamily(name=SPEC_PER_POS, kind=counter,
-                                                     description="Speculative decoding: drafts accepted at each "
-                                                                 "position (0 = the first draft)")
+        spec = [self._family(SPEC_PREFIX + name, counter, f"Speculative decoding: {name.replace('_', ' ')}")
+                for name in SPEC_COUNTERS]
+        self._spec = _Counters([(family.Metric(labels=self._base), read)
+                                for family, read in zip(spec, SPEC_COUNTERS.values())])
+        self._per_pos_family = self._family(SPEC_PER_POS, counter, "Speculative decoding: drafts accepted at each "
+                                                                   "position (0 = the first draft)")
         self._per_pos: list[Any] = []
-        self._spec_seen = [0] * len(self._spec_metrics)
         self._per_pos_seen: list[int] = []
-        self._loop_family = pb_utils.MetricFamily(
-            name=LOOP_FAMILY, kind=counter,
-            description="Seconds of the engine loop thread: busy (in steps) = cpu + runqueue + blocked (GIL, locks)")
-        self._loop = [(self._loop_family.Metric(labels={**base, "state": state}), read)
-                      for state, read in LOOP_COUNTERS.items()]
-        self._loop_seen = [0.0] * len(self._loop)
+        loop = self._family(LOOP_FAMILY, counter, "Seconds of the engine loop thread: busy (in steps) = cpu + "
+                                                  "runqueue + blocked (GIL, locks)")
+        self._loop = _Counters([(loop.Metric(labels={**self._base, "state": state}), read)
+                                for state, read in LOOP_COUNTERS.items()])
         self._gaps = decode_gaps
-        self._itl_family = pb_utils.MetricFamily(
-            name=ITL_FAMILY, kind=pb_utils.MetricFamily.HISTOGRAM,
-            description="Time between consecutive token steps of a sequence (one observation per decode step)")
-        self._itl = self._itl_family.Metric(labels=base, buckets=TOKEN_LATENCY_BUCKETS)
-        self._families += [f for f in (self._info_family, self._per_pos_family, self._loop_family, self._itl_family)
-                           if f is not None]
-        self._families += [fam for fam, _ in self._spec]   # every family, for close()
-        self._lora = LoraMetrics(pb_utils, lora.stats, lora.names, base) if lora is not None else None
+        self._itl = self._family(
+            ITL_FAMILY, pb_utils.MetricFamily.HISTOGRAM,
+            "Time between consecutive token steps of a sequence (one observation per decode step)",
+        ).Metric(labels=self._base, buckets=TOKEN_LATENCY_BUCKETS)
+        self._lora = LoraMetrics(pb_utils, lora.stats, lora.names, self._base) if lora is not None else None
         self._closed = False
+
+    def _family(self, name: str, kind, description: str):
+        """A new metric family, kept for ``close()``."""
+        family = self._pb.MetricFamily(name=name, description=description, kind=kind)
+        self._families.append(family)
+        return family
+
+    def _engine_gauges(self, max_num_seqs: int) -> list[tuple[Any, Callable[[Any], float]]]:
+        """TensorRT-LLM's three gauge families, a gauge per label and how to read it; ``max`` requests is constant."""
+        gauge, base = self._pb.MetricFamily.GAUGE, self._base
+        gauges: list[tuple[Any, Callable[[Any], float]]] = []
+        for name, description, label, reads in (
+                (KV_FAMILY, "KV cache block counts of the paged cache", "kv_cache_block_type", KV_GAUGES),
+                (REQUEST_FAMILY, "Request counts of the engine's scheduler", "request_type", REQUEST_GAUGES),
+                (GENERAL_FAMILY, "General engine counters", "general_type", GENERAL_GAUGES)):
+            family = self._family(name, gauge, description)
+            gauges += [(family.Metric(labels={**base, label: value}), read) for value, read in reads.items()]
+            if name == REQUEST_FAMILY:
+                requests = family
+        # keep a reference: metrics die with it
+        self._max_seqs = requests.Metric(labels={**base, "request_type": "max"})
+        self._max_seqs.set(float(max_num_seqs))
+        return gauges
+
+    def _model_info(self, model_info: Mapping[str, str] | None):
+        """The info gauge (always 1) labelled with what serves requests; None without ``model_info``."""
+        if model_info is None:
+            return None
+        family = self._family(MODEL_INFO_FAMILY, self._pb.MetricFamily.GAUGE,
+                              "What serves requests: weight quantization, KV cache dtype, compute dtype (always 1)")
+        info = family.Metric(labels={**self._base, **model_info})
+        info.set(1.0)
+        return info
 
     def update(self) -> None:
         if self._closed:
@@ -165,9 +184,10 @@ class EngineMetrics:
         stats = self._stats_fn()
         for metric, read in self._gauges:
             metric.set(float(read(stats)))
-        self._update_spec(stats.spec)
+        self._spec.update(stats.spec)
+        self._update_per_pos(stats.spec.accepted_per_pos)
         if stats.loop is not None:
-            self._update_loop(stats.loop)
+            self._loop.update(stats.loop)
         if self._lora is not None:
             self._lora.update()
         if self._gaps is not None:
@@ -175,23 +195,9 @@ class EngineMetrics:
             for gap in self._gaps():
                 observe(gap)
 
-    def _update_loop(self, loop) -> None:
-        """Counters only go up: add the seconds since the last update (a state the kernel does not report
-        stays at 0)."""
-        for i, (metric, read) in enumerate(self._loop):
-            now = read(loop)
-            if now is not None and now > self._loop_seen[i]:
-                metric.increment(now - self._loop_seen[i])
-                self._loop_seen[i] = now
-
-    def _update_spec(self, spec) -> None:
-        """Counters only go up: add what the engine counted since the last update."""
-        for i, (metric, read) in enumerate(self._spec_metrics):
-            now = read(spec)
-            if now > self._spec_seen[i]:
-                metric.increment(float(now - self._spec_seen[i]))
-                self._spec_seen[i] = now
-        for pos, now in enumerate(spec.accepted_per_pos):
+    def _update_per_pos(self, accepted_per_pos: list[int]) -> None:
+        """Drafts accepted per position: a counter per position, added as the engine's speculation reaches it."""
+        for pos, now in enumerate(accepted_per_pos):
             while len(self._per_pos) <= pos:
                 self._per_pos.append(self._per_pos_family.Metric(labels={**self._base,
                                                                          "position": str(len(self._per_pos))}))
@@ -223,10 +229,9 @@ class EngineMetrics:
         """Stop publishing; release every metric, then every family (nothing is published afterwards)."""
         self.stop()
         self._closed = True
-        self._gauges, self._spec_metrics, self._per_pos, self._loop = [], [], [], []
-        self._max_seqs = self._info = self._itl = None
-        self._spec, self._info_family, self._per_pos_family, self._loop_family = [], None, None, None
-        self._itl_family = None
+        self._gauges, self._per_pos = [], []
+        self._spec.metrics, self._loop.metrics = [], []
+        self._max_seqs = self._info = self._itl = self._per_pos_family = None
         if self._lora is not None:
             self._lora.close()
             self._lora = None
