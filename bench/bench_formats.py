@@ -2,7 +2,7 @@
 
     python -m bench.bench_formats [--models 300m,82m] [--threads 1,2] [--batches 1,8,32] [--gen 64] [--rounds 2]
 
-Builds the models with ``tools/make_random_llama.py`` (300M-class: 24 layers x 1024, intermediate 2816, GQA 16/4,
+Builds the models with ``bench/harness/random_llama.py`` (300M-class: 24 layers x 1024, intermediate 2816, GQA 16/4,
 vocabulary 4,096; 82M: its default shape) and converts each for llama.cpp with ``tools/build_llamacpp.sh`` (F32,
 then Q8_0 and Q4_0 through ``llama-quantize``; llama.cpp built without AMX). Measures the machine's read bandwidth
 per thread count (``read_bandwidth``). Then per round, model, format (ours ``none`` / ``int8`` / ``int4`` at
@@ -37,11 +37,11 @@ from bench.harness.closed_loop import run_engine_level
 from bench.harness.llamacpp import DEFAULT_DIR, LlamaCpp, decode_tok_per_s, run_batched_bench
 from bench.harness.report import git_commit, machine, write_json
 from bench.harness.workload import mixed_workload
-from tools.make_random_llama import SHAPES
-from tools.make_random_llama import make as make_random_llama
+from bench.harness.random_llama import SHAPES
+from bench.harness.random_llama import make as make_random_llama
 
 REPO = Path(__file__).resolve().parents[1]
-MODELS = SHAPES   # "300m", "82m": tools/make_random_llama.py's shapes
+MODELS = SHAPES   # "300m", "82m": bench/harness/random_llama.py's shapes
 FORMATS = (("none", "f32"), ("int8", "q8_0"), ("int4", "q4_0"))   # ours, llama.cpp's
 PROMPT = 64
 REQUEST_TIMEOUT = 900.0

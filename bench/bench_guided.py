@@ -168,7 +168,7 @@ def spec_rate(engine) -> float | None:
 
 def bench_compile(model_path: Path) -> list[dict]:
     from grammar import XGrammarBackend
-    from tests.helpers.guides import all_guides
+    from bench.harness.guides import all_guides
 
     backend = XGrammarBackend.from_folder(model_path, 4096 if "demo" in str(model_path) else None, [1])
     rows = []

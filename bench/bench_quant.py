@@ -5,7 +5,7 @@ tokens and mean identical prefix over held-out prompts, 32 tokens each), a long-
 probe (the mean log-probability of a fact planted early in a ~900-token prompt, re-quoted at the end),
 and decode tokens/s at batch 1 and 32. One 2048 x 768 layer at one token, weights out of cache: CPU
 microseconds of this thread per call (robust to other jobs on a shared machine; QuantLinear, the native
-quantized GEMM when built; "int4 (a)": the few-token dequantize-and-FMA int4 kernel beside it). On the 82M-class random model (tools/make_random_llama.py, whose 330 MB of fp32 weights do not
+quantized GEMM when built; "int4 (a)": the few-token dequantize-and-FMA int4 kernel beside it). On the 82M-class random model (bench/harness/random_llama.py, whose 330 MB of fp32 weights do not
 fit in cache): batch-1 decode ratios to fp32 per wall second and per CPU second, three interleaved
 rounds.
 
@@ -41,7 +41,7 @@ from backend.model.quant import quantize_model
 from bench.harness.report import git_commit, machine, write_json
 from bench.harness.workload import corpus_ids
 from contracts.sampling_params import SamplingParams
-from tools.make_random_llama import make as make_random_llama
+from bench.harness.random_llama import make as make_random_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("none", "int8", "int4")

@@ -31,7 +31,7 @@ from tokenizers import Tokenizer
 from backend.attention.dense import DenseCausalAttention
 from backend.model.llama import LlamaForCausalLM
 from backend.model.loader import load_model, save_model
-from tools.corpus import corpus_files
+from bench.harness.corpus import corpus_files
 from tools.model_report import heldout_ids, window_logits
 from tools.train_model import batch_with_copies, encode_files, heldout_copy_accuracy, heldout_loss, lr_at
 

@@ -3,37 +3,14 @@
     .venv/bin/python -m tools.make_lora_adapter --base models/demo-target --out .cache/lora/a \\
         [--rank 8] [--alpha 16] [--targets q_proj,v_proj] [--rslora] [--scale 0.05] [--seed 0]
 
-``lora_B`` is drawn too (PEFT initialises it to zero, an adapter that changes nothing), every LoRA weight from
-``N(0, scale)``, so the adapter visibly changes greedy output. Writes ``adapter_config.json`` and
-``adapter_model.safetensors`` as ``PeftModel.save_pretrained`` does.
+The adapter: ``bench.harness.lora_adapters.make_adapter`` (every LoRA weight, ``lora_B`` too, from ``N(0, scale)``,
+so it visibly changes greedy output).
 """
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-import torch
-
-
-def make_adapter(base: str | Path, out: str | Path, *, rank: int = 8, alpha: float = 16.0,
-                 targets: tuple[str, ...] = ("q_proj", "v_proj"), rslora: bool = False, scale: float = 0.05,
-                 seed: int = 0, **config) -> Path:
-    """Write the adapter under ``out``; ``config``: further ``LoraConfig`` fields (``rank_pattern``, ...)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
-    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets),
-                                                  use_rslora=rslora, lora_dropout=0.0, bias="none",
-                                                  task_type="CAUSAL_LM", **config))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * scale)
-    out = Path(out)
-    peft_model.save_pretrained(str(out))
-    return out
+from bench.harness.lora_adapters import make_adapter
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 
 from backend.attention.dense import DenseCausalAttention
 from backend.model.loader import load_model
-from tools.corpus import corpus_files, read_text
+from bench.harness.corpus import corpus_files, read_text
 from tools.train_model import heldout_copy_accuracy
 
 WINDOW = 256

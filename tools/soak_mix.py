@@ -42,7 +42,7 @@ class Plan:
 
 def prompt_texts(n: int, rng: random.Random, min_chars: int = 20, max_chars: int = 1500) -> list[str]:
     """``n`` code snippets of varied length (log-uniform in characters) from the stdlib source."""
-    from tools.corpus import corpus_files
+    from bench.harness.corpus import corpus_files
 
     train, heldout = corpus_files(include_tests=False)
     files = heldout or train

@@ -4,7 +4,7 @@
         [--rank 8] [--alpha 16] [--targets q_proj,k_proj,v_proj,o_proj] [--steps N | --minutes 6] \\
         [--threads 1] [--seed 0]
 
-The corpus (``tools.corpus.torch_corpus_files``) is every ``*.py`` of the installed torch package's ``nn``,
+The corpus (``bench.harness.corpus.torch_corpus_files``) is every ``*.py`` of the installed torch package's ``nn``,
 ``optim`` and ``distributions`` sub-packages: code in another style than the stdlib the demo models learnt
 (``nn.Module`` subclasses, ``forward(self, x)``, ``torch.*`` calls). 5% of its files, chosen by a hash of their
 path inside the package, are held out and never trained on. The files are tokenized with the base's tokenizer
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from tools.corpus import TORCH_HELDOUT_PERCENT, TORCH_PACKAGES, torch_corpus_files
+from bench.harness.corpus import TORCH_HELDOUT_PERCENT, TORCH_PACKAGES, torch_corpus_files
 from tools.train_model import batch_at, encode_files, heldout_loss, lr_at
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")

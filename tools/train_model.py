@@ -24,7 +24,7 @@ from backend.attention.dense import DenseCausalAttention
 from backend.model.config import ModelConfig
 from backend.model.llama import LlamaForCausalLM
 from backend.model.loader import load_model, save_model
-from tools.corpus import corpus_files, read_text
+from bench.harness.corpus import corpus_files, read_text
 
 SIZES = {
     # hidden, layers, heads, kv_heads, intermediate

@@ -17,7 +17,7 @@ from typing import Any, Iterator, Mapping
 from tokenizers import Tokenizer
 
 from contracts.sampling_params import SamplingParams
-from tools.corpus import corpus_files, read_text
+from bench.harness.corpus import corpus_files, read_text
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import pytest
 
 from cli import client
 from grammar import check_output
-from tests.helpers.guides import SCHEMAS
+from bench.harness.guides import SCHEMAS
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from backend.engine.llm_engine import output_token_ids
 from contracts.sampling_params import GuideSpec, SamplingParams
 from grammar import check_output
 from tests.e2e.helpers import Stream, kv_used, metrics, run, wait_until
-from tests.helpers.guides import GRAMMARS, REGEXES, SCHEMAS, STRUCTURAL_TAGS, all_guides
+from bench.harness.guides import GRAMMARS, REGEXES, SCHEMAS, STRUCTURAL_TAGS, all_guides
 from cli.client import build_inputs
 
 PROMPTS = ["# a record as JSON\nrecord = ", "def parse(text):\n    return ", "x = "]

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tests.e2e.helpers import metrics
-from tests.helpers.guides import SCHEMAS
+from bench.harness.guides import SCHEMAS
 
 PROMPT = [{"role": "user", "content": "def fibonacci(n):"}]
 

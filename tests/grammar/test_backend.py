@@ -13,7 +13,7 @@ import torch
 from grammar import GuideError, XGrammarBackend, check_output, tokenizer_info_from_folder
 from tests.helpers.checkpoints import DEMO_TARGET, REPO
 from tests.helpers.grammar_walk import allowed_token_ids, decode, random_walk
-from tests.helpers.guides import all_guides
+from bench.harness.guides import all_guides
 
 EOS = 1
 

@@ -8,7 +8,7 @@ import pytest
 from grammar import check_output
 from grammar.errors import GuideError
 from grammar.guides import prepare_guide
-from tests.helpers.guides import STRUCTURAL_TAGS
+from bench.harness.guides import STRUCTURAL_TAGS
 
 PAREN = json.dumps(STRUCTURAL_TAGS["paren_int"])
 TOOL = json.dumps(STRUCTURAL_TAGS["tool_call"])

@@ -22,7 +22,7 @@ ADAPTERS = {
 def write_adapters(base: Path, root: Path) -> dict[str, Path]:
     """The three adapters, their weights rounded to fp16 values: with scalings that are powers of two (all of
     ADAPTERS'), TensorRT-LLM's FP16 ``lora_weights`` then carry them exactly."""
-    from tools.make_lora_adapter import make_adapter
+    from bench.harness.lora_adapters import make_adapter
 
     folders = {name: make_adapter(base, root / name, **opts) for name, opts in ADAPTERS.items()}
     for folder in folders.values():

@@ -39,6 +39,25 @@ def _is_package(path: str) -> bool:
     return path.endswith("__init__.py")
 
 
+def imported_names(path: str) -> list[tuple[str, int]]:
+    """``(dotted name, line)`` of every import statement in ``path`` (a tracked file): module level, inside
+    functions and under ``TYPE_CHECKING`` alike; ``from pkg import name`` gives ``pkg.name``, relative imports
+    resolved."""
+    source = module_name(path)
+    found = []
+    for node in ast.walk(ast.parse((REPO / path).read_text(), path)):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = source.split(".") if _is_package(path) else source.split(".")[:-1]
+                package = package[: len(package) - (node.level - 1)]
+                base = ".".join(package + ([base] if base else []))
+            found += [(f"{base}.{a.name}", node.lineno) for a in node.names]
+    return found
+
+
 @cache
 def imports() -> tuple[Import, ...]:
     """Every import statement of every product module that names a product module: module level, inside
@@ -55,21 +74,10 @@ def imports() -> tuple[Import, ...]:
     found = []
     for path in files:
         source = module_name(path)
-        for node in ast.walk(ast.parse((REPO / path).read_text(), path)):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    package = source.split(".") if _is_package(path) else source.split(".")[:-1]
-                    package = package[: len(package) - (node.level - 1)]
-                    base = ".".join(package + ([base] if base else []))
-                names = [f"{base}.{a.name}" for a in node.names]
-            for name in names:
-                target = ours(name)
-                if target is not None and target != source:
-                    found.append(Import(source, target, node.lineno))
+        for name, line in imported_names(path):
+            target = ours(name)
+            if target is not None and target != source:
+                found.append(Import(source, target, line))
     return tuple(found)
 
 

@@ -1,8 +1,10 @@
-"""Imports follow the layer table of docs/engine-design.md, and no module imports itself back through others.
+"""Imports follow the layer table of docs/engine-design.md, no module imports itself back through others, no two
+packages import each other, and nothing outside tests/ imports ``tests``.
 
 The table is read from the doc (section "Layers": one row per layer, top first, its packages in backticks);
-a module belongs to the row of the longest package prefix that names it. An import may point to its own row
-or any row below, never up; function-level and ``TYPE_CHECKING`` imports count like the others.
+a module belongs to the row of the longest package prefix that names it, and that prefix is its package. An
+import may point to its own row or any row below, never up; function-level and ``TYPE_CHECKING`` imports count
+like the others.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from collections import defaultdict
 
 import pytest
 
-from tests.repo.code_tree import REPO, cycles, imports, module_name, product_files
+from tests.repo.code_tree import REPO, cycles, imported_names, imports, module_name, product_files, tracked
 
 DOC = REPO / "docs" / "engine-design.md"
 
@@ -63,6 +65,37 @@ def test_no_import_cycles():
         edges[imp.source].add(imp.target)
     found = cycles(edges)
     assert not found, f"import cycles: {found}"
+
+
+# Package pairs that still import each other, each to be removed from here when its cycle is fixed (the test then
+# fails until it is): backend.model's decoder imports the LoRA delta and weights (backend/model/llama.py), and
+# backend.lora reads ModelConfig; issue "Shapes the next features fit" (boundaries), the model layer's part.
+KNOWN_PACKAGE_CYCLES = [["backend.lora", "backend.model"]]
+
+
+def package_cycles() -> list[list[str]]:
+    """Groups of packages (layer-table prefixes) that import each other, directly or through others."""
+    table = layer_table()
+    edges: dict[str, set[str]] = defaultdict(set)
+    for imp in imports():
+        src, dst = prefix_of(imp.source, table), prefix_of(imp.target, table)
+        if src is not None and dst is not None and src != dst:
+            edges[src].add(dst)
+    return cycles(edges)
+
+
+def test_no_two_packages_import_each_other():
+    found = package_cycles()
+    new = [c for c in found if c not in KNOWN_PACKAGE_CYCLES]
+    assert not new, f"packages that import each other: {new}"
+    fixed = [c for c in KNOWN_PACKAGE_CYCLES if c not in found]
+    assert not fixed, f"no longer a cycle, remove it from KNOWN_PACKAGE_CYCLES: {fixed}"
+
+
+def test_nothing_outside_tests_imports_tests():
+    found = [f"{path}:{line} imports {name}" for path in tracked() if not path.startswith("tests/")
+             for name, line in imported_names(path) if name == "tests" or name.startswith("tests.")]
+    assert not found, "modules outside tests/ that import tests:\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("edges, expected", [

@@ -58,7 +58,7 @@ def test_the_demo_adapter_lowers_the_heldout_loss(demo_target, tokenizer):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from tools.corpus import torch_corpus_files
+    from bench.harness.corpus import torch_corpus_files
     from tools.train_model import encode_files, heldout_loss
 
     _, heldout_files = torch_corpus_files()

@@ -16,7 +16,7 @@ from backend.engine.llm_engine import LLMEngine, output_token_ids
 from contracts.sampling_params import GuideSpec, SamplingParams
 from grammar import check_output
 from tests.backend.engine.test_engine_api import collect
-from tests.helpers.guides import GRAMMARS, REGEXES, SCHEMAS, all_guides
+from bench.harness.guides import GRAMMARS, REGEXES, SCHEMAS, all_guides
 
 PROMPTS = ["# a record as JSON\nrecord = ", "def parse(text):\n    return ", "x = ", "import json\n\ndata = "]
 

@@ -14,7 +14,7 @@ from contracts import wire
 from contracts.sampling_params import SamplingParams
 from tests.helpers.lora import fp16_exact
 from tests.helpers.triton_fakes import Request, make_pb_utils
-from tools.make_lora_adapter import make_adapter
+from bench.harness.lora_adapters import make_adapter
 
 PROMPT = [0, 55, 66, 77, 88, 99, 1000, 55, 66, 77]
 

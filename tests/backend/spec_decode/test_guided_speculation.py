@@ -21,7 +21,7 @@ from contracts.sampling_params import GuideSpec, SamplingParams
 from grammar import check_output
 from tests.backend.engine.test_engine_guided import ORACLE_GUIDES, hf_oracle  # noqa: F401 (a fixture)
 from tests.helpers.checkpoints import DEMO_DRAFT
-from tests.helpers.guides import SCHEMAS, all_guides
+from bench.harness.guides import SCHEMAS, all_guides
 
 EXAMPLE = 'example = {"name": "ab", "address": {"city": "x", "zip": "12345"}}\nrecord = '
 PROMPTS = [EXAMPLE, "x = ", 'tags = {"tags": ["a", "b"]}\nmore = ', "def f():\n    return "]

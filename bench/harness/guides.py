@@ -1,4 +1,5 @@
-"""Guides shared by the grammar, engine and end-to-end tests: the issue's schemas, regexes and grammars."""
+"""Guides of every kind (JSON schemas, regexes, EBNF grammars, structural tags): the set that
+``bench_guided`` compiles, and that the grammar, engine and end-to-end tests run."""
 from __future__ import annotations
 
 import json
