@@ -26,14 +26,15 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tokenizers import Tokenizer
 
 from backend.attention.dense import DenseCausalAttention
 from backend.model.llama import LlamaForCausalLM
 from backend.model.loader import load_model, save_model
 from bench.harness.corpus import corpus_files
 from tools.model_report import heldout_ids, window_logits
-from tools.train_model import batch_with_copies, encode_files, heldout_copy_accuracy, heldout_loss, lr_at
+from tools.train_model import batch_with_copies, heldout_copy_accuracy, heldout_loss, lr_at
+from tools.training import (add_copy_arguments, add_run_arguments, check_positive, copy_span, encode_corpus,
+                            seeded)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -80,42 +81,29 @@ def main() -> None:
     budget.add_argument("--steps", type=int, help="train this many steps (cosine schedule over steps)")
     budget.add_argument("--minutes", type=float, help="train this long (cosine schedule over wall time); the step "
                                                        "count reached is printed and recorded")
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    add_run_arguments(ap, batch=32, lr=2e-3, seed=2, threads=1)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--hard-weight", type=float, default=0.0,
                     help="add this weight of cross-entropy to the target's argmax (what greedy agreement counts)")
-    ap.add_argument("--copy-fraction", type=float, default=0.0,
-                    help="share of the rows that carry a repeated span (tools.train_model.with_repeated_span): the "
-                         "target copies such spans, and the draft learns to copy them with it; 0 = plain windows")
-    ap.add_argument("--copy-span", default="8,128", help="min,max length of the repeated span")
-    ap.add_argument("--seed", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1)
+    add_copy_arguments(ap, "share of the rows that carry a repeated span (tools.train_model.with_repeated_span): the "
+                           "target copies such spans, and the draft learns to copy them with it; 0 = plain windows")
     ap.add_argument("--eval-every", type=int, default=100)
     args = ap.parse_args()
-    for name in ("steps", "minutes", "seq_len", "batch", "warmup", "threads", "eval_every"):
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be positive")
+    check_positive(**{name: getattr(args, name) for name in ("steps", "minutes", "seq_len", "batch", "warmup",
+                                                             "threads", "eval_every")})
     if args.temperature <= 0 or args.lr <= 0:
         raise ValueError("--temperature and --lr must be positive")
     if args.hard_weight < 0:
         raise ValueError("--hard-weight must be >= 0")
-    span = tuple(int(v) for v in args.copy_span.split(","))
-    if not 0.0 <= args.copy_fraction <= 1.0 or len(span) != 2 or not 2 <= span[0] <= span[1]:
-        raise ValueError("--copy-fraction must be in [0, 1] and --copy-span 'min,max' with 2 <= min <= max")
+    span = copy_span(args.copy_fraction, args.copy_span)
     for f in TOKENIZER_FILES:
         if (args.target / f).read_bytes() != (args.init / f).read_bytes():
             raise ValueError(f"--init {args.init} and --target {args.target} differ in {f}: not the same tokenizer")
-    torch.manual_seed(args.seed)
-    torch.set_num_threads(args.threads)
-    rng = np.random.default_rng(args.seed)
+    rng = seeded(args.seed, args.threads)
 
-    tok = Tokenizer.from_file(str(args.target / "tokenizer.json"))
-    train_files, heldout_files = corpus_files(include_tests=True)
-    train = encode_files(tok, train_files)
-    heldout = encode_files(tok, heldout_files)
+    tok, corpus = encode_corpus(args.target, corpus_files(include_tests=True))
+    train, heldout = corpus.train, corpus.heldout
     report_ids = heldout_ids(tok)
     target = load_model(args.target).eval().requires_grad_(False)
     target_argmax = window_logits(target, report_ids).argmax(-1)

@@ -8,7 +8,7 @@ The corpus (``bench.harness.corpus.torch_corpus_files``) is every ``*.py`` of th
 ``optim`` and ``distributions`` sub-packages: code in another style than the stdlib the demo models learnt
 (``nn.Module`` subclasses, ``forward(self, x)``, ``torch.*`` calls). 5% of its files, chosen by a hash of their
 path inside the package, are held out and never trained on. The files are tokenized with the base's tokenizer
-and packed end to end as the base's training packs them (``tools.train_model.encode_files``); each step draws
+and packed end to end as the base's training packs them (``tools.training.encode_files``); each step draws
 random windows from a generator seeded by ``--seed``.
 
 The model is HF transformers' Llama with ``peft``'s LoRA on the target projections, the base frozen. The
@@ -28,10 +28,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tokenizers import Tokenizer
 
 from bench.harness.corpus import TORCH_HELDOUT_PERCENT, TORCH_PACKAGES, torch_corpus_files
-from tools.train_model import batch_at, encode_files, heldout_loss, lr_at
+from tools.train_model import batch_at, heldout_loss, lr_at
+from tools.training import add_run_arguments, encode_corpus, seeded
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 RATE_STEPS = 20   # steps timed before ``minutes`` becomes a step count
@@ -54,28 +54,10 @@ def lora_model(base: Path, rank: int, alpha: float, targets: tuple[str, ...]) ->
                                             lora_dropout=0.0, bias="none", task_type="CAUSAL_LM"))
 
 
-def train_adapter(base: str | Path, out: str | Path, *, rank: int = 8, alpha: float = 16.0,
-                  targets: tuple[str, ...] = DEFAULT_TARGETS, steps: int = 0, minutes: float = 6.0,
-                  threads: int = 1, seed: int = 0, lr: float = 3e-3, batch: int = 16, seq_len: int = 256,
-                  warmup: int = 20, heldout_tokens: int = 0) -> dict:
-    """Train, write the adapter and ``training_stats.json`` under ``out``; returns the stats.
-    ``steps`` 0: as many as ``minutes`` allow; ``heldout_tokens`` 0: the whole held-out split."""
-    if rank < 1 or alpha <= 0 or steps < 0 or minutes <= 0 or threads < 1 or batch < 1 or seq_len < 2:
-        raise ValueError("rank, alpha, minutes, threads and batch must be positive, steps >= 0, seq_len >= 2")
-    base, out = Path(base), Path(out)
-    torch.manual_seed(seed)
-    torch.set_num_threads(threads)
-    rng = np.random.default_rng(seed)
-    tok = Tokenizer.from_file(str(base / "tokenizer.json"))
-    train_files, heldout_files = torch_corpus_files()
-    train, heldout = encode_files(tok, train_files), encode_files(tok, heldout_files)
-    if heldout_tokens:
-        heldout = heldout[:heldout_tokens + 1]
-    print(f"train tokens {len(train):,} from {len(train_files)} files; held-out {len(heldout):,} "
-          f"from {len(heldout_files)} files", flush=True)
-
-    model = lora_model(base, rank, alpha, targets)
-    trainable = [p for p in model.parameters() if p.requires_grad]
+def fit(model: torch.nn.Module, trainable: list[torch.nn.Parameter], train: np.ndarray, rng: np.random.Generator, *,
+        steps: int, minutes: float, lr: float, batch: int, seq_len: int, warmup: int) -> list[float]:
+    """The training loop (AdamW on ``trainable``, gradients clipped to 1): ``steps``, or as many as ``minutes``
+    allow at the speed of the first ``RATE_STEPS``; returns each step's training loss."""
     opt = torch.optim.AdamW(trainable, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     total = steps or 10**9
     losses: list[float] = []
@@ -99,6 +81,29 @@ def train_adapter(base: str | Path, out: str | Path, *, rank: int = 8, alpha: fl
                   flush=True)
         if step % 50 == 0 or step == total:
             print(f"step {step}/{total} loss {losses[-1]:.3f} {(time.time() - t0) / 60:.1f} min", flush=True)
+    return losses
+
+
+def train_adapter(base: str | Path, out: str | Path, *, rank: int = 8, alpha: float = 16.0,
+                  targets: tuple[str, ...] = DEFAULT_TARGETS, steps: int = 0, minutes: float = 6.0,
+                  threads: int = 1, seed: int = 0, lr: float = 3e-3, batch: int = 16, seq_len: int = 256,
+                  warmup: int = 20, heldout_tokens: int = 0) -> dict:
+    """Train, write the adapter and ``training_stats.json`` under ``out``; returns the stats.
+    ``steps`` 0: as many as ``minutes`` allow; ``heldout_tokens`` 0: the whole held-out split."""
+    if rank < 1 or alpha <= 0 or steps < 0 or minutes <= 0 or threads < 1 or batch < 1 or seq_len < 2:
+        raise ValueError("rank, alpha, minutes, threads and batch must be positive, steps >= 0, seq_len >= 2")
+    base, out = Path(base), Path(out)
+    rng = seeded(seed, threads)
+    _, corpus = encode_corpus(base, torch_corpus_files())
+    train, heldout = corpus.train, corpus.heldout[:heldout_tokens + 1] if heldout_tokens else corpus.heldout
+    print(f"train tokens {len(train):,} from {corpus.train_files} files; held-out {len(heldout):,} "
+          f"from {corpus.heldout_files} files", flush=True)
+
+    model = lora_model(base, rank, alpha, targets)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    t0 = time.time()
+    losses = fit(model, trainable, train, rng, steps=steps, minutes=minutes, lr=lr, batch=batch, seq_len=seq_len,
+                 warmup=warmup)
     elapsed = time.time() - t0
 
     ho_adapter = heldout_loss(model, heldout, seq_len, loss_fn=causal_lm_loss)
@@ -110,8 +115,8 @@ def train_adapter(base: str | Path, out: str | Path, *, rank: int = 8, alpha: fl
         "base": str(base), "rank": rank, "alpha": alpha, "targets": list(targets),
         "adapter_parameters": sum(p.numel() for p in trainable),
         "corpus": {"packages": [f"torch/{p}" for p in TORCH_PACKAGES], "torch_version": torch.__version__,
-                   "heldout_percent": TORCH_HELDOUT_PERCENT, "train_files": len(train_files),
-                   "heldout_files": len(heldout_files), "train_tokens": int(len(train)),
+                   "heldout_percent": TORCH_HELDOUT_PERCENT, "train_files": corpus.train_files,
+                   "heldout_files": corpus.heldout_files, "train_tokens": int(len(train)),
                    "heldout_tokens": int(len(heldout))},
         "steps": len(losses), "training_minutes": elapsed / 60, "threads": threads, "batch": batch,
         "seq_len": seq_len, "tokens_seen": len(losses) * batch * seq_len, "peak_lr": lr, "warmup": warmup,
@@ -131,11 +136,7 @@ def main() -> None:
     ap.add_argument("--targets", default=",".join(DEFAULT_TARGETS), help="comma-separated projections")
     ap.add_argument("--steps", type=int, default=0, help="0: as many as --minutes allow")
     ap.add_argument("--minutes", type=float, default=6.0)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--seq-len", type=int, default=256)
+    add_run_arguments(ap, batch=16, lr=3e-3, seed=0, threads=1)
     ap.add_argument("--heldout-tokens", type=int, default=0, help="0: the whole held-out split")
     a = ap.parse_args()
     stats = train_adapter(a.base, a.out, rank=a.rank, alpha=a.alpha, targets=tuple(a.targets.split(",")),

@@ -24,7 +24,8 @@ from backend.attention.dense import DenseCausalAttention
 from backend.model.config import ModelConfig
 from backend.model.llama import LlamaForCausalLM
 from backend.model.loader import load_model, save_model
-from bench.harness.corpus import corpus_files, read_text
+from bench.harness.corpus import corpus_files
+from tools.training import add_copy_arguments, add_run_arguments, copy_span, encode_corpus, seeded
 
 SIZES = {
     # hidden, layers, heads, kv_heads, intermediate
@@ -44,17 +45,6 @@ def hf_config(size: str, tok: Tokenizer, max_pos: int) -> dict:
         "bos_token_id": tok.token_to_id("<|bos|>"), "eos_token_id": tok.token_to_id("<|eos|>"),
         "pad_token_id": tok.token_to_id("<|pad|>"), "use_cache": True,
     }
-
-
-def encode_files(tok: Tokenizer, files) -> np.ndarray:
-    """Each file is ``<|bos|> text <|eos|>``; all files end to end as uint16 ids."""
-    eos = tok.token_to_id("<|eos|>")
-    texts = [t for t in (read_text(f) for f in files) if t]
-    ids: list[int] = []
-    for enc in tok.encode_batch(texts):
-        ids.extend(enc.ids)
-        ids.append(eos)
-    return np.asarray(ids, dtype=np.uint16)
 
 
 def batch_at(data: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,31 +139,19 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--minutes", type=float, default=60.0)
     ap.add_argument("--steps", type=int, default=0)
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
+    add_run_arguments(ap, batch=32, lr=3e-3, seed=0, threads=2)
     ap.add_argument("--init-from", type=Path, default=None,
                     help="continue from this HF folder's weights (same size) instead of a random init")
     ap.add_argument("--warmup", type=int, default=100)
-    ap.add_argument("--copy-fraction", type=float, default=0.0,
-                    help="share of the rows that carry a repeated span (with_repeated_span); 0 = plain windows")
-    ap.add_argument("--copy-span", default="8,128", help="min,max length of a repeated span")
+    add_copy_arguments(ap, "share of the rows that carry a repeated span (with_repeated_span); 0 = plain windows")
     args = ap.parse_args()
-    span = tuple(int(v) for v in args.copy_span.split(","))
-    if not 0.0 <= args.copy_fraction <= 1.0 or len(span) != 2 or not 2 <= span[0] <= span[1]:
-        raise ValueError("--copy-fraction must be in [0, 1] and --copy-span 'min,max' with 2 <= min <= max")
-    torch.manual_seed(args.seed)
-    torch.set_num_threads(args.threads)
-    rng = np.random.default_rng(args.seed)
+    span = copy_span(args.copy_fraction, args.copy_span)
+    rng = seeded(args.seed, args.threads)
 
-    tok = Tokenizer.from_file(str(args.tokenizer / "tokenizer.json"))
-    train_files, heldout_files = corpus_files(include_tests=True)
-    train = encode_files(tok, train_files)
-    heldout = encode_files(tok, heldout_files)
-    print(f"train tokens {len(train):,} from {len(train_files)} files; heldout {len(heldout):,} "
-          f"from {len(heldout_files)} files", flush=True)
+    tok, corpus = encode_corpus(args.tokenizer, corpus_files(include_tests=True))
+    train, heldout = corpus.train, corpus.heldout
+    print(f"train tokens {len(train):,} from {corpus.train_files} files; heldout {len(heldout):,} "
+          f"from {corpus.heldout_files} files", flush=True)
 
     cfg_dict = hf_config(args.size, tok, max_pos=1024)
     if args.init_from is not None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from .corpus import corpus_files, read_text
+from bench.harness.corpus import corpus_files, read_text
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 CHAT_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]

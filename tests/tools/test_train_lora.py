@@ -59,7 +59,8 @@ def test_the_demo_adapter_lowers_the_heldout_loss(demo_target, tokenizer):
     from transformers import AutoModelForCausalLM
 
     from bench.harness.corpus import torch_corpus_files
-    from tools.train_model import encode_files, heldout_loss
+    from tools.train_model import heldout_loss
+    from tools.training import encode_files
 
     _, heldout_files = torch_corpus_files()
     ids = encode_files(tokenizer, heldout_files[:2])[:HELDOUT_TOKENS + 1]
