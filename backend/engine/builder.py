@@ -167,8 +167,7 @@ def check_composes(config: EngineConfig, mcfg: ModelConfig) -> None:
     arch = mcfg.architecture
     if config.lora_enabled and not arch.lora:
         raise ValueError(f"{'lora_adapters' if config.lora_adapters else 'lora_dir'}: LoRA adapters on a "
-                         f"{arch.hf_class} checkpoint are not supported (its PEFT adapters target the fused "
-                         "qkv_proj / gate_up_proj)")
+                         f"{arch.hf_class} checkpoint are not supported")
 
 
 def served_context(config: EngineConfig, mcfg: ModelConfig) -> int:

@@ -1,7 +1,9 @@
 """``LoraAdapter``: one PEFT adapter's weights, checked against the base model, grouped by our fused projections.
 
 The engine's projections are fused (``qkv_proj`` = q | k | v, ``gate_up_proj`` = gate | up), so an adapter's
-parts are kept per (layer, PEFT module) and laid into a fused projection's stack by ``StackedLoraWeights``. Each
+parts are kept per (layer, PEFT module) and laid into a fused projection's stack by ``StackedLoraWeights``. The
+modules an adapter may target are its base family's (``layout.py``: split q/k/v/gate/up, or Phi-3's fused
+``qkv_proj`` / ``gate_up_proj``); any other is refused naming the family's. Each
 part is ``A [r, in]`` and ``B [out, r]`` with the module's scaling folded into ``B`` (``y += x A^T B^T``).
 """
 from __future__ import annotations
@@ -15,25 +17,12 @@ import torch
 from safetensors.torch import load_file
 
 from backend.lora.adapter_config import LoraAdapterConfig, LoraConfigError, read_adapter_config
+from backend.lora.layout import module_key, module_shapes
 from backend.model.config import ModelConfig
 
 ADAPTER_FILE = "adapter_model.safetensors"
 _KEY = re.compile(r"^(?:base_model\.model\.)?model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])"
                   r"(?:\.default)?\.weight$")
-
-
-def module_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
-    """(out, in) of each PEFT target module of one decoder layer."""
-    d, q, kv, i = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim, \
-        cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
-    return {"q_proj": (q, d), "k_proj": (kv, d), "v_proj": (kv, d), "o_proj": (d, q),
-            "gate_proj": (i, d), "up_proj": (i, d), "down_proj": (d, i)}
-
-
-def module_key(layer: int, module: str) -> str:
-    """PEFT's name of a target module (what ``rank_pattern`` / ``alpha_pattern`` keys match)."""
-    return f"model.layers.{layer}.{'self_attn' if module in ('q_proj', 'k_proj', 'v_proj', 'o_proj') else 'mlp'}" \
-           f".{module}"
 
 
 @dataclass(frozen=True)
@@ -76,6 +65,11 @@ def adapter_from_tensors(name: str, config: LoraAdapterConfig, tensors: dict[str
                          cfg: ModelConfig, where: str) -> LoraAdapter:
     """Group ``lora_A`` / ``lora_B`` tensors by (layer, module), checking names, ranks and shapes."""
     shapes = module_shapes(cfg)
+    family = cfg.architecture.hf_class
+    foreign = sorted(config.target_modules - set(shapes)) if not config.all_linear else []
+    if foreign:
+        raise LoraConfigError(f"{where}: target_modules {foreign} are not projections of the {family} base "
+                              f"(its PEFT targets: {', '.join(shapes)})")
     found: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, t in tensors.items():
         m = _KEY.match(key)
@@ -83,7 +77,10 @@ def adapter_from_tensors(name: str, config: LoraAdapterConfig, tensors: dict[str
             raise LoraConfigError(f"{where}: tensor {key!r}: not a LoRA weight of a decoder projection "
                                   f"(embedding / LM-head LoRA and saved modules are not supported)")
         layer, module, ab = int(m.group(1)), m.group(3), m.group(4)
-        if module not in shapes or module not in config.target_modules:
+        if module not in shapes:
+            raise LoraConfigError(f"{where}: tensor {key!r}: {module!r} is not a projection of the {family} base "
+                                  f"(its PEFT targets: {', '.join(shapes)})")
+        if module not in config.target_modules:
             raise LoraConfigError(f"{where}: tensor {key!r}: module {module!r} is not in target_modules "
                                   f"{sorted(config.target_modules)}")
         if layer >= cfg.num_hidden_layers or not config.transforms_layer(layer):

@@ -1,7 +1,8 @@
 """``LoraAdapterConfig``: a PEFT ``adapter_config.json`` read once, every field either honoured or refused by name.
 
 Honoured: ``r``, ``lora_alpha``, ``use_rslora`` (scaling ``alpha / sqrt(r)`` instead of ``alpha / r``),
-``target_modules`` (a list among the seven projections, or ``all-linear``), ``rank_pattern`` / ``alpha_pattern``
+``target_modules`` (a list among the decoder's projections, split or fused as the base family's checkpoint
+stores them, or ``all-linear``), ``rank_pattern`` / ``alpha_pattern``
 (PEFT's key match: ``(.*\\.)?KEY$`` against the module's name, the first key that matches wins),
 ``layers_to_transform`` / ``layers_pattern`` (the layers given, by their ``layers`` index). Fields that only shape
 training (dropout, initialisation schemes) do not change inference and are read past. Everything else is refused
@@ -16,9 +17,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# PEFT's module names -> (our fused projection, part index within it)
-TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+# PEFT's names of the decoder projections of every family: split (Llama, Qwen) or fused (Phi-3); which ones a
+# base has is checked when the adapter loads against it (adapter.py, layout.py)
+TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj", "gate_up_proj",
+                  "down_proj")
 
 # fields that do not change what inference computes (dropout, training-time initialisation, bookkeeping)
 _READ_PAST = frozenset({
@@ -58,6 +60,7 @@ class LoraAdapterConfig:
     rank_pattern: dict[str, int] = field(default_factory=dict)
     alpha_pattern: dict[str, float] = field(default_factory=dict)
     layers_to_transform: tuple[int, ...] | None = None   # None: every layer
+    all_linear: bool = False                         # ``all-linear``: every projection of the base family
 
     def module_rank(self, module_key: str) -> int:
         """The rank PEFT gives module ``model.layers.{i}.{self_attn|mlp}.{name}``."""
@@ -132,7 +135,7 @@ def parse_adapter_config(raw: dict, where: str) -> LoraAdapterConfig:
     if pattern not in (None, "layers", ["layers"]):
         raise fail("layers_pattern", f"only the decoder's 'layers' is supported, got {pattern!r}")
     return LoraAdapterConfig(r, float(alpha), rslora, targets, ranks, {k: float(v) for k, v in alphas.items()},
-                             tuple(layers) if layers is not None else None)
+                             tuple(layers) if layers is not None else None, raw.get("target_modules") == "all-linear")
 
 
 def _targets(value, fail) -> frozenset[str]:

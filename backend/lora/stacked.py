@@ -1,33 +1,23 @@
 """``StackedLoraWeights``: the resident adapters' weights, one stack per layer and fused projection.
 
 Projections in the model's (and the native op's) order: ``qkv``, ``o``, ``gate_up``, ``down``. Projection ``p`` of
-layer ``l`` holds ``A [slots, R_p, K]`` and ``B [slots, N, R_p]`` with ``R_p = parts(p) * max_lora_rank``: part
-``j`` (q, k, v of qkv; gate, up of gate_up) of an adapter of rank ``r`` fills ``A[s, j*R : j*R + r]`` and the block
-``B[s, rows of part j, j*R : j*R + r]``; everything else stays zero, so ``y += B[s] (A[s] x)`` is exactly the sum of
-the parts' deltas (Punica's BGMV shapes: a shrink to ``R_p``, an expand back to ``N``). ``active[s][l][p]`` says
-whether slot ``s`` has any part there (the eager path skips the others).
+layer ``l`` holds ``A [slots, R_p, K]`` and ``B [slots, N, R_p]`` with ``R_p = parts(p) * max_lora_rank``, its parts
+the family's PEFT target modules in it (``layout.py``: q, k, v of qkv and gate, up of gate_up; one part where the
+checkpoint fuses them, as Phi-3's ``qkv_proj`` and ``gate_up_proj``). Part ``j`` of an adapter of rank ``r`` fills
+``A[s, j*R : j*R + r]`` and the block ``B[s, rows of part j, j*R : j*R + r]``; everything else stays zero, so
+``y += B[s] (A[s] x)`` is exactly the sum of the parts' deltas (Punica's BGMV shapes: a shrink to ``R_p``, an
+expand back to ``N``). ``active[s][l][p]`` says whether slot ``s`` has any part there (the eager path skips the
+others).
 """
 from __future__ import annotations
 
 import torch
 
 from backend.lora.adapter import LoraAdapter
+from backend.lora.layout import PROJECTIONS, projection_layout
 from backend.model.config import ModelConfig
 
-PROJECTIONS = ("qkv", "o", "gate_up", "down")
-PROJECTION_PARTS = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"),
-                    "down": ("down_proj",)}
 QKV, O, GATE_UP, DOWN = range(4)
-
-
-def projection_layout(cfg: ModelConfig) -> dict[str, tuple[int, int, list[tuple[str, int, int]]]]:
-    """Per fused projection: (N, K, [(part, first output row, rows)])."""
-    d, q, kv, i = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim, \
-        cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
-    return {"qkv": (q + 2 * kv, d, [("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv)]),
-            "o": (d, q, [("o_proj", 0, d)]),
-            "gate_up": (2 * i, d, [("gate_proj", 0, i), ("up_proj", i, i)]),
-            "down": (d, i, [("down_proj", 0, d)])}
 
 
 class StackedLoraWeights:

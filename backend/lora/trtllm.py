@@ -6,7 +6,8 @@ flattened, then its ``B [out, r]`` flattened, zero-padded to ``W`` (TensorRT-LLM
 ``D*Hi + Ho*D``), the scaling already folded in as its conversion does. The adapter is then cached under the id; a
 later request sends the id alone. Module ids (TensorRT-LLM's ``LoraModule``, Llama's mapping): 1 q, 2 k, 3 v,
 4 o (``attn_dense``), 5 gate (``mlp_h_to_4h``), 6 down (``mlp_4h_to_h``), 7 up (``mlp_gate``); the fused
-``attn_qkv`` (0) and others are refused naming ``lora_config``.
+``attn_qkv`` (0) and others are refused naming ``lora_config``, and so are these on a base whose checkpoint fuses
+them (Phi-3: its adapters are served by name, from PEFT folders).
 """
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import hashlib
 import numpy as np
 import torch
 
-from backend.lora.adapter import LoraAdapter, LoraPart, module_shapes
+from backend.lora.adapter import LoraAdapter, LoraPart
 from backend.lora.adapter_config import LoraAdapterConfig
+from backend.lora.layout import module_shapes
 from backend.model.config import ModelConfig
 
 MODULE_IDS = {1: "q_proj", 2: "k_proj", 3: "v_proj", 4: "o_proj", 5: "gate_proj", 6: "down_proj", 7: "up_proj"}
@@ -54,6 +56,9 @@ def adapter_from_trtllm(task_id: int, weights: np.ndarray, config: np.ndarray, c
         if module is None:
             raise ValueError(f"lora_config: row {i}: module id {module_id} is not supported (expected one of "
                              f"{sorted(MODULE_IDS)}: q, k, v, o, gate, down, up)")
+        if module not in shapes:
+            raise ValueError(f"lora_config: row {i}: module id {module_id} ({module}) is not a projection of the "
+                             f"{cfg.architecture.hf_class} base (its projections: {', '.join(shapes)})")
         if not 0 <= layer < cfg.num_hidden_layers:
             raise ValueError(f"lora_config: row {i}: layer {layer} is outside the model's {cfg.num_hidden_layers}")
         if not 1 <= r <= max_rank:
@@ -77,6 +82,9 @@ def trtllm_tensors(adapter: LoraAdapter) -> tuple[np.ndarray, np.ndarray]:
     """``(lora_weights [M, W] float32, lora_config [M, 3] int32)`` of an adapter (its scaling is in ``B``)."""
     rows, config = [], []
     for (layer, module), part in sorted(adapter.parts.items()):
+        if module not in ID_OF_MODULE:
+            raise ValueError(f"{adapter.name}: {module} has no TensorRT-LLM module id here (ids: "
+                             f"{', '.join(f'{i} {m}' for i, m in MODULE_IDS.items())})")
         rows.append(np.concatenate([part.a.numpy().ravel(), part.b.numpy().ravel()]))
         config.append([ID_OF_MODULE[module], layer, part.a.shape[0]])
     width = max(len(r) for r in rows)

@@ -13,18 +13,10 @@ from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.native_decode import NativeDecodeStep
 from tests.backend.engine.test_engine_oracle import check_greedy_matches
-from tests.backend.model.test_family_oracle import SMALL, longrope
-from tests.helpers.checkpoints import make_hf_checkpoint
+from tests.helpers.families import FAMILIES, make_family_checkpoint
 from tests.helpers.oracle import hf_greedy, repeating_prompts
 
 NEW_TOKENS = 24
-FAMILIES = {
-    "qwen3": ("Qwen3Config", dict(SMALL, head_dim=16, max_position_embeddings=256)),
-    # Phi-4-mini's layout: LongRoPE on 12 of 16 dims, original context 128 of 512 (served: 128), tied embeddings
-    "phi4_partial": ("Phi3Config", dict(SMALL, max_position_embeddings=512, original_max_position_embeddings=128,
-                                        partial_rotary_factor=0.75, tie_word_embeddings=True,
-                                        rope_parameters={**longrope(12, 128), "partial_rotary_factor": 0.75})),
-}
 VARIANTS = {
     "eager": {"fast_decode": False},
     "eager_ngram_chunked": {"fast_decode": False, "speculative_method": "ngram", "num_speculative_tokens": 3,
@@ -39,8 +31,7 @@ VARIANTS = {
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def setup(request, tmp_path_factory):
-    cls, fields = FAMILIES[request.param]
-    folder = make_hf_checkpoint(tmp_path_factory.mktemp(request.param) / "ckpt", cls, seed=2, **fields)
+    folder = make_family_checkpoint(tmp_path_factory.mktemp(request.param) / "ckpt", request.param)
     hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     prompts = repeating_prompts(7, 10, stem_len=20, span_range=(6, 14), gap_range=(4, 20))
     expected = [hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
@@ -82,10 +73,3 @@ def test_longrope_context_is_the_original_one(setup):
     with pytest.raises(ValueError, match="max_model_len: 256 exceeds 128.*original_max_position_embeddings"):
         LLMEngine(EngineConfig(model_path=str(folder), kv_cache_bytes=4 << 20, device="cpu", max_model_len=256))
 
-
-def test_lora_on_phi3_is_refused_by_name(setup, tmp_path):
-    name, folder, _, _ = setup
-    if name != "phi4_partial":
-        pytest.skip("Phi-3 only")
-    with pytest.raises(ValueError, match="lora_dir: LoRA adapters on a Phi3ForCausalLM"):
-        LLMEngine(EngineConfig(model_path=str(folder), kv_cache_bytes=4 << 20, device="cpu", lora_dir=str(tmp_path)))

@@ -104,3 +104,37 @@ def test_bad_adapters_fail_naming_what(tmp_path, cfg, case, match):
         write(folder, BASE, tensors)
     with pytest.raises(LoraConfigError, match=match):
         load_adapter(folder, case, cfg)
+
+
+def phi3_config() -> ModelConfig:
+    return ModelConfig.from_dict({"architectures": ["Phi3ForCausalLM"], "vocab_size": 4096, "hidden_size": 64,
+                                  "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                  "num_key_value_heads": 2})
+
+
+def test_a_fused_family_takes_its_fused_targets(tmp_path):
+    """Phi-3's checkpoint fuses q/k/v and gate/up: its adapters (``all-linear`` too) target qkv_proj, o_proj,
+    gate_up_proj and down_proj, each fused module's B covering every row of our fused projection."""
+    from backend.lora.layout import projection_layout
+
+    phi3 = phi3_config()
+    assert module_shapes(phi3) == {"qkv_proj": (128, 64), "o_proj": (64, 64), "gate_up_proj": (192, 64),
+                                   "down_proj": (64, 96)}
+    assert projection_layout(phi3)["qkv"] == (128, 64, [("qkv_proj", 0, 128)])
+    modules = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+    write(tmp_path / "a", dict(BASE, target_modules="all-linear"), lora_tensors(phi3, 4, modules))
+    assert {m for _, m in load_adapter(tmp_path / "a", "a", phi3).parts} == set(modules)
+    write(tmp_path / "b", dict(BASE, target_modules=["qkv_proj", "k_proj"]), lora_tensors(phi3, 4, ("qkv_proj",)))
+    with pytest.raises(LoraConfigError, match=r"target_modules \['k_proj'\] are not projections of the Phi3"):
+        load_adapter(tmp_path / "b", "b", phi3)
+
+
+def test_trtllm_split_module_ids_on_a_fused_family_are_refused_naming_lora_config():
+    import numpy as np
+
+    from backend.lora.trtllm import adapter_from_trtllm
+
+    weights = np.zeros((1, 4 * 64 + 64 * 4), dtype=np.float32)
+    with pytest.raises(ValueError, match=r"lora_config: row 0: module id 1 \(q_proj\) is not a projection of the "
+                                         r"Phi3ForCausalLM base"):
+        adapter_from_trtllm(5, weights, np.asarray([[1, 0, 4]], dtype=np.int32), phi3_config(), 16)

@@ -13,18 +13,8 @@ from transformers import AutoModelForCausalLM
 
 from backend.model.loader import load_model
 from tests.helpers.checkpoints import make_hf_checkpoint
+from tests.helpers.families import SMALL, longrope
 from tests.helpers.oracle import dense_greedy, dense_logits, hf_greedy
-
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, tie_word_embeddings=False)
-
-
-def longrope(rotary_dim: int, original: int) -> dict:
-    rng = random.Random(rotary_dim)
-    return {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": original,
-            "short_factor": [round(1 + rng.random(), 3) for _ in range(rotary_dim // 2)],
-            "long_factor": [round(2 + 8 * rng.random(), 3) for _ in range(rotary_dim // 2)]}
-
 
 # name: (config class, fields)
 FAMILIES = {
