@@ -59,11 +59,18 @@ def decode_step_shape(plan: SchedulerOutput) -> bool:
     return bool(plan.scheduled)
 
 
-def cache_or_window_reason(kv_cache: KVCache, windows) -> str | None:
-    """What every fast decode step (native on the CPU, CUDA graphs) leaves to the eager path: a quantized KV cache,
-    sliding-window layers. None when neither applies."""
+def kv_format_reason(kv_cache: KVCache) -> str | None:
+    """What every fast step (native on the CPU, CUDA graphs) leaves to the eager path: a quantized KV cache."""
     if kv_cache.format.quantized:
         return f"an {kv_cache.format.name} KV cache (kv_cache_dtype) runs eagerly"
+    return None
+
+
+def cache_or_window_reason(kv_cache: KVCache, windows) -> str | None:
+    """What the CUDA-graph step leaves to the eager path besides quantized weights: a quantized KV cache,
+    sliding-window layers (the native CPU step takes windows). None when neither applies."""
+    if reason := kv_format_reason(kv_cache):
+        return reason
     if any(w is not None for w in windows):
         return "sliding-window layers run eagerly"
     return None

@@ -2,8 +2,7 @@
 
 ``torch.ops.triton_llm.decode_forward`` (``backend/native/csrc/decode_forward.cpp``) runs every layer
 (RMSNorm fused with the residual add, QKV, q/k norms where the family declares them, RoPE (partial too), paged
-K/V write, GQA paged attention over the block
-table, o-proj, gate-up, SiLU * up, down) and the LM head with no Python and no op dispatch between
+K/V write, GQA paged attention over the block table within the layer's sliding window, o-proj, gate-up, SiLU * up, down) and the LM head with no Python and no op dispatch between
 them; its inputs come from the persistent buffers of ``PersistentDecodeBatch``. A step with prefill chunks
 asks the op for the sampled tokens' logits alone (``logit_rows``), which also lets those tokens alone go
 through the last layer past its K/V write: a 300-token prefill runs ~1.7x faster than the eager forward
@@ -28,7 +27,7 @@ from torch import nn
 
 from backend.core.kv_cache import KVCache
 from backend.core.plan import ForwardOutput, SchedulerOutput
-from backend.engine.decode_batch import PersistentDecodeBatch, cache_or_window_reason, decode_step_shape
+from backend.engine.decode_batch import PersistentDecodeBatch, decode_step_shape, kv_format_reason
 from backend.engine.huge_pages import MIN_PANEL_HUGE_PAGE_BYTES, HugePageResult, copy_to_huge_pages, move_to_huge_pages
 from backend.lora.delta import LoraBatch
 from backend.model.llama import LlamaForCausalLM
@@ -41,7 +40,7 @@ def unsupported_reason(model: LlamaForCausalLM, kv_cache: KVCache, windows, scal
         return f"the native step runs on the CPU (the cache is on {kv_cache.device})"
     if kv_cache.dtype != torch.float32 or model.embed_tokens.weight.dtype != torch.float32:
         return "the native step needs float32 weights and KV cache"
-    if reason := cache_or_window_reason(kv_cache, windows):
+    if reason := kv_format_reason(kv_cache):
         return reason
     for layer in model.layers:
         for lin in projections(layer):
@@ -159,7 +158,9 @@ class NativeDecodeStep:
     supports_lora = True   # steps with LoRA adapters too (the op adds each token's delta after every projection)
 
     def __init__(self, ops, model: LlamaForCausalLM, kv_cache: KVCache, scale: float | None,
-                 build_seconds: float = 0.0, huge_pages: HugePageResult | None = None):
+                 build_seconds: float = 0.0, huge_pages: HugePageResult | None = None, windows=None):
+        """``windows``: per layer, the sliding window the layer serves or None (``backend/attention/window.py``,
+        ``serving_windows``); default none anywhere."""
         cfg = model.config
         self.huge_pages = huge_pages   # where the weights went (None: not moved by build)
         self._op = ops.decode_forward
@@ -173,6 +174,7 @@ class NativeDecodeStep:
         self.batch = PersistentDecodeBatch(kv_cache.block_size)
         self.build_seconds = build_seconds
         self.prefills = cfg.head_dim in TILED_HEAD_DIMS   # prefill chunks too, or decode and verify steps only
+        self.windows = [w or 0 for w in windows] if windows and any(windows) else []   # the op's: 0 none
 
     @classmethod
     def build(cls, model: LlamaForCausalLM, kv_cache: KVCache, windows, scale: float | None
@@ -190,7 +192,7 @@ class NativeDecodeStep:
             return "the native library has no decode_forward op"
         pages = move_to_huge_pages(model)
         strips_to_huge_pages(model)
-        step = cls(build.ops, model, kv_cache, scale, huge_pages=pages)   # packs the panels
+        step = cls(build.ops, model, kv_cache, scale, huge_pages=pages, windows=windows)   # packs the panels
         step.build_seconds = time.perf_counter() - t0
         return step
 
@@ -213,12 +215,13 @@ class NativeDecodeStep:
                 lora: LoraBatch | None = None,            # the step's adapters (slots [num_tokens] int32), or None
                 ) -> torch.Tensor:
         """Logits ``[num_tokens, vocab]`` (``[num_logits, vocab]``: those tokens'): each token at its position of its
-        row's sequence, attending causally to that row's paged KV (also the draft model's steps:
-        ``backend/spec_decode/draft_forward.py``)."""
+        row's sequence, attending causally to that row's paged KV, within each layer's sliding window (also the
+        draft model's steps: ``backend/spec_decode/draft_forward.py``). Table entries wholly before every token's
+        window are not read (``NULL_BLOCK`` where the block manager freed them)."""
         w = self.weights
         return self._op(token_ids, positions, token_rows, block_tables, self.block_size, w.embed, w.layer_weights,
                         w.layer_biases, w.layer_panels, self.k_cache, self.v_cache, w.cos, w.sin, w.final_norm,
                         w.lm_head, w.lm_head_panels, self.num_heads, self.num_kv_heads, self.head_dim, self.eps,
                         self.scale, logit_rows, w.layer_quant, w.lm_head_quant,
                         lora.weights.native_tensors if lora is not None else [],
-                        lora.slots if lora is not None else None)
+                        lora.slots if lora is not None else None, self.windows)

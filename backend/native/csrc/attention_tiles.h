@@ -35,11 +35,12 @@ void transpose_keys(const float* k, const float* v, const int64_t* offsets, int6
   }
 }
 
-// scores[m][16 tt + i] = q[m] . k[16 tt + i] (q pre-scaled), -inf where the key's position exceeds qpos[m].
+// scores[m][16 tt + i] = q[m] . k[16 tt + i] (q pre-scaled), -inf where the key's position exceeds qpos[m] or, with a
+// sliding window (> 0), is at or before qpos[m] - window.
 // kt: [tiles][HD] K^T tiles (lane i of kt[tt][d]: key 16 tt + i, dimension d); q: [M][HD]; scores: [M][stride].
 template <int D16, int M>
 void span_scores(const float* q, const f32x16* kt, int64_t tiles, int64_t first_key, const int64_t* qpos,
-                 float* scores, int64_t stride) {
+                 int64_t window, float* scores, int64_t stride) {
   constexpr int HD = 16 * D16;
   // Two independent FMA chains per query (even and odd dimensions, added at the end) at every M: a score's
   // rounding must not depend on how many queries share its chunk (a decode step's G queries, a prefill chunk's
@@ -62,6 +63,8 @@ void span_scores(const float* q, const f32x16* kt, int64_t tiles, int64_t first_
       f32x16 v = s[0][m];
       if constexpr (kChains == 2) v += s[1][m];
       if (key0 + 15 > qpos[m]) v = (lane + static_cast<int32_t>(key0)) <= static_cast<int32_t>(qpos[m]) ? v : neg_inf;
+      if (window > 0 && key0 <= qpos[m] - window)
+        v = (lane + static_cast<int32_t>(key0)) > static_cast<int32_t>(qpos[m] - window) ? v : neg_inf;
       store16(scores + m * stride + 16 * tt, v);
     }
   }
@@ -98,7 +101,8 @@ inline float softmax_update(float* s, int64_t tiles, float& row_max, float& row_
     const f32x16 v = load16(s + 16 * tt);
     mx = v > mx ? v : mx;
   }
-  const float new_max = std::max(row_max, hmax16(mx));  // finite: every query sees key 0, in the first span
+  // -inf while the query has seen no key yet (spans before its sliding window): then alpha and every e are 0
+  const float new_max = std::max(row_max, hmax16(mx));
   const float alpha = row_max == -INFINITY ? 0.f : std::exp(row_max - new_max);
   f32x16 sum = {};
   for (int64_t tt = 0; tt < tiles; ++tt) {

@@ -26,8 +26,9 @@
 // scales and aux, empty for an fp32 one, whose row-major entry is then the quantized weight, read for its row count
 // only, and whose panels are empty), lora_delta (LoRA adapters: with `lora` given, 8 tensors a layer, A [S, R, K] and
 // B [S, N, R] of each projection in the order above, every token of slot lora_slots[t] >= 0 gets
-// y += B[s] (A[s] x) right after each projection; backend/lora/stacked.py lays them out). Sliding windows are not handled: the Python side
-// (backend/engine/native_decode.py) keeps those models on the eager path.
+// y += B[s] (A[s] x) right after each projection; backend/lora/stacked.py lays them out). Sliding windows: windows[l]
+// > 0 lets layer l's query at p see the keys p - windows[l] < k <= p only (empty: no layer has one); blocks wholly
+// before every token's window are never read (the block manager frees them when every layer has a window).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -87,7 +88,8 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
                           at::TensorList layer_quant,      // empty, or 4 x 3 per layer: the projections' strips
                           at::TensorList lm_head_quant,    // empty, or 3: the LM head's strips
                           at::TensorList lora,             // empty, or 8 per layer: A, B of each projection
-                          const c10::optional<at::Tensor>& lora_slots) {  // [T] int32 adapter slot, -1: none
+                          const c10::optional<at::Tensor>& lora_slots,  // [T] int32 adapter slot, -1: none
+                          at::IntArrayRef windows) {       // per layer, 0: none; empty: none anywhere
   int64_t T = token_ids.size(0);
   const int64_t L = static_cast<int64_t>(k_cache.size());
   const int64_t D = embed.size(1);
@@ -97,6 +99,9 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
                   static_cast<int64_t>(layer_panels.size()) == kLayerPanels * L &&
                   static_cast<int64_t>(v_cache.size()) == L,
               "decode_forward: per-layer lists disagree with the number of layers");
+  TORCH_CHECK(windows.empty() || static_cast<int64_t>(windows.size()) == L,
+              "decode_forward: windows needs one entry a layer (or none)");
+  for (const int64_t w : windows) TORCH_CHECK(w >= 0, "decode_forward: a window must be >= 0 (0: none)");
   const bool quantized = !layer_quant.empty();
   TORCH_CHECK((!quantized || static_cast<int64_t>(layer_quant.size()) == kLayerPanels * kQuantTensors * L) &&
                   (lm_head_quant.empty() || lm_head_quant.size() == kQuantTensors),
@@ -185,7 +190,7 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
     }
     paged_attention(qkvp, qkv_width, num_heads, kv_heads, head_dim, pos, rows, paged,
                     k_cache[l].data_ptr<float>(), v_cache[l].data_ptr<float>(), static_cast<float>(scale),
-                    attn.data_ptr<float>(), T, max_ctx);
+                    attn.data_ptr<float>(), T, max_ctx, windows.empty() ? 0 : windows[l]);
     at::Tensor o = project(attn, w[2], pn[1], quant(1), b[1]);  // [T, D]
     delta_of(1, attn, o);
     add_rms_norm(x.data_ptr<float>(), o.data_ptr<float>(), w[3].data_ptr<float>(), h.data_ptr<float>(), T, D,
@@ -214,6 +219,6 @@ TORCH_LIBRARY_FRAGMENT(triton_llm, m) {
       "Tensor embed, Tensor[] layer_weights, Tensor[] layer_biases, Tensor[] layer_panels, Tensor(a!)[] k_cache, "
       "Tensor(b!)[] v_cache, Tensor cos, Tensor sin, Tensor final_norm, Tensor lm_head, Tensor lm_head_panels, "
       "int num_heads, int num_kv_heads, int head_dim, float eps, float scale, Tensor? logit_rows, "
-      "Tensor[] layer_quant, Tensor[] lm_head_quant, Tensor[] lora, Tensor? lora_slots) -> Tensor");
+      "Tensor[] layer_quant, Tensor[] lm_head_quant, Tensor[] lora, Tensor? lora_slots, int[] windows) -> Tensor");
   m.impl("decode_forward", c10::DispatchKey::CPU, TORCH_FN(triton_llm_native::decode_forward));
 }

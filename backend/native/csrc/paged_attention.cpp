@@ -11,6 +11,12 @@
 // the per-token loop. A query's scores, softmax and PV sums round the same whatever chunk or group it falls in and
 // whatever else the step holds (spans start at key 0, every chunk size runs the same FMA chains): its output does
 // not depend on the batch, the prefill chunking or a verify step's drafts.
+// A sliding window W (> 0) lets the query at position p see the keys p - W < k <= p only (transformers'
+// sliding_window): a group's walk starts at the span holding its earliest query's first key (spans still sit at
+// multiples of the span length from key 0), keys before a query's window score -inf (exactly 0 after the softmax),
+// and the keys of that span before the group's earliest window are never read: their offsets point at the first key
+// read instead (the block manager may have freed their blocks, NULL_BLOCK in the table). A query's output is the
+// same whatever its group, as without a window: spans it sees nothing of add exact zeros.
 // Split over torch's threads by (group, KV head) when the step is large enough.
 #include "paged_attention.h"
 
@@ -60,7 +66,11 @@ struct Step {
   const float* v_cache;
   float scale;
   float* out;
+  int64_t window;  // 0: none; else the query at p sees keys p - window < k <= p
 };
+
+// The first key the query at `pos` sees.
+inline int64_t first_key(int64_t pos, int64_t window) { return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0; }
 
 struct TokenGroup {  // tokens [first, first + count) of the step: one block-table row
   int64_t first, count;
@@ -79,7 +89,7 @@ std::vector<TokenGroup> token_groups(const int32_t* token_rows, int64_t T) {
 }
 
 struct ChunkKernels {
-  void (*scores)(const float*, const f32x16*, int64_t, int64_t, const int64_t*, float*, int64_t);
+  void (*scores)(const float*, const f32x16*, int64_t, int64_t, const int64_t*, int64_t, float*, int64_t);
   void (*values)(const float*, int64_t, const float*, const int64_t*, int64_t, const float*, float*);
 };
 
@@ -129,13 +139,14 @@ void attend_group(const Step& st, TokenGroup g, int64_t kvh, Scratch& s) {
   constexpr int HD = 16 * D16;
   constexpr int kMaxChunk = max_chunk(D16);
   const int64_t G = st.num_heads / st.kv_heads, Q = g.count * G, kv = st.kv_heads * HD;
-  int64_t ctx = 0;
+  int64_t ctx = 0, lo = INT64_MAX;  // keys [lo, ctx) are read
   for (int64_t i = 0; i < Q; ++i) {
     const int64_t t = g.first + i / G, h = kvh * G + i % G;
     const float* q = st.qkv + t * st.row_stride + h * HD;
     for (int d = 0; d < HD; ++d) s.q[i * HD + d] = q[d] * st.scale;
     s.qpos[i] = st.positions[t];
     ctx = std::max(ctx, s.qpos[i] + 1);
+    lo = std::min(lo, first_key(s.qpos[i], st.window));
   }
   std::fill(s.acc, s.acc + Q * HD, 0.f);
   std::fill(s.row_max, s.row_max + Q, -INFINITY);
@@ -144,18 +155,20 @@ void attend_group(const Step& st, TokenGroup g, int64_t kvh, Scratch& s) {
   const int64_t chunks = (Q + kMaxChunk - 1) / kMaxChunk, chunk = (Q + chunks - 1) / chunks;
   const int64_t bs = st.paged.block_size;
   const int32_t* table = st.paged.block_tables + static_cast<int64_t>(st.token_rows[g.first]) * st.paged.width;
-  for (int64_t first = 0; first < ctx; first += span) {
+  for (int64_t first = lo / span * span; first < ctx; first += span) {
     const int64_t n = std::min(span, ctx - first), tiles = (n + 15) / 16;
     const int64_t n_ahead = std::min(span + 16 * kPrefetchTiles, ctx - first);
-    for (int64_t j = 0, b = first / bs, o = first % bs; j < n_ahead; ++j) {  // block walk: no division per key
+    const int64_t skip = std::max<int64_t>(0, lo - first);  // keys of the span before every query's window
+    for (int64_t j = skip, b = (first + skip) / bs, o = (first + skip) % bs; j < n_ahead; ++j) {  // no division per key
       s.offsets[j] = (static_cast<int64_t>(table[b]) * bs + o) * kv + kvh * HD;
       if (++o == bs) o = 0, ++b;
     }
+    std::fill(s.offsets, s.offsets + skip, s.offsets[skip]);  // never read blocks outside the windows
     transpose_keys<D16>(st.k_cache, st.v_cache, s.offsets, n, n_ahead, s.kt);
     for (int64_t q0 = 0; q0 < Q; q0 += chunk) {
       const int64_t m = std::min(chunk, Q - q0);
       const ChunkKernels& kern = kChunkKernels<D16>[m - 1];
-      kern.scores(s.q + q0 * HD, s.kt, tiles, first, s.qpos + q0, s.scores, span);
+      kern.scores(s.q + q0 * HD, s.kt, tiles, first, s.qpos + q0, st.window, s.scores, span);
       for (int64_t i = 0; i < m; ++i)
         s.alpha[i] = softmax_update(s.scores + i * span, tiles, s.row_max[q0 + i], s.row_sum[q0 + i]);
       kern.values(s.scores, span, st.v_cache, s.offsets, n, s.alpha, s.acc + q0 * HD);
@@ -190,34 +203,37 @@ void attend_per_token(const Step& st, int64_t T, int64_t max_ctx, int64_t grain)
     std::vector<float> acc(static_cast<size_t>(G * hd));
     for (int64_t w = begin; w < end; ++w) {
       const int64_t t = w / st.kv_heads, kvh = w % st.kv_heads;
-      const int64_t ctx = st.positions[t] + 1;
+      const int64_t ctx = st.positions[t] + 1, lo = first_key(st.positions[t], st.window);
+      const int64_t n = ctx - lo;  // keys [lo, ctx); score j is key lo + j
       const int32_t* table = st.paged.block_tables + static_cast<int64_t>(st.token_rows[t]) * st.paged.width;
       const float* q = st.qkv + t * st.row_stride + kvh * G * hd;  // [G, head_dim]
-      for (int64_t b = 0, j0 = 0; j0 < ctx; ++b, j0 += bs) {
+      for (int64_t b = lo / bs, j0 = lo; j0 < ctx; ++b, j0 = b * bs) {
         const float* kb = st.k_cache + static_cast<int64_t>(table[b]) * bs * kv + kvh * hd;
-        for (int64_t o = 0; o < std::min(bs, ctx - j0); ++o)
-          for (int64_t g = 0; g < G; ++g) scores[g * max_ctx + j0 + o] = dot(q + g * hd, kb + o * kv, hd) * st.scale;
+        for (int64_t o = j0 % bs; o < std::min(bs, ctx - b * bs); ++o)
+          for (int64_t g = 0; g < G; ++g)
+            scores[g * max_ctx + b * bs + o - lo] = dot(q + g * hd, kb + o * kv, hd) * st.scale;
       }
       for (int64_t g = 0; g < G; ++g) {
         float* sg = scores.data() + g * max_ctx;
-        const float m = *std::max_element(sg, sg + ctx);
+        const float m = *std::max_element(sg, sg + n);
         f32x16 sums = {};
         int64_t j = 0;
-        for (; j + 16 <= ctx; j += 16) {
+        for (; j + 16 <= n; j += 16) {
           const f32x16 e = exp16(load16(sg + j) - m);
           store16(sg + j, e);
           sums += e;
         }
         float sum = hsum16(sums);
-        for (; j < ctx; ++j) sum += (sg[j] = std::exp(sg[j] - m));
+        for (; j < n; ++j) sum += (sg[j] = std::exp(sg[j] - m));
         const float inv = 1.f / sum;
-        for (j = 0; j < ctx; ++j) sg[j] *= inv;
+        for (j = 0; j < n; ++j) sg[j] *= inv;
       }
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t b = 0, j0 = 0; j0 < ctx; ++b, j0 += bs) {
+      for (int64_t b = lo / bs, j0 = lo; j0 < ctx; ++b, j0 = b * bs) {
         const float* vb = st.v_cache + static_cast<int64_t>(table[b]) * bs * kv + kvh * hd;
-        for (int64_t o = 0; o < std::min(bs, ctx - j0); ++o)
-          for (int64_t g = 0; g < G; ++g) axpy(acc.data() + g * hd, scores[g * max_ctx + j0 + o], vb + o * kv, hd);
+        for (int64_t o = j0 % bs; o < std::min(bs, ctx - b * bs); ++o)
+          for (int64_t g = 0; g < G; ++g)
+            axpy(acc.data() + g * hd, scores[g * max_ctx + b * bs + o - lo], vb + o * kv, hd);
       }
       std::copy(acc.begin(), acc.end(), st.out + t * st.num_heads * hd + kvh * G * hd);
     }
@@ -229,9 +245,10 @@ void attend_per_token(const Step& st, int64_t T, int64_t max_ctx, int64_t grain)
 void paged_attention(const float* qkv, int64_t row_stride, int64_t num_heads, int64_t kv_heads,
                      int64_t head_dim, const int64_t* positions, const int32_t* token_rows, const Paged& paged,
                      const float* k_cache, const float* v_cache, float scale, float* out, int64_t T,
-                     int64_t max_ctx) {
+                     int64_t max_ctx, int64_t window) {
   const Step st{qkv, row_stride, num_heads, kv_heads, head_dim, positions, token_rows, paged, k_cache, v_cache,
-                scale, out};
+                scale, out, window};
+  if (window > 0) max_ctx = std::min(max_ctx, window);  // keys one query reads at most
   const int64_t G = num_heads / kv_heads;
   if (head_dim % 16 != 0 || head_dim / 16 > kMaxD16) {
     // a thread per 2^18 multiply-adds at least: a small step never forks

@@ -1,6 +1,8 @@
 // The `paged_attention` op: write_kv then paged_attention (paged_attention.h) of one layer, as decode_forward runs
 // them, for testing the attention against a torch reference (tests/backend/native/test_paged_attention.py) and
-// timing it alone (tools/profile/bench_paged_attention_native.py).
+// timing it alone (tools/profile/bench_paged_attention_native.py). `window` > 0: a sliding window (the query at p sees
+// keys p - window < k <= p); table entries wholly before every token's window are not read, so they may be anything
+// (NULL_BLOCK, -1, where the block manager freed them).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -43,7 +45,8 @@ at::Tensor paged_attention_op(const at::Tensor& qkv,           // [T, (H + 2 KVH
                               int64_t block_size,
                               const at::Tensor& k_cache,       // [blocks, block_size, KVH, hd] float32
                               const at::Tensor& v_cache,       // [blocks, block_size, KVH, hd] float32
-                              int64_t num_heads, int64_t kv_heads, int64_t head_dim, double scale) {
+                              int64_t num_heads, int64_t kv_heads, int64_t head_dim, double scale,
+                              int64_t window) {
   TORCH_CHECK(num_heads > 0 && kv_heads > 0 && head_dim > 0 && num_heads % kv_heads == 0,
               "paged_attention: bad head shapes");
   for (const at::Tensor* t : {&qkv, &k_cache, &v_cache})
@@ -57,17 +60,25 @@ at::Tensor paged_attention_op(const at::Tensor& qkv,           // [T, (H + 2 KVH
               "paged_attention: caches must be [blocks, block_size, num_kv_heads, head_dim]");
   const int64_t max_ctx =
       check_step_tokens(positions, token_rows, block_tables, block_size, std::numeric_limits<int32_t>::max());
+  TORCH_CHECK(window >= 0, "paged_attention: window must be >= 0 (0: none)");
   const int32_t* tables = block_tables.data_ptr<int32_t>();
-  for (int64_t i = 0; i < block_tables.numel(); ++i)
-    TORCH_CHECK(tables[i] >= 0 && tables[i] < k_cache.size(0), "paged_attention: block id out of range");
   const int64_t T = qkv.size(0);
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int32_t* rows = token_rows.data_ptr<int32_t>();
+  for (int64_t t = 0; t < T; ++t) {  // every block a token reads (from its window's first key on)
+    const int64_t lo = window > 0 ? std::max<int64_t>(0, pos[t] - window + 1) : 0;
+    for (int64_t b = lo / block_size; b <= pos[t] / block_size; ++b) {
+      const int32_t id = tables[rows[t] * block_tables.size(1) + b];
+      TORCH_CHECK(id >= 0 && id < k_cache.size(0), "paged_attention: block id out of range");
+    }
+  }
   const Paged paged{tables, block_tables.size(1), block_size};
   write_kv(qkv.data_ptr<float>(), width, num_heads, kv_heads, head_dim, positions.data_ptr<int64_t>(),
            token_rows.data_ptr<int32_t>(), paged, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), T);
   at::Tensor out = at::empty({T, num_heads * head_dim}, qkv.options());
   paged_attention(qkv.data_ptr<float>(), width, num_heads, kv_heads, head_dim, positions.data_ptr<int64_t>(),
                   token_rows.data_ptr<int32_t>(), paged, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
-                  static_cast<float>(scale), out.data_ptr<float>(), T, max_ctx);
+                  static_cast<float>(scale), out.data_ptr<float>(), T, max_ctx, window);
   return out;
 }
 
@@ -77,6 +88,7 @@ at::Tensor paged_attention_op(const at::Tensor& qkv,           // [T, (H + 2 KVH
 TORCH_LIBRARY_FRAGMENT(triton_llm, m) {
   m.def(
       "paged_attention(Tensor qkv, Tensor positions, Tensor token_rows, Tensor block_tables, int block_size, "
-      "Tensor(a!) k_cache, Tensor(b!) v_cache, int num_heads, int num_kv_heads, int head_dim, float scale) -> Tensor");
+      "Tensor(a!) k_cache, Tensor(b!) v_cache, int num_heads, int num_kv_heads, int head_dim, float scale, "
+      "int window=0) -> Tensor");
   m.impl("paged_attention", c10::DispatchKey::CPU, TORCH_FN(triton_llm_native::paged_attention_op));
 }

@@ -4,7 +4,8 @@ Sequences with cached contexts crossing block boundaries compute 1 (decode) or k
 tokens, or prefill chunks (with ``logit_rows``: only the sampled tokens' logits, only those tokens
 through the last layer past its K/V write); the native op's logits and the K/V it writes must equal
 the eager forward's (tolerance: a different summation order), for GQA and MHA, tied and untied heads,
-biased projections, q/k norms with o_proj biases (Qwen3) and partial LongRoPE (Phi-4-mini's layout).
+biased projections, q/k norms with o_proj biases (Qwen3) and partial LongRoPE (Phi-4-mini's layout), and sliding
+windows (per layer, contexts longer than the window, the blocks before every window freed as the scheduler does).
 """
 from __future__ import annotations
 
@@ -63,15 +64,15 @@ def make_model(heads: int, kv_heads: int, tie: bool, bias: bool, family: str = "
 
 
 @torch.inference_mode()
-def eager_step(model, cache, tables, computed, new, token_ids):
+def eager_step(model, cache, tables, computed, new, token_ids, windows=None):
     """The eager path's logits for every new token (prefills the contexts when ``computed`` is 0)."""
-    attn = TorchPagedAttention(cache)
+    attn = TorchPagedAttention(cache, windows=windows)
     meta = build_attention_metadata(computed, new, tables, BLOCK)
     attn.prepare(meta)
     return model.compute_logits(model(token_ids, meta.positions, attn))
 
 
-def prefilled_case(model, ctx_lens, query_lens, seed):
+def prefilled_case(model, ctx_lens, query_lens, seed, windows=None):
     """A KV cache holding each sequence's context, the block tables, and the step's new tokens."""
     gen = torch.Generator().manual_seed(seed)
     cfg = model.config
@@ -80,14 +81,15 @@ def prefilled_case(model, ctx_lens, query_lens, seed):
     ctx_tokens = torch.randint(0, cfg.vocab_size, (sum(ctx_lens),), generator=gen)
     cached = [(t, c) for t, c in zip(tables, ctx_lens) if c]   # a sequence with no context has nothing to write
     if cached:
-        eager_step(model, cache, [t for t, _ in cached], [0] * len(cached), [c for _, c in cached], ctx_tokens)
+        eager_step(model, cache, [t for t, _ in cached], [0] * len(cached), [c for _, c in cached], ctx_tokens,
+                   windows)
     new_tokens = torch.randint(0, cfg.vocab_size, (sum(query_lens),), generator=gen)
     return cache, tables, new_tokens
 
 
 @torch.inference_mode()
-def native_step(ops, model, cache, tables, ctx_lens, query_lens, token_ids, logit_rows=None):
-    step = NativeDecodeStep(ops, model, cache, scale=None)
+def native_step(ops, model, cache, tables, ctx_lens, query_lens, token_ids, logit_rows=None, windows=None):
+    step = NativeDecodeStep(ops, model, cache, scale=None, windows=windows)
     width = max(len(t) for t in tables)
     block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
     positions = torch.cat([torch.arange(c, c + q) for c, q in zip(ctx_lens, query_lens)])
@@ -142,6 +144,47 @@ def test_prefill_chunks_return_the_sampled_rows(ops, model_kind, ctx_lens, query
     torch.testing.assert_close(cache.data, eager_cache.data, atol=1e-5, rtol=1e-5)   # every token's K/V, all layers
 
 
+# per layer: every layer windowed (blocks behind the window freed), or one full-attention layer beside a windowed one
+WINDOWS = {"every_layer": (6, 6), "mixed": (None, 9)}
+
+
+@pytest.mark.parametrize("windows", sorted(WINDOWS))
+@pytest.mark.parametrize("model_kind", ["gqa_tied", "gqa_hd16", "mha_hd48_bias", "qwen3_hd16"])
+@pytest.mark.parametrize("ctx_lens, query_lens, picks", [
+    ([7, 20, 33, 12], [1, 1, 1, 1], None),                # decodes, contexts past the window
+    ([9, 30], [5, 3], None),                              # verify steps whose windows start in different blocks
+    ([0, 25, 14], [40, 1, 4], [39, 40, 41, 42, 43, 44]),  # a whole prompt beside a decode and a verify
+    ([17, 0], [20, 3], [22]),                             # a chunk that does not sample, then a short prompt
+])
+def test_sliding_windows_match_eager(ops, windows, model_kind, ctx_lens, query_lens, picks):
+    """Prompts and contexts longer than the window: the native op's logits and K/V equal the eager path's (the torch
+    backend's windowed masks). With every layer windowed, the blocks wholly before each row's window are freed as
+    the scheduler does (NULL_BLOCK in the table, junk in the old blocks): the native op never reads them."""
+    wins = WINDOWS[windows]
+    model = make_model(*MODELS[model_kind])
+    cache, tables, tokens = prefilled_case(model, ctx_lens, query_lens, seed=len(ctx_lens), windows=wins)
+    if all(wins):
+        for table, ctx in zip(tables, ctx_lens):
+            for b in range(max(0, ctx - wins[0] + 1) // BLOCK):
+                cache.data[:, :, table[b]] = 1e3         # junk: read, it would show
+                table[b] = -1                             # NULL_BLOCK
+    eager_cache = KVCache(cache.num_layers, NUM_BLOCKS, BLOCK, cache.num_kv_heads, cache.head_dim)
+    eager_cache.data.copy_(cache.data)
+    expected = eager_step(model, eager_cache, tables, ctx_lens, query_lens, tokens, wins)
+    expected = expected if picks is None else expected[picks]
+    got = native_step(ops, model, cache, tables, ctx_lens, query_lens, tokens,
+                      None if picks is None else torch.tensor(picks), wins)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(cache.data, eager_cache.data, atol=1e-5, rtol=1e-5)
+    positions = torch.cat([torch.arange(c, c + q) for c, q in zip(ctx_lens, query_lens)])
+    binding = int((positions if picks is None else positions[picks]).max()) >= 9
+    if not all(wins) and binding:                         # the window changes these logits: the test can fail
+        unwindowed = native_step(ops, model, eager_cache, tables, ctx_lens, query_lens, tokens,
+                                 None if picks is None else torch.tensor(picks))
+        assert not torch.allclose(unwindowed, expected, atol=1e-3)
+
+
 @pytest.mark.parametrize("picks", [[], [3, 2], [0, 0], [-1], [9]])
 def test_bad_logit_rows_are_refused(ops, picks):
     model = make_model(6, 2, True, False)
@@ -171,7 +214,9 @@ def test_unsupported_models_stay_eager():
     model = make_model(6, 2, True, False)
     cache = KVCache(2, 8, BLOCK, 2, 8)
     assert unsupported_reason(model, cache, (None, None), None) is None
-    assert "sliding" in unsupported_reason(model, cache, (None, 16), None)
+    assert unsupported_reason(model, cache, (None, 16), None) is None        # sliding windows run natively
+    int8_kv = KVCache(2, 8, BLOCK, 2, 8, kv_cache_dtype="int8")
+    assert "KV cache" in unsupported_reason(model, int8_kv, (None, None), None)
     half = KVCache(2, 8, BLOCK, 2, 8, dtype=torch.bfloat16)
     assert "float32" in unsupported_reason(model, half, (None, None), None)
     from backend.model.quant import quantize_model

@@ -2,7 +2,8 @@
 transformers' token for token (Mistral: every layer windowed, so blocks behind the window are freed
 while the sequence runs; Qwen2: use_sliding_window with max_window_layers, full and windowed layers
 mixed), alone and under concurrency, with chunked prefill, n-gram and draft-model speculation and
-preemption. The same prompts served without the window differ from HF's, so the test can fail."""
+preemption, on the eager path and on the native step. The same prompts served without the window differ from HF's,
+so the test can fail."""
 from __future__ import annotations
 
 import pytest
@@ -12,6 +13,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
+from backend.engine.native_decode import NativeDecodeStep
 from contracts.sampling_params import SamplingParams
 from tests.backend.engine.test_engine_oracle import check_greedy_matches
 from tests.helpers.checkpoints import make_random_checkpoint
@@ -79,37 +81,45 @@ VARIANTS = {
     "preemption": {"num_kv_blocks": 8, "max_model_len": 128, "watermark": 0.0, "block_size": 16, "max_num_batched_tokens": 16,
                    "speculative_method": "ngram", "num_speculative_tokens": 2},
 }
+# the same on the native step (fast_decode): its paged attention honours each layer's window
+VARIANTS.update({f"native_{name}": {**kw, "fast_decode": True} for name, kw in list(VARIANTS.items())})
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_sliding_window_greedy_matches_hf(setup, variant):
     name, folder, prompts, expected = setup
     kw = dict(model_path=str(folder), max_num_seqs=16, kv_cache_bytes=16 << 20, device="cpu", **VARIANTS[variant])
-    if variant == "draft":
+    if variant.endswith("draft"):
         kw["draft_model_path"] = str(folder)       # the target as its own draft: windowed draft attention too
     engine = LLMEngine(EngineConfig(**kw))
-    burst = variant == "preemption"                 # one burst: the small pool runs out on any machine
+    assert isinstance(engine.runner.fast_decode, NativeDecodeStep) == variant.startswith("native")
+    if variant == "native_draft":
+        assert engine.speculator.proposer.forward.native is not None, "the draft's steps should run natively too"
+    burst = variant.endswith("preemption")          # one burst: the small pool runs out on any machine
     if not burst:
         engine.start()
     try:
         check_greedy_matches(engine, prompts, expected, NEW_TOKENS, f"{name}/{variant}: ", stagger=not burst)
         stats = engine.stats()
         assert stats.kv_blocks_used == 0, "blocks leaked"
-        if variant in ("ngram", "draft"):
+        if variant.endswith(("ngram", "draft")):
             assert stats.spec.num_accepted_tokens > 0, "speculation should have accepted drafts"
-        if variant == "preemption":
+        if burst:
             assert stats.num_preemptions > 0
     finally:
         engine.shutdown()
 
 
-def test_blocks_behind_the_window_are_freed_while_running(setup):
-    """Mistral windows every layer: one long request holds at most the window's blocks plus a chunk's."""
+@pytest.mark.parametrize("fast_decode", [False, True])
+def test_blocks_behind_the_window_are_freed_while_running(setup, fast_decode):
+    """Mistral windows every layer: one long request holds at most the window's blocks plus a chunk's (the native
+    step's table then holds NULL_BLOCK entries it never reads)."""
     name, folder, prompts, _ = setup
     if name != "mistral":
         pytest.skip("Qwen2 here keeps a full-attention layer, so no block ever falls out of every window")
     engine = LLMEngine(EngineConfig(model_path=str(folder), kv_cache_bytes=16 << 20, device="cpu", block_size=16,
-                                    max_num_batched_tokens=16))
+                                    max_num_batched_tokens=16, fast_decode=fast_decode))
+    assert isinstance(engine.runner.fast_decode, NativeDecodeStep) == fast_decode
     prompt = prompts[0] * 4                         # well past the window
     engine.add_request("long", prompt, SamplingParams(max_tokens=60, ignore_eos=True, temperature=0.0),
                        lambda out: None)
