@@ -103,3 +103,30 @@ def test_bad_template_fails_at_compile():
 def test_generation_block_renders_its_body():
     t = "{% for m in messages %}{% generation %}{{ m['content'] }}{% endgeneration %}{% endfor %}"
     assert render_chat(t, [{"role": "assistant", "content": "ok"}]) == "ok"
+
+
+# Gemma's template (Gemma 2's, as published): no system role, user / model turns that must alternate
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+    "{% endif %}{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}")
+
+
+def test_gemma_template_refuses_a_system_message_with_its_own_error(hf):
+    """A system message gets the template's own message (the request is refused naming ``messages``), not a crash;
+    the turns render as transformers renders them."""
+    chat = [{"role": "user", "content": "Hi "}, {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": "Bye"}]
+    want = hf.apply_chat_template(chat, chat_template=GEMMA_TEMPLATE, tokenize=False, add_generation_prompt=True)
+    assert render_chat(GEMMA_TEMPLATE, chat, bos_token=hf.bos_token) == want
+    assert want.endswith("<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
+    system = [{"role": "system", "content": "Be brief."}, *chat]
+    with pytest.raises(ChatTemplateError, match="System role not supported"):
+        render_chat(GEMMA_TEMPLATE, system, bos_token="<bos>")
+    with pytest.raises(Exception, match="System role not supported"):   # transformers agrees
+        hf.apply_chat_template(system, chat_template=GEMMA_TEMPLATE, tokenize=False)
+    with pytest.raises(ChatTemplateError, match="roles must alternate"):
+        render_chat(GEMMA_TEMPLATE, chat[:1] * 2, bos_token="<bos>")
