@@ -22,7 +22,6 @@ from collections import OrderedDict
 import numpy as np
 
 from contracts import wire
-from tracing import traced_call
 from contracts.triton_config import (
     DEFAULT_TOKENIZER,
     check_known_parameters,
@@ -34,6 +33,7 @@ from contracts.triton_config import (
 )
 from postprocess.processor import Postprocessor
 from postprocess.top_logprobs import top_logprobs_json
+from tracing import TracedServing
 
 log = logging.getLogger(__name__)
 LLM_MODEL = "llm"
@@ -43,7 +43,7 @@ GUIDED_INVALID_METRIC = "triton_llm_guided_output_invalid_total"   # finished gu
 POSTPROCESS_PARAMETERS = frozenset({"tokenizer_path", "max_states", "llm_model", "cancel_checks_per_s"})
 
 
-class PostprocessServing:
+class PostprocessServing(TracedServing):
     def __init__(self, processor: Postprocessor, pb_utils, *, llm_model: str = LLM_MODEL, max_remembered: int = 4096,
                  cancel_check_interval_s: float = 0.05, cancel_checks_per_s: float = 50.0, clock=time.monotonic,
                  tracer=None):
@@ -91,12 +91,6 @@ class PostprocessServing:
                    llm_model=str_param(params, "llm_model", LLM_MODEL),
                    cancel_checks_per_s=positive_float_param(params, "cancel_checks_per_s", 50.0),
                    tracer=ModelTracer.from_env(model_config.get("name", "postprocess")))
-
-    def execute(self, requests) -> list:
-        return [self.process(r) for r in requests]
-
-    def process(self, request):
-        return traced_call(self.tracing, request, self._process)
 
     def _process(self, request):
         pb = self.pb

@@ -32,7 +32,7 @@ class _Open:
 
 
 class PostprocessTracing:
-    """``before``/``after`` around ``PostprocessServing._process`` (``tracing.traced_call``);
+    """``before``/``after`` around ``PostprocessServing._process`` (``tracing.TracedServing.process``);
     the response's meta comes from ``serving.last_meta``, parsed there."""
 
     def __init__(self, tracer: ModelTracer, serving, max_requests: int = 4096):

@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 
 from contracts import wire
-from tracing import traced_call
 from contracts.triton_config import (
     DEFAULT_TOKENIZER,
     check_known_parameters,
@@ -37,13 +36,14 @@ from contracts.triton_config import (
 from preprocess.errors import RequestError
 from preprocess.request import KNOWN_INPUTS, RequestLimits, RequestParser
 from preprocess.tokenizer import load_tokenizer
+from tracing import TracedServing
 
 log = logging.getLogger(__name__)
 # every parameter the preprocess model reads (the tokenizer, the request limits); any other fails its load
 PREPROCESS_PARAMETERS = frozenset({"tokenizer_path"} | {f.name for f in dataclasses.fields(RequestLimits)})
 
 
-class PreprocessServing:
+class PreprocessServing(TracedServing):
     def __init__(self, parser: RequestParser, pb_utils, input_names: list[str], tracer=None):
         self.parser = parser
         self.pb = pb_utils
@@ -76,12 +76,6 @@ class PreprocessServing:
             if t is not None:
                 inputs[name] = t.as_numpy()
         return inputs
-
-    def execute(self, requests) -> list:
-        return [self.process(r) for r in requests]
-
-    def process(self, request):
-        return traced_call(self.tracing, request, self._process)
 
     def _process(self, request):
         pb = self.pb

@@ -1,10 +1,11 @@
-"""W3C trace context: ``traceparent`` parsing and formatting, Triton's span context text, span clocks."""
+"""W3C trace context: ``traceparent`` parsing and formatting, Triton's span context text, span clocks; a model's
+requests answered inside its tracing helper (``TracedServing``)."""
 from __future__ import annotations
 
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 def trace_id_of(trace_context: str | None) -> str | None:
     """The 32-hex trace id in Triton's ``get_context()`` text (``{"traceparent": "00-<trace>-<span>-01"}``)."""
@@ -69,15 +70,28 @@ def request_trace_context(request) -> str | None:
         return None
 
 
-def traced_call(tracing, request, process: Callable[[Any], Any]):
-    """``process(request)``, wrapped in ``tracing.before(request)`` / ``tracing.after(token, response)``
-    when a model's tracing helper exists (tracing on), else just called."""
-    if tracing is None:
-        return process(request)
-    token = tracing.before(request)
-    response = process(request)
-    tracing.after(token, response)
-    return response
+class TracedServing:
+    """A Python model's serving logic that answers each request with one response (preprocess, postprocess):
+    ``execute`` answers a batch in order through ``process``, which wraps the subclass's ``_process(request)``
+    in the model's tracing helper (``self.tracing``: ``before(request)`` / ``after(token, response)``; None
+    while tracing is off, then ``_process`` is just called)."""
+
+    tracing: Any = None
+
+    def execute(self, requests) -> list:
+        return [self.process(r) for r in requests]
+
+    def process(self, request):
+        tracing = self.tracing
+        if tracing is None:
+            return self._process(request)
+        token = tracing.before(request)
+        response = self._process(request)
+        tracing.after(token, response)
+        return response
+
+    def _process(self, request):
+        raise NotImplementedError
 
 
 def unix_nanos(monotonic_s: float, offset_s: float) -> int:
