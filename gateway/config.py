@@ -105,57 +105,74 @@ def _env_default(env: Mapping[str, str], name: str, default: str | None) -> str 
     return value if value not in (None, "") else default
 
 
+@dataclass(frozen=True)
+class Flag:
+    """One flag and its environment variable: ``default`` may name the port variables make serve shares
+    (``{GATEWAY_PORT}``, ``{GRPC_PORT}``, ``{OPENAI_PORT}``, ``{METRICS_PORT}``)."""
+
+    name: str                     # the flag, and (dashes as underscores) the GatewayConfig field it sets
+    env: str
+    default: str | None
+    help: str
+    type: type = str
+
+    @property
+    def field(self) -> str:
+        return self.name[2:].replace("-", "_")
+
+
+PORT_VARIABLES = {"GATEWAY_PORT": "50051", "GRPC_PORT": "8001", "OPENAI_PORT": "9000", "METRICS_PORT": "8002"}
+FLAGS = (
+    Flag("--listen", "GATEWAY_LISTEN", "0.0.0.0:{GATEWAY_PORT}",
+         "address to serve on, HOST:PORT (env GATEWAY_LISTEN, else 0.0.0.0:$GATEWAY_PORT; default 0.0.0.0:50051)"),
+    Flag("--triton-url", "GATEWAY_TRITON_URL", "localhost:{GRPC_PORT}",
+         "Triton's gRPC endpoint (env GATEWAY_TRITON_URL, else localhost:$GRPC_PORT; default localhost:8001)"),
+    Flag("--triton-model", "GATEWAY_TRITON_MODEL", "ensemble",
+         "the model Generate calls (env GATEWAY_TRITON_MODEL; default ensemble)"),
+    Flag("--auth-token-file", "GATEWAY_AUTH_TOKEN_FILE", None,
+         "file of accepted bearer tokens, one per line (env GATEWAY_AUTH_TOKEN_FILE); "
+         "GATEWAY_AUTH_TOKENS adds comma-separated tokens; auth is off when there are none", Path),
+    Flag("--tls-cert", "GATEWAY_TLS_CERT", None, "PEM certificate chain for TLS (env GATEWAY_TLS_CERT)", Path),
+    Flag("--tls-key", "GATEWAY_TLS_KEY", None, "PEM private key for TLS (env GATEWAY_TLS_KEY)", Path),
+    Flag("--max-inflight", "GATEWAY_MAX_INFLIGHT", "256",
+         "Generate calls in flight before RESOURCE_EXHAUSTED (env GATEWAY_MAX_INFLIGHT; default 256)", int),
+    Flag("--stream-buffer-bytes", "GATEWAY_STREAM_BUFFER_BYTES", str(1 << 20),
+         "output that may wait for a slow client, per stream, before its stream ends with "
+         "RESOURCE_EXHAUSTED (env GATEWAY_STREAM_BUFFER_BYTES; default 1048576)", int),
+    Flag("--max-request-bytes", "GATEWAY_MAX_REQUEST_BYTES", str(16 * 2**20),
+         "largest gRPC request message and HTTP request body, in bytes "
+         "(env GATEWAY_MAX_REQUEST_BYTES; default 16 MiB)", int),
+    Flag("--grace-period-s", "GATEWAY_GRACE_PERIOD_S", "30",
+         "on SIGTERM, seconds in-flight calls may finish before they are cancelled "
+         "(env GATEWAY_GRACE_PERIOD_S; default 30)", float),
+    Flag("--health-interval-s", "GATEWAY_HEALTH_INTERVAL_S", "1.0",
+         "seconds between readiness polls of Triton (env GATEWAY_HEALTH_INTERVAL_S; default 1)", float),
+    Flag("--tokenizer-path", "GATEWAY_TOKENIZER_PATH", None,
+         "checkpoint folder whose tokenizer Tokenize uses (env GATEWAY_TOKENIZER_PATH; "
+         "default: the preprocess model's tokenizer_path, read from Triton)", Path),
+    Flag("--model-root", "GATEWAY_MODEL_ROOT", None,
+         "folder that relative paths in Triton's model configs are relative to (env GATEWAY_MODEL_ROOT)", Path),
+    Flag("--openai-listen", "OPENAI_LISTEN", "0.0.0.0:{OPENAI_PORT}",
+         "address of the OpenAI-compatible HTTP API, HOST:PORT or off (env OPENAI_LISTEN, "
+         "else 0.0.0.0:$OPENAI_PORT; default 0.0.0.0:9000)"),
+    Flag("--triton-metrics-url", "GATEWAY_TRITON_METRICS_URL", "http://localhost:{METRICS_PORT}/metrics",
+         "Triton's Prometheus endpoint, served again at the HTTP API's /metrics "
+         "(env GATEWAY_TRITON_METRICS_URL; default http://localhost:$METRICS_PORT/metrics)"),
+    Flag("--log-level", "GATEWAY_LOG_LEVEL", "INFO", "env GATEWAY_LOG_LEVEL; default INFO"),
+)
+
+
 def parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """Every flag of ``FLAGS``, its default read from its variable (``ValueError`` for a malformed number)."""
     env = os.environ if env is None else env
-    port = _env_default(env, "GATEWAY_PORT", "50051")
-    grpc_port = _env_default(env, "GRPC_PORT", "8001")
-    openai_port = _env_default(env, "OPENAI_PORT", "9000")
-    metrics_port = _env_default(env, "METRICS_PORT", "8002")
+    ports = {name: _env_default(env, name, default) for name, default in PORT_VARIABLES.items()}
     ap = argparse.ArgumentParser(prog="python -m gateway",
                                  description="The typed gRPC API (triton_llm.v1.LLMService) in front of Triton's ensemble.")
-    ap.add_argument("--listen", default=_env_default(env, "GATEWAY_LISTEN", f"0.0.0.0:{port}"),
-                    help="address to serve on, HOST:PORT (env GATEWAY_LISTEN, else 0.0.0.0:$GATEWAY_PORT; default 0.0.0.0:50051)")
-    ap.add_argument("--triton-url", default=_env_default(env, "GATEWAY_TRITON_URL", f"localhost:{grpc_port}"),
-                    help="Triton's gRPC endpoint (env GATEWAY_TRITON_URL, else localhost:$GRPC_PORT; default localhost:8001)")
-    ap.add_argument("--triton-model", default=_env_default(env, "GATEWAY_TRITON_MODEL", "ensemble"),
-                    help="the model Generate calls (env GATEWAY_TRITON_MODEL; default ensemble)")
-    ap.add_argument("--auth-token-file", type=Path, default=_env_default(env, "GATEWAY_AUTH_TOKEN_FILE", None),
-                    help="file of accepted bearer tokens, one per line (env GATEWAY_AUTH_TOKEN_FILE); "
-                         "GATEWAY_AUTH_TOKENS adds comma-separated tokens; auth is off when there are none")
-    ap.add_argument("--tls-cert", type=Path, default=_env_default(env, "GATEWAY_TLS_CERT", None),
-                    help="PEM certificate chain for TLS (env GATEWAY_TLS_CERT)")
-    ap.add_argument("--tls-key", type=Path, default=_env_default(env, "GATEWAY_TLS_KEY", None),
-                    help="PEM private key for TLS (env GATEWAY_TLS_KEY)")
-    ap.add_argument("--max-inflight", type=int, default=int(_env_default(env, "GATEWAY_MAX_INFLIGHT", "256")),
-                    help="Generate calls in flight before RESOURCE_EXHAUSTED (env GATEWAY_MAX_INFLIGHT; default 256)")
-    ap.add_argument("--stream-buffer-bytes", type=int,
-                    default=int(_env_default(env, "GATEWAY_STREAM_BUFFER_BYTES", str(1 << 20))),
-                    help="output that may wait for a slow client, per stream, before its stream ends with "
-                         "RESOURCE_EXHAUSTED (env GATEWAY_STREAM_BUFFER_BYTES; default 1048576)")
-    ap.add_argument("--max-request-bytes", type=int,
-                    default=int(_env_default(env, "GATEWAY_MAX_REQUEST_BYTES", str(16 * 2**20))),
-                    help="largest gRPC request message and HTTP request body, in bytes "
-                         "(env GATEWAY_MAX_REQUEST_BYTES; default 16 MiB)")
-    ap.add_argument("--grace-period-s", type=float, default=float(_env_default(env, "GATEWAY_GRACE_PERIOD_S", "30")),
-                    help="on SIGTERM, seconds in-flight calls may finish before they are cancelled "
-                         "(env GATEWAY_GRACE_PERIOD_S; default 30)")
-    ap.add_argument("--health-interval-s", type=float,
-                    default=float(_env_default(env, "GATEWAY_HEALTH_INTERVAL_S", "1.0")),
-                    help="seconds between readiness polls of Triton (env GATEWAY_HEALTH_INTERVAL_S; default 1)")
-    ap.add_argument("--tokenizer-path", type=Path, default=_env_default(env, "GATEWAY_TOKENIZER_PATH", None),
-                    help="checkpoint folder whose tokenizer Tokenize uses (env GATEWAY_TOKENIZER_PATH; "
-                         "default: the preprocess model's tokenizer_path, read from Triton)")
-    ap.add_argument("--model-root", type=Path, default=_env_default(env, "GATEWAY_MODEL_ROOT", None),
-                    help="folder that relative paths in Triton's model configs are relative to (env GATEWAY_MODEL_ROOT)")
-    ap.add_argument("--openai-listen", default=_env_default(env, "OPENAI_LISTEN", f"0.0.0.0:{openai_port}"),
-                    help="address of the OpenAI-compatible HTTP API, HOST:PORT or off (env OPENAI_LISTEN, "
-                         "else 0.0.0.0:$OPENAI_PORT; default 0.0.0.0:9000)")
-    ap.add_argument("--triton-metrics-url",
-                    default=_env_default(env, "GATEWAY_TRITON_METRICS_URL", f"http://localhost:{metrics_port}/metrics"),
-                    help="Triton's Prometheus endpoint, served again at the HTTP API's /metrics "
-                         "(env GATEWAY_TRITON_METRICS_URL; default http://localhost:$METRICS_PORT/metrics)")
-    ap.add_argument("--log-level", default=_env_default(env, "GATEWAY_LOG_LEVEL", "INFO"),
-                    help="env GATEWAY_LOG_LEVEL; default INFO")
+    for flag in FLAGS:
+        fallback = flag.default.format(**ports) if flag.default is not None else None
+        value = _env_default(env, flag.env, fallback)
+        default = value if value is None or flag.type is Path else flag.type(value)
+        ap.add_argument(flag.name, type=flag.type, default=default, help=flag.help)
     return ap
 
 
@@ -170,15 +187,10 @@ def from_args(argv: list[str] | None = None, env: Mapping[str, str] | None = Non
         tracing = TracingSettings.from_env(env)
     except TracingConfigError as e:   # names the OTEL_* variable
         raise ConfigError(str(e)) from None
-    return GatewayConfig(listen=args.listen, triton_url=args.triton_url, triton_model=args.triton_model,
-                         auth_token_file=args.auth_token_file, auth_tokens=tokens, tls_cert=args.tls_cert,
-                         tls_key=args.tls_key, max_inflight=args.max_inflight,
-                         stream_buffer_bytes=args.stream_buffer_bytes, max_request_bytes=args.max_request_bytes,
-                         grace_period_s=args.grace_period_s,
-                         health_interval_s=args.health_interval_s, tokenizer_path=args.tokenizer_path,
-                         model_root=args.model_root, log_level=args.log_level, tracing=tracing,
-                         openai_listen=None if args.openai_listen.strip().lower() in ("off", "") else args.openai_listen,
-                         triton_metrics_url=args.triton_metrics_url)
+    values = {flag.field: getattr(args, flag.field) for flag in FLAGS}
+    if values["openai_listen"].strip().lower() in ("off", ""):
+        values["openai_listen"] = None
+    return GatewayConfig(**values, auth_tokens=tokens, tracing=tracing)
 
 
 # ---- bearer tokens -------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Gateway flags, their environment fallbacks, and bearer-token handling (gateway/config.py)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -111,3 +112,12 @@ def test_tokens_are_compared_in_constant_time_against_every_token(monkeypatch):
         calls.clear()
         ts.check(token)
         assert calls == [(32, 32)] * 3, token
+
+
+def test_every_flag_is_in_the_module_table_with_its_variable():
+    import gateway.config as config
+
+    for flag in config.FLAGS:
+        assert f"``{flag.name} " in config.__doc__ or f"``{flag.name}``" in config.__doc__, flag.name
+        assert f"``{flag.env}``" in config.__doc__, flag.env
+        assert flag.field in {f.name for f in dataclasses.fields(config.GatewayConfig)}, flag.field
