@@ -1,5 +1,5 @@
-"""Child processes of the launcher: stopped gracefully then killed, dying with their parent, used as
-context managers (start, wait until ready, stop on the way out)."""
+"""Child processes of the launcher: stopped gracefully then killed, dying with their parent, waited for until
+ready, used as context managers (start, wait until ready, stop on the way out)."""
 from __future__ import annotations
 
 import contextlib
@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 
 
 def stop_process(proc: subprocess.Popen, signum: int, timeout: float) -> int | None:
@@ -47,7 +49,33 @@ def die_with_parent(signum: int = signal.SIGTERM):
 
 class ChildProcess:
     """A server child: ``start()``, ``wait_ready()`` and ``stop()``; ``with`` runs the first two and always the
-    last, also when the child never becomes ready."""
+    last, also when the child never becomes ready. ``proc`` is the running process (None before ``start``);
+    ``name``, ``ready_state`` and ``error`` word and raise what ``wait_until`` reports."""
+
+    proc: subprocess.Popen | None = None
+    name = "child"                          # the process, as errors name it
+    ready_state = "ready"                   # what being ready is called in errors
+    error: type[Exception] = RuntimeError
+
+    def wait_until(self, ready: Callable[[], bool], timeout: float, interval: float) -> None:
+        """Poll ``ready()`` every ``interval`` seconds until it holds; raise ``error`` naming the child, with
+        ``tail_note()``, when it was never started, exits first, or ``timeout`` seconds pass."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is None:
+                raise self.error(f"{self.name} not started")
+            code = self.proc.poll()
+            if code is not None:
+                raise self.error(f"{self.name} exited with code {code} before becoming {self.ready_state}"
+                                 f"{self.tail_note()}")
+            if ready():
+                return
+            time.sleep(interval)
+        raise self.error(f"{self.name} not {self.ready_state} after {timeout:.0f}s{self.tail_note()}")
+
+    def tail_note(self) -> str:
+        """What an error about the child adds: where its log is, or its last lines."""
+        return ""
 
     def start(self) -> None:
         raise NotImplementedError

@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from cli.child_process import ChildProcess, die_with_parent, stop_process
@@ -27,6 +26,8 @@ class GatewayError(RuntimeError):
 
 
 class GatewayProcess(ChildProcess):
+    name, ready_state, error = "gateway", "SERVING", GatewayError
+
     def __init__(self, listen: str, triton_url: str, *, extra_args: list[str] | None = None,
                  env: dict[str, str] | None = None, log_path: Path | None = None, python: str = sys.executable,
                  openai_listen: str | None = None, triton_metrics_url: str | None = None) -> None:
@@ -114,17 +115,11 @@ class GatewayProcess(ChildProcess):
 
     def wait_ready(self, timeout: float = 60.0, root_certificates: bytes | None = None) -> None:
         """Block until health says SERVING; raise with the log tail if the process exits or time runs out."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is None:
-                raise GatewayError("gateway not started")
-            code = self.proc.poll()
-            if code is not None:
-                raise GatewayError(f"gateway exited with code {code}.\n--- gateway log ---\n{self.log_tail()}")
-            if self.health(root_certificates=root_certificates) == "SERVING" and self.http_up():
-                return
-            time.sleep(0.2)
-        raise GatewayError(f"gateway not SERVING after {timeout:.0f}s.\n--- gateway log ---\n{self.log_tail()}")
+        self.wait_until(lambda: self.health(root_certificates=root_certificates) == "SERVING" and self.http_up(),
+                        timeout, interval=0.2)
+
+    def tail_note(self) -> str:
+        return f".\n--- gateway log ---\n{self.log_tail()}"
 
     def start_ready(self, timeout: float = 60.0) -> "GatewayProcess":
         """``start`` and ``wait_ready``; a gateway that does not get ready is stopped before the error propagates."""

@@ -29,7 +29,6 @@ import socket
 import subprocess
 import sys
 import sysconfig
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -239,6 +238,8 @@ class TritonServer(ChildProcess):
     harmless CUDA lines of a machine without a GPU (``cli/server_log.py``). A server that exits before it is
     ready raises ``LauncherError`` with the first model-load error of its log."""
 
+    name, error = "tritonserver", LauncherError
+
     def __init__(self, model_repository: Path = MODEL_REPOSITORY, ports: Ports | None = None, *,
                  install: TritonInstall | None = None, log_path: Path | None = None,
                  extra_args: list[str] | None = None, log_verbose: int = 0, env: Mapping[str, str] | None = None,
@@ -324,7 +325,7 @@ class TritonServer(ChildProcess):
         text = self.log_path.read_text(errors="replace").splitlines()
         return "\n".join(text[-lines:])
 
-    def _tail_note(self) -> str:
+    def tail_note(self) -> str:
         """For an error message: the log's tail (unless it was echoed above), then its first model-load error."""
         if self._tee is not None and self.proc is not None and self.proc.poll() is not None:
             self._tee.join(timeout=5.0)     # the exited server's last lines first
@@ -344,18 +345,7 @@ class TritonServer(ChildProcess):
 
     def wait_ready(self, timeout: float = 180.0) -> None:
         """Block until /v2/health/ready answers 200; raise with the log tail if the server dies or times out."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is None:
-                raise LauncherError("server not started")
-            code = self.proc.poll()
-            if code is not None:
-                raise LauncherError(f"tritonserver exited with code {code} before becoming ready"
-                                    f"{self._tail_note()}")
-            if self.is_ready():
-                return
-            time.sleep(0.5)
-        raise LauncherError(f"tritonserver not ready after {timeout:.0f}s{self._tail_note()}")
+        self.wait_until(self.is_ready, timeout, interval=0.5)
 
     def stop(self, timeout: float = 30.0, signum: int = signal.SIGINT) -> int | None:
         """``signum`` (SIGINT or SIGTERM: Triton's graceful shutdown), then SIGKILL of the process group after

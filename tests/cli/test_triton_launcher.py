@@ -156,10 +156,10 @@ def test_bad_set_leaves_no_rendered_repository(tmp_path, monkeypatch, capsys):
 def test_errors_before_ready_say_where_the_log_is(tmp_path):
     from cli.launcher import TritonServer
     to_terminal = TritonServer(MODEL_REPOSITORY)
-    assert to_terminal._tail_note() == " (the server's log is above)"
+    assert to_terminal.tail_note() == " (the server's log is above)"
     log = tmp_path / "server.log"
     log.write_text("line 1\nE boom\n")
-    assert to_terminal.log_tail() == "" and "boom" in TritonServer(MODEL_REPOSITORY, log_path=log)._tail_note()
+    assert to_terminal.log_tail() == "" and "boom" in TritonServer(MODEL_REPOSITORY, log_path=log).tail_note()
 
 
 def test_cpu_start_has_no_pinned_memory_pool(monkeypatch, tmp_path):
