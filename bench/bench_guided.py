@@ -86,6 +86,31 @@ def timed(obj, name: str, acc: dict) -> None:
     setattr(obj, name, wrapper)
 
 
+def twin_runs(engine, prompts: list[list[int]], seeds: list[int], max_tokens: int, compare_fill: bool,
+              reverse: bool, steps: dict[str, int]) -> tuple[list[int], dict[str, list[dict]]]:
+    """One round: a calibration run of the guided requests, then each kind timed (``guided``, its ``plain``
+    unguided twins of the same lengths, ``guided_other_fill`` with ``compare_fill``), in the reverse order when
+    ``reverse``. Seeded sampling is per sequence, so a guided request's output (and length) does not depend on
+    the batch. Adds each kind's engine steps to ``steps``; returns the lengths and each kind's records."""
+    so = engine.structured
+    gparams = [SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=s, guide=GuideSpec("json_schema", SCHEMA))
+               for s in seeds]
+    s0 = engine.stats().steps
+    lens = [g["tokens"] for g in run_round(engine, prompts, gparams)]
+    steps["calibration"] += engine.stats().steps - s0
+    uparams = [SamplingParams(max_tokens=n, temperature=1.0, seed=s, ignore_eos=True) for s, n in zip(seeds, lens)]
+    timed_runs = {}
+    kinds = ["guided", "plain"] + (["guided_other_fill"] if compare_fill else [])
+    default_fill = so.fill_on_worker
+    for kind in (kinds[::-1] if reverse else kinds):
+        s0 = engine.stats().steps
+        so.fill_on_worker = default_fill != (kind == "guided_other_fill")
+        timed_runs[kind] = run_round(engine, prompts, uparams if kind == "plain" else gparams)
+        so.fill_on_worker = default_fill
+        steps[kind] = steps.get(kind, 0) + engine.stats().steps - s0
+    return lens, timed_runs
+
+
 def bench_concurrency(engine, tokenizer, c: int, max_tokens: int, rounds: int, seed: int,
                       compare_fill: bool = False) -> dict:
     prompts = [tokenizer.encode(PROMPTS[i % len(PROMPTS)], add_special_tokens=True) for i in range(c)]
@@ -102,29 +127,12 @@ def bench_concurrency(engine, tokenizer, c: int, max_tokens: int, rounds: int, s
             passes[sc.seq.request_id] = passes.get(sc.seq.request_id, 0) + 1
         return plan
     engine.scheduler.schedule = counting_schedule
-    steps: dict[str, int] = {}
-    calibration_steps = 0                       # guided too: the grammar timers run in them
+    steps: dict[str, int] = {"calibration": 0}   # calibration runs are guided too: the grammar timers run in them
     g_tpot, u_tpot, g_ttft, lengths, stops, ratios, g_passes, u_passes = [], [], [], [], 0, [], [], []
     other_ratios: list[float] = []             # guided with the other bitmask fill (worker vs loop thread) / plain
     for r in range(rounds):
-        gparams = [SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed + 1000 * r + i,
-                                  guide=GuideSpec("json_schema", SCHEMA)) for i in range(c)]
-        # seeded sampling is per sequence, so a guided request's output (and length) does not depend on
-        # the batch: a calibration run gives the unguided twins' lengths, then the order alternates
-        s0 = engine.stats().steps
-        lens = [g["tokens"] for g in run_round(engine, prompts, gparams)]
-        calibration_steps += engine.stats().steps - s0
-        uparams = [SamplingParams(max_tokens=n, temperature=1.0, seed=seed + 1000 * r + i, ignore_eos=True)
-                   for i, n in enumerate(lens)]
-        timed_runs = {}
-        kinds = ["guided", "plain"] + (["guided_other_fill"] if compare_fill else [])
-        default_fill = so.fill_on_worker
-        for kind in (kinds if r % 2 == 0 else kinds[::-1]):
-            s0 = engine.stats().steps
-            so.fill_on_worker = default_fill != (kind == "guided_other_fill")
-            timed_runs[kind] = run_round(engine, prompts, uparams if kind == "plain" else gparams)
-            so.fill_on_worker = default_fill
-            steps[kind] = steps.get(kind, 0) + engine.stats().steps - s0
+        lens, timed_runs = twin_runs(engine, prompts, [seed + 1000 * r + i for i in range(c)], max_tokens,
+                                     compare_fill, reverse=r % 2 == 1, steps=steps)
         guided, plain = timed_runs["guided"], timed_runs["plain"]
         if compare_fill:
             other = [g["tpot"] for g in timed_runs["guided_other_fill"] if g["tpot"]]
@@ -145,7 +153,7 @@ def bench_concurrency(engine, tokenizer, c: int, max_tokens: int, rounds: int, s
     for name in ("fill_bitmask", "fill_rows", "accept"):   # fill_rows: steps without drafts
         delattr(so, name)
     gt, ut = statistics.mean(g_tpot), statistics.mean(u_tpot)
-    guided_steps = max(1, steps["guided"] + steps.get("guided_other_fill", 0) + calibration_steps)
+    guided_steps = max(1, steps["guided"] + steps.get("guided_other_fill", 0) + steps["calibration"])
     return {"concurrency": c, "rounds": rounds, "requests": c * rounds, "finished_stop": stops,
             "mean_output_tokens": statistics.mean(lengths), "tpot_guided_ms": 1e3 * gt, "tpot_unguided_ms": 1e3 * ut,
             "tpot_ratio": gt / ut, "tpot_ratio_per_round": ratios, "tpot_ratio_median": statistics.median(ratios),

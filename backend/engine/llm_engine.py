@@ -17,7 +17,7 @@ import random
 import threading
 import time
 from collections import deque
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
@@ -41,8 +41,26 @@ from backend.engine.thread_policy import ThreadObserver, ThreadPolicy, matrix_el
 from backend.sampling.batch import GREEDY_EPS
 from contracts.sampling_params import SamplingParams
 
+if TYPE_CHECKING:  # pragma: no cover
+    from backend.core.scheduler import Scheduler
+    from backend.core.stream_pacer import StreamPacer
+    from backend.engine.model_runner import ModelRunner
+    from backend.spec_decode.speculator import Speculator
+
 log = logging.getLogger(__name__)
 __all__ = ["EngineStats", "LLMEngine", "output_token_ids"]
+
+
+def step_observers(threads: ThreadPolicy, pacer: StreamPacer, speculator: Speculator | None, scheduler: Scheduler,
+                   runner: ModelRunner) -> StepObservers:
+    """The step's instrumentation, in hook order: threads are set before the timeline's first stamp, and
+    the thread policy's report precedes the speculator's (whose seconds include everything before it)."""
+    thread_observer = ThreadObserver(threads)
+    observers = [thread_observer, TimelineObserver(), PacerObserver(pacer)]
+    if speculator is not None:
+        on_cpu = str(getattr(runner, "device", "cpu")).startswith("cpu")   # steps end on this thread
+        observers.append(SpeculatorObserver(speculator, scheduler, thread_observer, on_cpu))
+    return StepObservers(observers)
 
 
 class LLMEngine:
@@ -56,7 +74,7 @@ class LLMEngine:
         self.lora = self.parts.lora                          # None: requests naming an adapter are refused
         self.pacer = self.scheduler.pacer                     # the stream interval, fed each step
         self.threads = ThreadPolicy(self.parts.cpu_threads, macs_per_token=matrix_elements(self.runner.model))
-        self.observers = self._observers()
+        self.observers = step_observers(self.threads, self.pacer, self.speculator, self.scheduler, self.runner)
         self._inbox: deque[InboxMessage] = deque()
         self._cv = threading.Condition()
         self.outputs = OutputRouter(self._cv, self.structured.drop if self.structured is not None else None)
@@ -69,16 +87,6 @@ class LLMEngine:
         self._idle = False                                  # the last step had nothing to schedule
         if self.structured is not None:
             self.structured.compiles.set_event_callback(self._wake)
-
-    def _observers(self) -> StepObservers:
-        """The step's instrumentation, in hook order: threads are set before the timeline's first stamp, and
-        the thread policy's report precedes the speculator's (whose seconds include everything before it)."""
-        threads = ThreadObserver(self.threads)
-        observers = [threads, TimelineObserver(), PacerObserver(self.pacer)]
-        if self.speculator is not None:
-            on_cpu = str(getattr(self.runner, "device", "cpu")).startswith("cpu")   # steps end on this thread
-            observers.append(SpeculatorObserver(self.speculator, self.scheduler, threads, on_cpu))
-        return StepObservers(observers)
 
     # ---- submission (any thread) -------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
@@ -175,9 +183,9 @@ class LLMEngine:
         forward = self.runner.execute(plan)
         output = self._sample(plan, forward, pending)
         self.observers.sampled(plan, output)                  # timeline, stream interval
-        self._dispatch(self.scheduler.update_from_output(plan, output))
+        self.outputs.dispatch(self.scheduler.update_from_output(plan, output))
         if self.structured is not None and self.config.guided_jump_forward:
-            self._dispatch(jump_forward(plan, self.scheduler, self.structured))
+            self.outputs.dispatch(jump_forward(plan, self.scheduler, self.structured))
         self._steps += 1
         self.observers.after(plan, output, start)             # thread policy, speculator (the next drafts)
 
@@ -216,7 +224,7 @@ class LLMEngine:
 
     def _fail(self, failures: list[tuple[str, str]]) -> None:
         for request_id, error in failures:
-            self._dispatch(self.scheduler.abort(request_id, reason=FinishReason.ERROR, error=error))
+            self.outputs.dispatch(self.scheduler.abort(request_id, reason=FinishReason.ERROR, error=error))
 
     def _wake(self) -> None:
         with self._cv:
@@ -250,38 +258,30 @@ class LLMEngine:
                 self._finish_all(FinishReason.ERROR, f"engine error: {type(e).__name__}: {e}")
             clock.add_busy(time.perf_counter() - t0)
             if self.config.test_step_delay_s and self._steps != steps:
-                self._sleep_after_step(self.config.test_step_delay_s)
+                # test_step_delay_s (a setting for tests only): after a step, outside its timing, wait unless an
+                # abort arrives or the engine stops (neither waits for the delay)
+                end = time.monotonic() + self.config.test_step_delay_s
+                with self._cv:
+                    while not self._stopping and not any(isinstance(m, AbortRequest) for m in self._inbox) \
+                            and (left := end - time.monotonic()) > 0:
+                        self._cv.wait(left)
             self._wait_while_idle()
-
-    def _sleep_after_step(self, seconds: float) -> None:
-        """``test_step_delay_s`` (a setting for tests only): after a step, outside its timing, wait ``seconds``
-        unless an abort arrives or the engine stops (neither waits for the delay)."""
-        end = time.monotonic() + seconds
-        with self._cv:
-            while not self._stopping and not any(isinstance(m, AbortRequest) for m in self._inbox):
-                left = end - time.monotonic()
-                if left <= 0:
-                    return
-                self._cv.wait(left)
 
     def _drain_inbox(self) -> None:
         with self._cv:
             items = list(self._inbox)
             self._inbox.clear()
-        self._dispatch(apply_messages(items, self.scheduler, self._steps))
+        self.outputs.dispatch(apply_messages(items, self.scheduler, self._steps))
 
     def _finish_all(self, reason: FinishReason, error: str | None) -> None:
         """End every request the scheduler holds (or that was never admitted) with a final output."""
         outs = []
         for rid in list(self.scheduler.request_ids()):
             outs.extend(self.scheduler.abort(rid, reason=reason, error=error))
-        self._dispatch(outs)
+        self.outputs.dispatch(outs)
         leftover = self.outputs.in_flight()
-        self._dispatch([RequestOutput(rid, 0, [], finished=True, request_finished=True, finish_reason=reason,
+        self.outputs.dispatch([RequestOutput(rid, 0, [], finished=True, request_finished=True, finish_reason=reason,
                                       error=error) for rid in leftover])
-
-    def _dispatch(self, outputs: list[RequestOutput]) -> None:
-        self.outputs.dispatch(outputs)
 
     # ---- convenience for tests and benchmarks ------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams],

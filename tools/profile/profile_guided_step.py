@@ -34,7 +34,7 @@ PHASES = {  # label -> (owner attribute path from the engine, method)
     "accept": ("structured", "accept"), "poll": ("structured.compiles", "poll"),
     "fill_bitmask": ("structured", "fill_bitmask"), "fill_rows": ("structured", "fill_rows"),
     "update_from_output": ("scheduler", "update_from_output"),
-    "dispatch": ("", "_dispatch"), "step": ("", "step"),
+    "dispatch": ("outputs", "dispatch"), "step": ("", "step"),
 }
 CLASS_PHASES = {"PendingFill.result": (PendingFill, "result"), "kernels.masked_copy": (BitmaskKernels, "masked_copy"),
                 "kernels.masked_argmax": (BitmaskKernels, "masked_argmax")}

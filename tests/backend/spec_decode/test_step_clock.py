@@ -49,7 +49,7 @@ def test_step_seconds_cover_emitting_outputs(tiny_checkpoint):
     engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", kv_cache_bytes=16 << 20,
                                     speculative_method="ngram", cpu_threads=1))
     seen = []
-    after_step, dispatch = engine.speculator.after_step, engine._dispatch
+    after_step, dispatch = engine.speculator.after_step, engine.outputs.dispatch
 
     def record(scheduler, plan, output, seconds, clock=time.perf_counter):
         seen.append(seconds)
@@ -59,7 +59,7 @@ def test_step_seconds_cover_emitting_outputs(tiny_checkpoint):
         burn_cpu(0.005)
         return dispatch(outputs)
 
-    engine.speculator.after_step, engine._dispatch = record, slow_dispatch
+    engine.speculator.after_step, engine.outputs.dispatch = record, slow_dispatch
     engine.generate(repeating_prompts(1, 3, stem_len=8, span_range=(4, 8), gap_range=(0, 4)),
                     SamplingParams(max_tokens=8, temperature=0.0))
     assert seen and min(seen) >= 0.005
