@@ -44,7 +44,7 @@ class Architecture:
     rope_aliases: tuple[tuple[str, str], ...] = ()   # rope types the config class renames (Phi-3: su -> longrope)
     partial_rotary: bool = False                 # partial_rotary_factor < 1 implemented (RoPE on the first dims)
     lora: bool = True                            # PEFT adapters (on the checkpoint's projections) apply
-    prequantized: bool = True                    # GPTQ / AWQ checkpoints (split projections) load
+    prequantized: bool = True                    # GPTQ / AWQ checkpoints (of the checkpoint's projections) load
     defaults: tuple[tuple[str, object], ...] = ()    # the config class's defaults for absent config.json keys
 
     def __post_init__(self):
@@ -87,7 +87,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.hf_class: a for a in (
                  defaults=_TRANSFORMERS_DEFAULTS + (("max_position_embeddings", 32768), ("head_dim", 128))),
     Architecture("phi3", "Phi3ForCausalLM", "Phi-3", qkv_parts=FUSED_QKV, gate_up_parts=FUSED_GATE_UP,
                  windows="every_layer", default_window=None, rope_types=("default", "longrope"),
-                 rope_aliases=(("su", "longrope"), ("yarn", "longrope")), partial_rotary=True, prequantized=False,
+                 rope_aliases=(("su", "longrope"), ("yarn", "longrope")), partial_rotary=True,
                  defaults=(("rms_norm_eps", 1e-5), ("tie_word_embeddings", False), ("max_position_embeddings", 4096),
                            ("original_max_position_embeddings", 4096))),
 )}

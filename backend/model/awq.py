@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from backend.model.config import CheckpointError
-from backend.model.prequantized import PROJECTIONS, concat_out, pack_cols, unpack_cols
+from backend.model.prequantized import checkpoint_parts, concat_out, pack_cols, unpack_cols
 from backend.model.quant import QuantizedWeight
 from backend.model.quant_pack import pack_int4
 
@@ -62,7 +62,7 @@ class AwqConfig:
     def weights(self, num_layers: int, hf: dict[str, torch.Tensor]) -> dict[str, QuantizedWeight]:
         """Our fused projections (``layers.{i}.self_attn.qkv_proj`` ...) from the checkpoint's AWQ tensors."""
         return {f"layers.{i}.{ours}": concat_out([self.layer(hf, f"model.layers.{i}.{name}.") for name in names])
-                for i in range(num_layers) for ours, names in PROJECTIONS.items()}
+                for i in range(num_layers) for ours, names in checkpoint_parts(hf, i).items()}
 
     def layer(self, hf: dict[str, torch.Tensor], base: str) -> QuantizedWeight:
         for suffix in ("qweight", "qzeros"):

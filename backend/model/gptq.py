@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from backend.model.config import CheckpointError
-from backend.model.prequantized import PROJECTIONS, concat_out, unpack_cols, unpack_rows
+from backend.model.prequantized import checkpoint_parts, concat_out, unpack_cols, unpack_rows
 from backend.model.quant import QuantizedWeight
 from backend.model.quant_pack import pack_int4
 
@@ -142,4 +142,4 @@ def gptq_layer(hf: dict[str, torch.Tensor], base: str, gcfg: GptqConfig) -> Quan
 def gptq_weights(num_layers: int, hf: dict[str, torch.Tensor], gcfg: GptqConfig) -> dict[str, QuantizedWeight]:
     """Our fused projections (``layers.{i}.self_attn.qkv_proj`` ...) from the checkpoint's GPTQ tensors."""
     return {f"layers.{i}.{ours}": concat_out([gptq_layer(hf, f"model.layers.{i}.{name}.", gcfg) for name in names])
-            for i in range(num_layers) for ours, names in PROJECTIONS.items()}
+            for i in range(num_layers) for ours, names in checkpoint_parts(hf, i).items()}

@@ -14,11 +14,19 @@ import torch
 from backend.model.config import CheckpointError
 from backend.model.quant import QuantizedWeight
 
-# our fused projection -> the checkpoint's projections stacked along the output
+# our fused projection -> a split checkpoint's projections stacked along the output
 PROJECTIONS = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
                "self_attn.o_proj": ("self_attn.o_proj",),
                "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
                "mlp.down_proj": ("mlp.down_proj",)}
+
+
+def checkpoint_parts(hf: dict[str, torch.Tensor], layer: int) -> dict[str, tuple[str, ...]]:
+    """Our fused projection -> the checkpoint's quantized projections stacked into it: the fused one itself where
+    the checkpoint stores it so (Phi-3's ``qkv_proj`` / ``gate_up_proj``, as its family's declaration gave the
+    expected tensors), else the split ones."""
+    return {ours: (ours,) if f"model.layers.{layer}.{ours}.qweight" in hf else split
+            for ours, split in PROJECTIONS.items()}
 
 
 class PrequantizedConfig(Protocol):

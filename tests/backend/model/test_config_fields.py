@@ -84,7 +84,6 @@ def test_longrope_and_partial_rotary():
                                           "long_factor": [1.0] * 4}}, "short_factor must list 4"),
     ("Phi3ForCausalLM", {"rope_scaling": {"rope_type": "llama3", "factor": 2.0}}, "rope type 'llama3'"),
     ("Phi3ForCausalLM", {"partial_rotary_factor": 0.4}, "odd rotary dimension"),
-    ("Phi3ForCausalLM", {"quantization_config": {"quant_method": "gptq"}}, "quantization_config"),
     ("Qwen3ForCausalLM", {"hidden_act": "gelu_pytorch_tanh"}, "hidden_act"),
     ("Qwen3ForCausalLM", {"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
     ("LlamaForCausalLM", {"sliding_window": 128}, "sliding_window 128"),

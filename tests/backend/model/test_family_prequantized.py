@@ -1,8 +1,9 @@
-"""GPTQ and AWQ checkpoints of a Qwen3 (q/k norms and q/k/v/o biases, which stay in full precision beside the
-packed projections): written by tools/make_gptq_checkpoint.py from a random Qwen3 made by transformers' own config
-class, loaded with every projection within a step of the float weight (the exact mapping is family-independent:
-test_quant_gptq.py, test_quant_awq.py) and the norms and biases as they were, and served by the engine, eagerly and
-on the native step, as dense decoding of the loaded model."""
+"""GPTQ and AWQ checkpoints of the families beside Llama: a Qwen3 (q/k norms and q/k/v/o biases, which stay in full
+precision beside the packed projections) and a Phi-4-mini-layout Phi-3 (its fused ``qkv_proj`` and ``gate_up_proj``
+quantized as one module each, as GPTQ and AutoAWQ quantize them), written by tools/make_gptq_checkpoint.py from random
+checkpoints made by transformers' own config classes. Loaded with every projection within a step of the float weight
+(the exact mapping is family-independent: test_quant_gptq.py, test_quant_awq.py) and the norms and biases as they
+were; served by the engine, eagerly and on the native step, as dense decoding of the loaded model."""
 from __future__ import annotations
 
 import pytest
@@ -20,27 +21,33 @@ from tools.make_gptq_checkpoint import make
 NEW_TOKENS = 10
 FORMATS = {"gptq4_asym": dict(bits=4, group=32, sym=False), "gptq8": dict(bits=8, group=32),
            "awq": dict(group=32, awq=True)}
+CHECKPOINTS = {"qwen3": dict(attention_bias=True), "phi4_partial": {}}
 
 
-@pytest.fixture(scope="module")
-def qwen3(tmp_path_factory):
-    return make_family_checkpoint(tmp_path_factory.mktemp("qwen3") / "ckpt", "qwen3", seed=6, attention_bias=True)
+@pytest.fixture(scope="module", params=sorted(CHECKPOINTS))
+def family(request, tmp_path_factory):
+    name = request.param
+    return name, make_family_checkpoint(tmp_path_factory.mktemp(name) / "ckpt", name, seed=6, **CHECKPOINTS[name])
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
-def test_qwen3_prequantized_is_served_as_its_dequantized_weights(qwen3, tmp_path, fmt):
-    ckpt = make(qwen3, tmp_path / fmt, **FORMATS[fmt])
+def test_prequantized_is_served_as_its_dequantized_weights(family, tmp_path, fmt):
+    name, folder = family
+    ckpt = make(folder, tmp_path / fmt, **FORMATS[fmt])
     quantized = load_model(ckpt)
-    floats = load_model(qwen3)
+    floats = load_model(folder)
     for (parent_q, attr), (parent_f, _) in zip(linear_targets(quantized).values(), linear_targets(floats).values()):
         layer, weight = getattr(parent_q, attr), getattr(parent_f, attr).weight
         assert isinstance(layer, QuantLinear) and layer.mode == ("int8" if fmt == "gptq8" else "int4")
         assert (layer.dequantized() - weight).abs().max() <= layer.scale.max(), attr
     for ours, theirs in zip(quantized.layers, floats.layers):
-        for name in ("q_norm", "k_norm"):
-            assert torch.equal(getattr(ours.self_attn, name).weight, getattr(theirs.self_attn, name).weight)
-        for name in ("qkv_proj", "o_proj"):
-            assert torch.equal(getattr(ours.self_attn, name).bias, getattr(theirs.self_attn, name).bias)
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            assert torch.equal(getattr(ours, norm).weight, getattr(theirs, norm).weight)
+        if name == "qwen3":
+            for norm in ("q_norm", "k_norm"):
+                assert torch.equal(getattr(ours.self_attn, norm).weight, getattr(theirs.self_attn, norm).weight)
+            for proj in ("qkv_proj", "o_proj"):
+                assert torch.equal(getattr(ours.self_attn, proj).bias, getattr(theirs.self_attn, proj).bias)
     prompts = repeating_prompts(3, 6, stem_len=8, span_range=(4, 8), gap_range=(2, 6))
     expected = [dense_greedy(quantized, p, NEW_TOKENS, banned=(1,)) for p in prompts]
     params = SamplingParams(max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, temperature=0.0)
@@ -49,7 +56,7 @@ def test_qwen3_prequantized_is_served_as_its_dequantized_weights(qwen3, tmp_path
         try:
             assert (engine.runner.fast_decode is not None) == fast
             got = [output_token_ids(o) for o in engine.generate(prompts, [params] * len(prompts))]
-            assert got == expected, f"{fmt} fast_decode={fast}"
+            assert got == expected, f"{name} {fmt} fast_decode={fast}"
             assert engine.stats().kv_blocks_used == 0
         finally:
             engine.shutdown()
