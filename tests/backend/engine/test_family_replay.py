@@ -1,11 +1,11 @@
 """Seeded replay on a Qwen3 checkpoint (q/k norms on the native step): 32 seeded requests x 128 tokens on a random
 Qwen3 written by transformers' own config class, sampled at temperatures 0.7-1.3 with top-k / top-p. The reference
 runs them among 31 others without speculation, streaming every token; the same tokens come back streamed in spans of
-16 (``stream_interval``), from the prefix cache, alone
-(one sequence at a time) with and without n-gram speculation, among 31 with n-gram speculation under
-preemption; and with a draft model (a one-layer Qwen3 sharing the tokenizer and the embeddings, the Gumbel rule)
-equal to the same configuration with speculation off per request, among 31 and alone. Every logits row the runner
-samples is bit-equal in every run that computed it (``LogitsRecorder``)."""
+16 (``stream_interval``), from the prefix cache, alone (one sequence at a time) with and without n-gram speculation,
+among 31 with n-gram speculation under preemption; and with a draft model (a one-layer Qwen3 sharing the tokenizer
+and the embeddings, the Gumbel rule) equal to the same configuration with speculation off per request, among 31 and
+alone. Every logits row the runner samples is bit-equal in every run that computed it (``LogitsRecorder``). Through
+the server (stream or not on the wire): tests/e2e/test_family_serving.py."""
 from __future__ import annotations
 
 import pytest
@@ -46,7 +46,7 @@ def engine(folder, recorder, **kw) -> LLMEngine:
     cfg = dict(model_path=str(folder), device="cpu", fast_decode=True, kv_cache_bytes=16 << 20, max_num_seqs=32,
                speculative_adaptive=False, cpu_threads=1)
     cfg.update(kw)
-    eng = LLMEngine(EngineConfig(**cfg))
+    eng = LLMEngine(EngineConfig.from_settings(**cfg))
     assert eng.runner.fast_decode is not None, "the native step should serve Qwen3"
     recorder.attach(eng)
     return eng
