@@ -12,11 +12,13 @@ from backend.attention.window import dense_window_mask
 
 
 class DenseCausalAttention(AttentionBackend):
-    def __init__(self, batch_size: int, seq_len: int, windows=None):
-        """``windows``: per layer, a sliding window or None (backend/attention/window.py)."""
+    def __init__(self, batch_size: int, seq_len: int, windows=None, scale: float | None = None):
+        """``windows``: per layer, a sliding window or None (backend/attention/window.py); ``scale``: of the scores
+        (None: head_dim**-0.5)."""
         self.batch_size = batch_size
         self.seq_len = seq_len
         self.windows = tuple(windows) if windows else ()
+        self.scale = scale
 
     def prepare(self, metadata=None) -> None:
         """Nothing to precompute: the layout is fixed by ``batch_size`` and ``seq_len``."""
@@ -28,6 +30,6 @@ class DenseCausalAttention(AttentionBackend):
         vh = v.view(b, s, *v.shape[1:]).transpose(1, 2)
         window = self.windows[layer_idx] if self.windows else None
         mask = dense_window_mask(s, window, q.device)
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=mask is None,
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=mask is None, scale=self.scale,
                                              enable_gqa=qh.shape[1] != kh.shape[1])
         return out.transpose(1, 2).reshape(q.shape)

@@ -143,7 +143,7 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
                           sliding_window=uniform_window(windows),
                           can_admit=is_ready if not config.lora_enabled else   # lora: built below, before any step
                           (lambda seq: lora.admission.can_admit(seq) and is_ready(seq)))
-    attn = make_attention_backend(kv_cache, windows=windows)
+    attn = make_attention_backend(kv_cache, scale=mcfg.query_scale, windows=windows)   # Gemma: its query scale
     fast = build_fast_decode(config, model, kv_cache, windows, max_model_len)
     sampler = Sampler(vocab_size=mcfg.vocab_size, device=device, seed=config.seed, eos_token_ids=sorted(eos),
                       bitmask_kernels=native_bitmask_kernels(fast, device), draws=DrawKernels.for_device(device),
@@ -224,7 +224,8 @@ def build_fast_decode(config: EngineConfig, model: LlamaForCausalLM, kv_cache: K
         return FastDecode(None, "off")
     if kv_cache.device.type == "cuda":
         from backend.engine.cuda_graph_decode import CudaGraphDecodeStep
-        step = CudaGraphDecodeStep.build(model, kv_cache, windows, None, config.max_num_seqs, max_model_len,
+        step = CudaGraphDecodeStep.build(model, kv_cache, windows, model.config.query_scale, config.max_num_seqs,
+                                         max_model_len,
                                          config.num_speculative_tokens if config.speculative else 0)
     else:
         from backend.engine.native_decode import NativeDecodeStep

@@ -1,8 +1,9 @@
 """The fast step on the CPU: the whole forward of any step (decode, verify, prefill, mixed) in one native op.
 
 ``torch.ops.triton_llm.decode_forward`` (``backend/native/csrc/decode_forward.cpp``) runs every layer
-(RMSNorm fused with the residual add, QKV, q/k norms where the family declares them, RoPE (partial too), paged
-K/V write, GQA paged attention over the block table within the layer's sliding window, o-proj, gate-up, SiLU * up, down) and the LM head with no Python and no op dispatch between
+(RMSNorm fused with the residual add, QKV, q/k norms where the family declares them, RoPE (partial too; the
+layer's table), paged K/V write, GQA paged attention over the block table within the layer's sliding window, o-proj
+(and Gemma's norms of the attention's and the MLP's outputs), gate-up, SiLU or GELU-tanh * up, down) and the LM head with no Python and no op dispatch between
 them; its inputs come from the persistent buffers of ``PersistentDecodeBatch``. A step with prefill chunks
 asks the op for the sampled tokens' logits alone (``logit_rows``), which also lets those tokens alone go
 through the last layer past its K/V write: a 300-token prefill runs ~1.7x faster than the eager forward
@@ -76,12 +77,13 @@ class NativeWeights:
     projections' weights packed for the op's GEMV, a copy: ``pack_panels``)."""
 
     embed: torch.Tensor                 # [vocab, hidden]
-    layer_weights: list[torch.Tensor]   # per layer: input_norm, qkv, o, post_norm, gate_up, down, q_norm, k_norm
-                                        # (q/k norms [head_dim], empty tensors where the family has none)
+    layer_weights: list[torch.Tensor]   # per layer: input_norm, qkv, o, mlp_norm, gate_up, down, q_norm, k_norm,
+                                        # attn_out_norm, mlp_out_norm (q/k norms [head_dim]; empty tensors where the
+                                        # family has none); each norm's scale (Gemma's 1 + w: RMSNorm.scale)
     layer_biases: list[torch.Tensor]    # per layer: qkv, o, gate_up, down (an empty tensor: no bias)
     layer_panels: list[torch.Tensor]    # per layer: qkv, o, gate_up, down, each [ceil(out / 64), in, 64] (empty: int)
-    cos: torch.Tensor                   # [max_positions, rotary_dim] (RoPE on each head's first rotary_dim dims)
-    sin: torch.Tensor                   # [max_positions, rotary_dim]
+    rope: list[torch.Tensor]            # cos, sin of each RoPE table, [max_positions, rotary_dim] each (RoPE on each
+                                        # head's first rotary_dim dims); the model's, then the sliding layers' own
     final_norm: torch.Tensor            # [hidden]
     lm_head: torch.Tensor               # [vocab, hidden] (quantized: its int8 weight)
     lm_head_panels: torch.Tensor        # [ceil(vocab / 64), hidden, 64] (empty: quantized)
@@ -92,14 +94,13 @@ class NativeWeights:
     def of(cls, ops, model: LlamaForCausalLM) -> NativeWeights:
         none = torch.empty(0)
         bias = lambda lin: none if lin.bias is None else lin.bias.detach().contiguous()
-        norm = lambda n: none if n is None else n.weight.detach().contiguous()
+        norm = lambda n: none if n is None else n.scale().contiguous()
         weights, biases, quant, fp32 = [], [], [], []
         for layer in model.layers:
             a, m = layer.self_attn, layer.mlp
             rows = [op_tensors(lin) for lin in projections(layer)]
-            weights += [layer.input_layernorm.weight.detach(), rows[0][0], rows[1][0],
-                        layer.post_attention_layernorm.weight.detach(), rows[2][0], rows[3][0],
-                        norm(a.q_norm), norm(a.k_norm)]
+            weights += [norm(layer.input_layernorm), rows[0][0], rows[1][0], norm(layer.mlp_norm), rows[2][0],
+                        rows[3][0], norm(a.q_norm), norm(a.k_norm), *map(norm, layer.output_norms)]
             biases += [bias(a.qkv_proj), bias(a.o_proj), bias(m.gate_up_proj), bias(m.down_proj)]
             quant += [t for _, q in rows for t in q]
             fp32 += [type(lin) is nn.Linear for lin in projections(layer)]
@@ -108,13 +109,14 @@ class NativeWeights:
         dense = [w for w, is_fp32 in zip(weights_of(weights) + [head], fp32) if is_fp32]
         packed = iter(pack_panels(ops, dense))
         panels = [next(packed) if is_fp32 else none for is_fp32 in fp32]
-        cos, sin = model.rope_tables()
-        return cls(model.embed_tokens.weight.detach(), weights, biases, panels[:-1], cos.contiguous(),
-                   sin.contiguous(), model.norm.weight.detach(), head, panels[-1],
+        rope = [t.contiguous() for table in model.all_rope_tables() for t in table]
+        return cls(model.embed_tokens.weight.detach(), weights, biases, panels[:-1], rope, norm(model.norm), head,
+                   panels[-1],
                    quant if not all(fp32[:-1]) else [], head_quant if not fp32[-1] else [])
 
 
-LAYER_WEIGHTS = 8   # the op's tensors a layer in ``layer_weights`` (decode_forward.cpp, kLayerWeights)
+LAYER_WEIGHTS = 10  # the op's tensors a layer in ``layer_weights`` (decode_forward.cpp, kLayerWeights)
+ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1}   # ModelConfig.activation -> the op's activation
 
 
 def weights_of(layer_weights: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -170,7 +172,13 @@ class NativeDecodeStep:
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, \
             cfg.head_dim
         self.eps = float(cfg.rms_norm_eps)
-        self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(cfg.head_dim)
+        if scale is None:
+            scale = cfg.query_scale if cfg.query_scale is not None else 1.0 / math.sqrt(cfg.head_dim)
+        self.scale = float(scale)
+        self.layer_rope = list(model.layer_rope) if len(self.weights.rope) > 2 else []
+        self.activation = ACTIVATION_CODES[cfg.activation]
+        self.embed_scale = float(cfg.embed_scale or 1.0)
+        self.final_softcap = float(cfg.final_logit_softcapping or 0.0)
         self.batch = PersistentDecodeBatch(kv_cache.block_size)
         self.build_seconds = build_seconds
         self.prefills = cfg.head_dim in TILED_HEAD_DIMS   # prefill chunks too, or decode and verify steps only
@@ -220,8 +228,9 @@ class NativeDecodeStep:
         window are not read (``NULL_BLOCK`` where the block manager freed them)."""
         w = self.weights
         return self._op(token_ids, positions, token_rows, block_tables, self.block_size, w.embed, w.layer_weights,
-                        w.layer_biases, w.layer_panels, self.k_cache, self.v_cache, w.cos, w.sin, w.final_norm,
-                        w.lm_head, w.lm_head_panels, self.num_heads, self.num_kv_heads, self.head_dim, self.eps,
-                        self.scale, logit_rows, w.layer_quant, w.lm_head_quant,
+                        w.layer_biases, w.layer_panels, self.k_cache, self.v_cache, w.rope, self.layer_rope,
+                        w.final_norm, w.lm_head, w.lm_head_panels, self.num_heads, self.num_kv_heads, self.head_dim,
+                        self.eps, self.scale, logit_rows, w.layer_quant, w.lm_head_quant,
                         lora.weights.native_tensors if lora is not None else [],
-                        lora.slots if lora is not None else None, self.windows)
+                        lora.slots if lora is not None else None, self.windows, self.activation, self.embed_scale,
+                        self.final_softcap)

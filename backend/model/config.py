@@ -7,16 +7,15 @@ from pathlib import Path
 
 import torch
 
-from backend.model.architecture import ARCHITECTURES, Architecture, architecture
+from backend.model.architecture import ACTIVATIONS, ARCHITECTURES, LAYER_TYPES, Architecture, architecture
+from backend.model.checkpoint_error import CheckpointError
+from backend.model.rope_fields import read_layer_type_ropes, read_rope
 
-
-class CheckpointError(ValueError):
-    """A checkpoint folder that cannot be loaded; the message names the file and the problem."""
+__all__ = ["CheckpointError", "ModelConfig", "SUPPORTED_ARCHITECTURES", "check_supported_fields", "sliding_windows"]
 
 
 # architectures we load, mapped to the family name used internally (declared in architecture.py)
 SUPPORTED_ARCHITECTURES = {name: arch.family for name, arch in ARCHITECTURES.items()}
-LAYER_TYPES = ("full_attention", "sliding_attention")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -44,6 +43,14 @@ class ModelConfig:
     sliding_windows: tuple = ()
     o_proj_bias: bool = False   # a bias on o_proj (Llama / Qwen3 with attention_bias)
     rotary_dim: int = 0         # the leading dims of each head RoPE rotates (partial_rotary_factor); 0: head_dim
+    # the sliding layers' own RoPE (Gemma 3: rope_local_base_freq, rope_parameters["sliding_attention"]); None: the
+    # same tables as the other layers
+    local_rope_theta: float | None = None
+    local_rope_scaling: tuple | None = None
+    query_scale: float | None = None              # attention scale (Gemma 3: query_pre_attn_scalar**-0.5); None:
+                                                  # head_dim**-0.5
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
+    activation: str = "silu"                      # the MLP's op (architecture.ACTIVATIONS): silu, gelu_tanh
 
     @property
     def architecture(self) -> Architecture:
@@ -56,6 +63,18 @@ class ModelConfig:
     @property
     def rope_scaling_dict(self) -> dict | None:
         return dict(self.rope_scaling) if self.rope_scaling else None
+
+    @property
+    def layer_rope(self) -> tuple[int, ...]:
+        """Per layer, which RoPE table it uses: 0 the model's, 1 the sliding layers' own (``local_rope_theta``)."""
+        local = self.local_rope_theta is not None
+        return tuple(int(local and bool(self.sliding_windows) and w is not None)
+                     for w in (self.sliding_windows or (None,) * self.num_hidden_layers))
+
+    @property
+    def embed_scale(self) -> float | None:
+        """What the embeddings are multiplied by (Gemma: sqrt(hidden_size)); None: nothing."""
+        return self.hidden_size ** 0.5 if self.architecture.embed_scale else None
 
     @property
     def rope_type(self) -> str:
@@ -107,7 +126,11 @@ class ModelConfig:
         if heads % kv_heads:
             raise CheckpointError(f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
         head_dim = d.get("head_dim") or d["hidden_size"] // heads
-        rope_theta, rope_scaling, rotary_dim = read_rope(d, arch, head_dim, source)
+        local_rope = None
+        if arch.local_rope:
+            (rope_theta, rope_scaling, rotary_dim), local_rope = read_layer_type_ropes(d, arch, head_dim, source)
+        else:
+            rope_theta, rope_scaling, rotary_dim = read_rope(d, arch, head_dim, source)
         check_supported_fields(d, family, source)
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
@@ -137,59 +160,32 @@ class ModelConfig:
             sliding_windows=sliding_windows(d, family, d["num_hidden_layers"], source),
             o_proj_bias=arch.has_bias(arch.o_bias, d),
             rotary_dim=rotary_dim if rotary_dim != head_dim else 0,
+            local_rope_theta=None if local_rope is None else float(local_rope[0]),
+            local_rope_scaling=None if local_rope is None else local_rope[1],
+            query_scale=read_query_scale(d, arch, source),
+            final_logit_softcapping=read_softcap(d, "final_logit_softcapping", arch, source),
+            activation=ACTIVATIONS[d.get(arch.activation_field, arch.activations[0])],
         )
 
 
-def read_rope(d: dict, arch: Architecture, head_dim: int, source: str) -> tuple[float, tuple | None, int]:
-    """``(rope_theta, rope_scaling items or None, rotary dims)`` as the family's config class reads them."""
-    # transformers >= 5 writes "rope_parameters" (with rope_theta inside) instead of "rope_scaling"
-    rope_scaling = dict(d.get("rope_scaling") or d.get("rope_parameters") or {})
-    rope_theta = d.get("rope_theta") or rope_scaling.get("rope_theta") or 10000.0
-    prf = rope_scaling.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
-    if prf is None:
-        prf = 1.0
-    if isinstance(prf, bool) or not isinstance(prf, (int, float)) or not 0 < prf <= 1:
-        raise CheckpointError(f"{source}: partial_rotary_factor must be a number in (0, 1], got {prf!r}")
-    if prf != 1 and not arch.partial_rotary:
-        raise CheckpointError(f"{source}: partial_rotary_factor {prf!r} is not supported by the {arch.family} "
-                              "layout (RoPE on the whole head)")
-    rotary_dim = int(head_dim * prf)
-    if rotary_dim % 2:
-        raise CheckpointError(f"{source}: partial_rotary_factor {prf!r} gives an odd rotary dimension {rotary_dim}")
-    rtype = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
-    rtype = dict(arch.rope_aliases).get(rtype, rtype)
-    if rtype in (None, "default"):
-        return rope_theta, None, rotary_dim
-    if rtype not in arch.rope_types:
-        raise CheckpointError(f"{source}: unknown rope type {rtype!r} in rope_scaling; supported for "
-                              f"{arch.hf_class}: {arch.rope_types}")
-    rope_scaling["rope_type"] = rtype
-    rope_scaling.pop("type", None)
-    if rtype == "longrope":
-        check_longrope(d, rope_scaling, rotary_dim, source)
-    items = tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
-                         for k, v in rope_scaling.items() if k not in ("rope_theta", "partial_rotary_factor")))
-    return rope_theta, items, rotary_dim
+def read_query_scale(d: dict, arch: Architecture, source: str) -> float | None:
+    """The attention scale: ``arch.query_scale_field ** -0.5`` (Gemma's query_pre_attn_scalar), else None."""
+    if arch.query_scale_field is None:
+        return None
+    v = d.get(arch.query_scale_field)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+        raise CheckpointError(f"{source}: field {arch.query_scale_field!r} must be a positive number, got {v!r}")
+    return float(v) ** -0.5
 
 
-def check_longrope(d: dict, rs: dict, rotary_dim: int, source: str) -> None:
-    """LongRoPE's fields, checked; ``original_max_position_embeddings`` resolved into ``rs`` as transformers does
-    (the top-level field first: Phi-3's config class has it, 4096 by default)."""
-    orig = d.get("original_max_position_embeddings") or rs.get("original_max_position_embeddings") \
-        or d.get("max_position_embeddings")
-    if isinstance(orig, bool) or not isinstance(orig, int) or orig <= 0:
-        raise CheckpointError(f"{source}: original_max_position_embeddings must be a positive integer, got {orig!r}")
-    rs["original_max_position_embeddings"] = orig
-    for key in ("short_factor", "long_factor"):
-        v = rs.get(key)
-        if not isinstance(v, list) or len(v) != rotary_dim // 2 or \
-                any(isinstance(x, bool) or not isinstance(x, (int, float)) or x <= 0 for x in v):
-            raise CheckpointError(f"{source}: rope_scaling {key} must list {rotary_dim // 2} positive numbers "
-                                  f"(one per rotated pair), got {v!r}")
-    for key in ("factor", "attention_factor"):
-        v = rs.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
-            raise CheckpointError(f"{source}: rope_scaling {key} must be a positive number, got {v!r}")
+def read_softcap(d: dict, key: str, arch: Architecture, source: str) -> float | None:
+    """A logit soft-capping field the family implements (``arch.softcaps``): its cap, or None when null / absent."""
+    v = d.get(key)
+    if v is None or key not in arch.softcaps:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+        raise CheckpointError(f"{source}: field {key!r} must be a positive number or null, got {v!r}")
+    return float(v)
 
 
 def _positive_int_or_none(d: dict, key: str, default, source: str):
@@ -207,12 +203,25 @@ def sliding_windows(d: dict, family: str, num_layers: int, source: str = "config
       Mistral's 4096, Phi-3's none; null: none).
     - ``use_sliding_window`` (Qwen2, Qwen3): only with ``use_sliding_window``; then the layers whose ``layer_types``
       entry is ``sliding_attention`` (default: those from ``max_window_layers`` on, 28 when absent).
+    - ``layer_types`` (Gemma 3): the layers whose ``layer_types`` entry is ``sliding_attention`` (default: every
+      layer but each ``sliding_window_pattern``-th, 6 when absent), each with ``sliding_window`` (4096 when absent).
     - ``none`` (Llama): transformers' Llama has no sliding window (a non-null one is refused at load).
     """
     arch = architecture(family)
     if arch.windows == "every_layer":
         w = _positive_int_or_none(d, "sliding_window", arch.default_window, source)
         return () if w is None else (w,) * num_layers
+    if arch.windows == "layer_types":
+        pattern = d.get("sliding_window_pattern", 6)
+        if d.get("layer_types") is None and (isinstance(pattern, bool) or not isinstance(pattern, int) or pattern <= 0):
+            raise CheckpointError(f"{source}: field 'sliding_window_pattern' must be a positive integer, got {pattern!r}")
+        types = d.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                         for i in range(num_layers)]
+        w = _positive_int_or_none(d, "sliding_window", arch.default_window, source)
+        if w is None and "sliding_attention" in (types if isinstance(types, list) else []):
+            raise CheckpointError(f"{source}: field 'sliding_window' is null but layer_types has sliding_attention "
+                                  "layers")
+        return _windows_of_types(types, w, num_layers, source)
     if arch.windows != "use_sliding_window" or not d.get("use_sliding_window", False):
         return ()
     w = _positive_int_or_none(d, "sliding_window", arch.default_window, source)
@@ -224,6 +233,10 @@ def sliding_windows(d: dict, family: str, num_layers: int, source: str = "config
         if isinstance(first, bool) or not isinstance(first, int) or first < 0:
             raise CheckpointError(f"{source}: field 'max_window_layers' must be a non-negative integer, got {first!r}")
         types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    return _windows_of_types(types, w, num_layers, source)
+
+
+def _windows_of_types(types, w: int | None, num_layers: int, source: str) -> tuple:
     if not isinstance(types, list) or len(types) != num_layers or any(t not in LAYER_TYPES for t in types):
         raise CheckpointError(f"{source}: field 'layer_types' must list one of {LAYER_TYPES} per layer "
                               f"({num_layers}), got {types!r}")
@@ -239,10 +252,10 @@ def check_supported_fields(d: dict, family: str, source: str = "config.json") ->
     (RoPE's are checked by ``read_rope``).
     """
     arch = architecture(family)
-    act = d.get("hidden_act", "silu")
+    act = d.get(arch.activation_field, arch.activations[0])
     if act not in arch.activations:
-        raise CheckpointError(f"{source}: hidden_act {act!r} is not supported by the {arch.hf_class} layout "
-                              f"(the MLP is gated: {' or '.join(arch.activations)})")
+        raise CheckpointError(f"{source}: {arch.activation_field} {act!r} is not supported by the {arch.hf_class} "
+                              f"layout (the MLP is gated: {' or '.join(arch.activations)})")
     if d.get("quantization_config"):
         method = (d["quantization_config"] or {}).get("quant_method", "?") \
             if isinstance(d["quantization_config"], dict) else "?"
@@ -256,8 +269,13 @@ def check_supported_fields(d: dict, family: str, source: str = "config.json") ->
     # fields transformers' class for this architecture ignores, but that change the maths if meant
     # (a mislabelled checkpoint): refused rather than guessed
     for key in ("attn_logit_softcapping", "final_logit_softcapping", "logit_softcapping"):
-        if d.get(key) is not None:
-            raise CheckpointError(f"{source}: {key} is not supported by the {family} layout")
+        if d.get(key) is not None and key not in arch.softcaps:
+            why = " (transformers' Gemma3 does not apply it either; Gemma 3 checkpoints set it to null)" \
+                if family == "gemma3" and key == "attn_logit_softcapping" else ""
+            raise CheckpointError(f"{source}: {key} {d[key]!r} is not supported by the {family} layout{why}")
+    if d.get("use_bidirectional_attention"):
+        raise CheckpointError(f"{source}: use_bidirectional_attention is not supported (the engine's attention is "
+                              "causal)")
     if family == "llama" and d.get("sliding_window") is not None:
         raise CheckpointError(f"{source}: sliding_window {d['sliding_window']!r} on a LlamaForCausalLM checkpoint: "
                               "transformers' Llama ignores it; if the model was trained with a window, label it "

@@ -50,6 +50,8 @@ def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "mlp.down_proj.bias"] = (h,)
         if arch.qk_norm:
             shapes.update({p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)})
+        if arch.layer_norms == "sandwich":
+            shapes.update({p + "pre_feedforward_layernorm.weight": (h,), p + "post_feedforward_layernorm.weight": (h,)})
     return shapes
 
 
@@ -101,7 +103,7 @@ def read_hf_tensors(folder: Path, cfg: ModelConfig, expected: dict[str, tuple[in
 # our per-layer tensors that keep their checkpoint name (under ``model.layers.{i}.``), when the config has them
 _SAME_NAMES = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.o_proj.weight",
                "self_attn.o_proj.bias", "mlp.down_proj.weight", "mlp.down_proj.bias", "self_attn.q_norm.weight",
-               "self_attn.k_norm.weight")
+               "self_attn.k_norm.weight", "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight")
 
 
 def _fused(cfg: ModelConfig) -> tuple[tuple[str, tuple[tuple[str, int], ...], bool], ...]:

@@ -6,6 +6,7 @@ Each variant is a pure function from the config to ``(inv_freq, attention_scalin
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -88,10 +89,14 @@ def longrope_attention_factor(factor: float | None, attention_factor: float | No
     return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original_max))
 
 
-def rope_parameters(cfg: ModelConfig, long: bool = False) -> tuple[torch.Tensor, float]:
+def rope_parameters(cfg: ModelConfig, long: bool = False, local: bool = False) -> tuple[torch.Tensor, float]:
     """``(inv_freq [rotary_dim // 2], attention_scaling)`` for the config's rope type. LongRoPE: the short
     factors (what transformers uses while a sequence stays within ``original_max_position_embeddings``: the
-    engine serves no more, ``ModelConfig.exact_positions``), ``long``: the long ones."""
+    engine serves no more, ``ModelConfig.exact_positions``), ``long``: the long ones. ``local``: the sliding layers'
+    own RoPE (``ModelConfig.local_rope_theta``, Gemma 3)."""
+    if local:
+        cfg = dataclasses.replace(cfg, rope_theta=cfg.local_rope_theta, rope_scaling=cfg.local_rope_scaling,
+                                  local_rope_theta=None, local_rope_scaling=None)
     dim, base = cfg.rope_dim, cfg.rope_theta
     rs = cfg.rope_scaling_dict or {}
     rtype = cfg.rope_type

@@ -71,7 +71,8 @@ class DraftForward:
                  native_reason: str = "off"):
         self.model = model
         self.kv_cache = kv_cache
-        self.attn = make_attention_backend(kv_cache, windows=windows)   # the draft's own sliding windows
+        self.attn = make_attention_backend(kv_cache, model.config.query_scale, windows=windows)   # the draft's own
+                                                                        # sliding windows and query scale
         self.native = native                                            # a NativeDecodeStep over the draft
         self.native_reason = "" if native is not None else native_reason
         self._tables: list[list[int]] = []

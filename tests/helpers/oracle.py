@@ -10,9 +10,12 @@ from backend.attention.dense import DenseCausalAttention
 
 @torch.no_grad()
 def dense_logits(model, ids: list[int]) -> torch.Tensor:
-    """Logits ``[len(ids), vocab]`` of our model over one sequence, no KV cache."""
+    """Logits ``[len(ids), vocab]`` of our model over one sequence, no KV cache (its sliding windows and attention
+    scale as the config reads them)."""
     t = torch.tensor(ids)
-    hidden = model(t, torch.arange(len(ids)), DenseCausalAttention(1, len(ids)))
+    cfg = model.config
+    attn = DenseCausalAttention(1, len(ids), windows=cfg.sliding_windows, scale=cfg.query_scale)
+    hidden = model(t, torch.arange(len(ids)), attn)
     return model.compute_logits(hidden)
 
 

@@ -7,11 +7,15 @@
 // last known token and the drafts) alike, with no per-step metadata beyond the three token arrays.
 //
 // Per layer: RMSNorm (fused with the residual add of the previous block), QKV projection, q/k norms (RMSNorm
-// over each q and k head, Qwen3; where the layer's q_norm / k_norm weights are not empty), RoPE (rotate-half on
-// each head's first rotary_dim dims, rotary_dim being the cos/sin tables' width: all of the head or part of it),
-// paged K/V write, GQA attention over the block table,
-// o-projection + residual, RMSNorm, gate-up projection, SiLU * up, down projection (+ residual into the
-// next norm). Then the final norm and the LM head: returns logits [num_tokens, vocab], or with logit_rows only
+// over each q and k head, Qwen3, Gemma 3; where the layer's q_norm / k_norm weights are not empty), RoPE
+// (rotate-half on each head's first rotary_dim dims, rotary_dim being the cos/sin tables' width: all of the head or
+// part of it; the layer's table: rope[2 layer_rope[l]], rope[2 layer_rope[l] + 1]), paged K/V write, GQA attention
+// over the block table, o-projection (normed by attn_out_norm where it is not empty: Gemma's sandwich) + residual,
+// RMSNorm, gate-up projection, act(gate) * up (activation 0: SiLU, 1: GELU-tanh), down projection (normed by
+// mlp_out_norm where not empty) (+ residual into the next norm). Every norm is weight * x_normed: Gemma's
+// (1 + w) arrives as that sum. The embeddings are multiplied by embed_scale (Gemma: sqrt(hidden), 1: none) and the
+// logits soft-capped where final_softcap > 0 (cap * tanh(logits / cap)).
+// Then the final norm and the LM head: returns logits [num_tokens, vocab], or with logit_rows only
 // those tokens' logits [len(logit_rows), vocab]. Then only those tokens go on past the last layer's K/V write:
 // the other tokens of a prefill chunk need their K/V in every layer, but nothing of the last layer's attention
 // or MLP (a prefill chunk of a 4-layer model saves ~1/5 of its work).
@@ -43,7 +47,8 @@
 namespace triton_llm_native {
 namespace {
 
-constexpr int kLayerWeights = 8;  // input_norm, qkv, o, post_norm, gate_up, down, q_norm, k_norm (empty: none)
+// input_norm, qkv, o, mlp_norm, gate_up, down, q_norm, k_norm, attn_out_norm, mlp_out_norm (the last four empty: none)
+constexpr int kLayerWeights = 10;
 constexpr int kLayerBiases = 4;   // qkv, o, gate_up, down (empty tensor: none)
 constexpr int kLayerPanels = 4;   // qkv, o, gate_up, down: the projections' weights packed (pack_panels)
 
@@ -75,12 +80,14 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
                           const at::Tensor& token_rows,    // [T] int32  block-table row of each token
                           const at::Tensor& block_tables,  // [rows, width] int32
                           int64_t block_size, const at::Tensor& embed,  // [V, D]
-                          at::TensorList layer_weights,    // 8 per layer
+                          at::TensorList layer_weights,    // 10 per layer
                           at::TensorList layer_biases,     // 4 per layer (empty: none)
                           at::TensorList layer_panels,     // 4 per layer, [ceil(N / W), K, W] each (W: kPanelWidth)
                           at::TensorList k_cache,          // per layer [blocks, block_size, KVH, hd]
-                          at::TensorList v_cache, const at::Tensor& cos_table,  // [max_pos, rotary_dim]
-                          const at::Tensor& sin_table, const at::Tensor& final_norm,  // [D]
+                          at::TensorList v_cache,
+                          at::TensorList rope,             // cos, sin of each table: [max_pos, rotary_dim]
+                          at::IntArrayRef layer_rope,      // per layer, its table (empty: table 0 everywhere)
+                          const at::Tensor& final_norm,    // [D]
                           const at::Tensor& lm_head,       // [V, D]
                           const at::Tensor& lm_head_panels,  // [ceil(V / W), D, W]
                           int64_t num_heads, int64_t kv_heads, int64_t head_dim, double eps, double scale,
@@ -89,7 +96,10 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
                           at::TensorList lm_head_quant,    // empty, or 3: the LM head's strips
                           at::TensorList lora,             // empty, or 8 per layer: A, B of each projection
                           const c10::optional<at::Tensor>& lora_slots,  // [T] int32 adapter slot, -1: none
-                          at::IntArrayRef windows) {       // per layer, 0: none; empty: none anywhere
+                          at::IntArrayRef windows,         // per layer, 0: none; empty: none anywhere
+                          int64_t activation,              // 0: SiLU, 1: GELU-tanh
+                          double embed_scale,              // the embeddings' multiplier (1: none)
+                          double final_softcap) {          // > 0: logits = cap * tanh(logits / cap)
   int64_t T = token_ids.size(0);
   const int64_t L = static_cast<int64_t>(k_cache.size());
   const int64_t D = embed.size(1);
@@ -110,13 +120,19 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
   TORCH_CHECK(token_ids.scalar_type() == at::kLong && token_ids.is_contiguous(),
               "decode_forward: token_ids must be contiguous int64");
   check_f32(embed, "embed");
-  check_f32(cos_table, "cos");
-  check_f32(sin_table, "sin");
-  const int64_t rotary_dim = cos_table.size(1);
-  TORCH_CHECK(cos_table.dim() == 2 && sin_table.sizes() == cos_table.sizes() && rotary_dim % 2 == 0 &&
-                  rotary_dim <= head_dim,
-              "decode_forward: cos / sin must be [max_positions, rotary_dim], rotary_dim even and <= head_dim");
-  const int64_t max_ctx = check_step_tokens(positions, token_rows, block_tables, block_size, cos_table.size(0));
+  TORCH_CHECK(!rope.empty() && rope.size() % 2 == 0, "decode_forward: rope needs cos and sin of each table");
+  const int64_t rotary_dim = rope[0].size(1);
+  for (const at::Tensor& t : rope) {
+    check_f32(t, "rope");
+    TORCH_CHECK(t.dim() == 2 && t.sizes() == rope[0].sizes() && rotary_dim % 2 == 0 && rotary_dim <= head_dim,
+                "decode_forward: every cos / sin must be [max_positions, rotary_dim], rotary_dim even and <= head_dim");
+  }
+  TORCH_CHECK(layer_rope.empty() || static_cast<int64_t>(layer_rope.size()) == L,
+              "decode_forward: layer_rope needs one entry a layer (or none)");
+  for (const int64_t r : layer_rope)
+    TORCH_CHECK(r >= 0 && 2 * r < static_cast<int64_t>(rope.size()), "decode_forward: layer_rope out of range");
+  TORCH_CHECK(activation == 0 || activation == 1, "decode_forward: activation must be 0 (SiLU) or 1 (GELU-tanh)");
+  const int64_t max_ctx = check_step_tokens(positions, token_rows, block_tables, block_size, rope[0].size(0));
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int32_t* rows = token_rows.data_ptr<int32_t>();
   const bool select = logit_rows.has_value() && logit_rows->defined();
@@ -147,6 +163,7 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
   const int64_t qkv_width = (num_heads + 2 * kv_heads) * head_dim;
 
   at::Tensor x = at::embedding(embed, token_ids).contiguous();  // [T, D] the residual stream
+  if (embed_scale != 1.0) x.mul_(embed_scale);                  // in float32, as HF's float32 scale tensor
   at::Tensor h = at::empty({T, D}, x.options());                // normed input of each block
   at::Tensor attn = at::empty({T, num_heads * head_dim}, x.options());
   at::Tensor delta;                                             // the last block's output, not yet added
@@ -173,8 +190,9 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
       rms_norm_heads(qkvp, qkv_width, 0, num_heads, head_dim, w[6].data_ptr<float>(), eps, T);
       rms_norm_heads(qkvp, qkv_width, num_heads, kv_heads, head_dim, w[7].data_ptr<float>(), eps, T);
     }
-    apply_rope(qkvp, qkv_width, num_heads + kv_heads, head_dim, rotary_dim, pos, cos_table.data_ptr<float>(),
-               sin_table.data_ptr<float>(), T);
+    const int64_t table = layer_rope.empty() ? 0 : layer_rope[l];
+    apply_rope(qkvp, qkv_width, num_heads + kv_heads, head_dim, rotary_dim, pos, rope[2 * table].data_ptr<float>(),
+               rope[2 * table + 1].data_ptr<float>(), T);
     write_kv(qkvp, qkv_width, num_heads, kv_heads, head_dim, pos, rows, paged, k_cache[l].data_ptr<float>(),
              v_cache[l].data_ptr<float>(), T);
     if (select && l == L - 1 && keep.numel() < T) {  // past its K/V, the last layer needs only the kept tokens
@@ -193,21 +211,28 @@ at::Tensor decode_forward(const at::Tensor& token_ids,     // [T] int64
                     attn.data_ptr<float>(), T, max_ctx, windows.empty() ? 0 : windows[l]);
     at::Tensor o = project(attn, w[2], pn[1], quant(1), b[1]);  // [T, D]
     delta_of(1, attn, o);
+    if (w[8].numel() > 0)  // the attention output's norm (Gemma's post_attention_layernorm)
+      add_rms_norm(o.data_ptr<float>(), nullptr, w[8].data_ptr<float>(), o.data_ptr<float>(), T, D, eps);
     add_rms_norm(x.data_ptr<float>(), o.data_ptr<float>(), w[3].data_ptr<float>(), h.data_ptr<float>(), T, D,
                  eps);
     at::Tensor gate_up = project(h, w[4], pn[2], quant(2), b[2]);  // [T, 2I]
     delta_of(2, h, gate_up);
     const int64_t I = gate_up.size(1) / 2;
     at::Tensor act = at::empty({T, I}, x.options());
-    silu_mul(gate_up.data_ptr<float>(), act.data_ptr<float>(), T, I);
+    if (activation == 1) gelu_tanh_mul(gate_up.data_ptr<float>(), act.data_ptr<float>(), T, I);
+    else silu_mul(gate_up.data_ptr<float>(), act.data_ptr<float>(), T, I);
     delta = project(act, w[5], pn[3], quant(3), b[3]);        // [T, D]
     delta_of(3, act, delta);
+    if (w[9].numel() > 0)  // the MLP output's norm (Gemma's post_feedforward_layernorm)
+      add_rms_norm(delta.data_ptr<float>(), nullptr, w[9].data_ptr<float>(), delta.data_ptr<float>(), T, D, eps);
   }
   add_rms_norm(x.data_ptr<float>(), delta.defined() ? delta.data_ptr<float>() : nullptr,
                final_norm.data_ptr<float>(), h.data_ptr<float>(), T, D, eps);
   if (select && h.size(0) != keep.numel()) h = h.index_select(0, keep);  // no layers: the embeddings' rows
-  return project(h, lm_head, lm_head_panels, lm_head_quant.empty() ? nullptr : lm_head_quant.data(),
-                 at::Tensor());  // [T, V] ([R, V] with logit_rows)
+  at::Tensor logits = project(h, lm_head, lm_head_panels, lm_head_quant.empty() ? nullptr : lm_head_quant.data(),
+                              at::Tensor());  // [T, V] ([R, V] with logit_rows)
+  if (final_softcap > 0) logits = at::tanh(logits / final_softcap) * final_softcap;
+  return logits;
 }
 
 }  // namespace
@@ -217,8 +242,9 @@ TORCH_LIBRARY_FRAGMENT(triton_llm, m) {
   m.def(
       "decode_forward(Tensor token_ids, Tensor positions, Tensor token_rows, Tensor block_tables, int block_size, "
       "Tensor embed, Tensor[] layer_weights, Tensor[] layer_biases, Tensor[] layer_panels, Tensor(a!)[] k_cache, "
-      "Tensor(b!)[] v_cache, Tensor cos, Tensor sin, Tensor final_norm, Tensor lm_head, Tensor lm_head_panels, "
+      "Tensor(b!)[] v_cache, Tensor[] rope, int[] layer_rope, Tensor final_norm, Tensor lm_head, Tensor lm_head_panels, "
       "int num_heads, int num_kv_heads, int head_dim, float eps, float scale, Tensor? logit_rows, "
-      "Tensor[] layer_quant, Tensor[] lm_head_quant, Tensor[] lora, Tensor? lora_slots, int[] windows) -> Tensor");
+      "Tensor[] layer_quant, Tensor[] lm_head_quant, Tensor[] lora, Tensor? lora_slots, int[] windows, int activation, "
+      "float embed_scale, float final_softcap) -> Tensor");
   m.impl("decode_forward", c10::DispatchKey::CPU, TORCH_FN(triton_llm_native::decode_forward));
 }

@@ -63,4 +63,18 @@ void silu_mul(const float* gate_up, float* act, int64_t T, int64_t I) {
   }
 }
 
+void gelu_tanh_mul(const float* gate_up, float* act, int64_t T, int64_t I) {
+  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+  constexpr float kKappa = 0.044715f;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* g = gate_up + t * 2 * I;
+    const float* u = g + I;
+    float* a = act + t * I;
+    for (int64_t i = 0; i < I; ++i) {
+      const float x = g[i];
+      a[i] = 0.5f * x * (1.f + std::tanh(kBeta * (x + kKappa * x * x * x))) * u[i];
+    }
+  }
+}
+
 }  // namespace triton_llm_native

@@ -1,5 +1,6 @@
 // The element-wise steps of a decoder layer in the decode step (decode_forward.cpp): the residual add fused with
-// RMSNorm, per-head RMSNorm (q/k norms), rotate-half RoPE (whole or partial), and SiLU(gate) * up. Plain loops over [T, width] rows, fp32.
+// RMSNorm, per-head RMSNorm (q/k norms), rotate-half RoPE (whole or partial), and SiLU(gate) * up or
+// GELU-tanh(gate) * up. Plain loops over [T, width] rows, fp32.
 #pragma once
 
 #include <cstdint>
@@ -22,5 +23,9 @@ void apply_rope(float* qkv, int64_t row_stride, int64_t heads, int64_t head_dim,
 
 // act[t, i] = silu(gate_up[t, i]) * gate_up[t, I + i]. gate_up: [T, 2I], act: [T, I].
 void silu_mul(const float* gate_up, float* act, int64_t T, int64_t I);
+
+// act[t, i] = gelu_tanh(gate_up[t, i]) * gate_up[t, I + i] (GeGLU with GELU's tanh approximation, torch's
+// gelu(approximate="tanh"): 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))). gate_up: [T, 2I], act: [T, I].
+void gelu_tanh_mul(const float* gate_up, float* act, int64_t T, int64_t I);
 
 }  // namespace triton_llm_native

@@ -4,7 +4,9 @@ Sequences with cached contexts crossing block boundaries compute 1 (decode) or k
 tokens, or prefill chunks (with ``logit_rows``: only the sampled tokens' logits, only those tokens
 through the last layer past its K/V write); the native op's logits and the K/V it writes must equal
 the eager forward's (tolerance: a different summation order), for GQA and MHA, tied and untied heads,
-biased projections, q/k norms with o_proj biases (Qwen3) and partial LongRoPE (Phi-4-mini's layout), and sliding
+biased projections, q/k norms with o_proj biases (Qwen3), partial LongRoPE (Phi-4-mini's layout), Gemma 3's blocks
+(1 + w norms, four a layer, GELU-tanh, the embedding scale, query_pre_attn_scalar, a second RoPE table for its
+sliding layers, final logit soft-capping), and sliding
 windows (per layer, contexts longer than the window, the blocks before every window freed as the scheduler does).
 """
 from __future__ import annotations
@@ -40,6 +42,10 @@ FAMILY_FIELDS = {
              "original_max_position_embeddings": 256,
              "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0, 1.3, 1.7, 2.0, 3.1, 5.0],
                               "long_factor": [4.0] * 6}},
+    # layer 0 slides (its own RoPE base, rope_local_base_freq), layer 1 is full; q/k/v/o biases, soft-capped logits
+    "gemma3": {"architectures": ["Gemma3ForCausalLM"], "head_dim": 16, "query_pre_attn_scalar": 20,
+               "sliding_window": 6, "sliding_window_pattern": 2, "rope_local_base_freq": 300.0,
+               "final_logit_softcapping": 4.0, "attention_bias": True},
 }
 
 
@@ -66,7 +72,7 @@ def make_model(heads: int, kv_heads: int, tie: bool, bias: bool, family: str = "
 @torch.inference_mode()
 def eager_step(model, cache, tables, computed, new, token_ids, windows=None):
     """The eager path's logits for every new token (prefills the contexts when ``computed`` is 0)."""
-    attn = TorchPagedAttention(cache, windows=windows)
+    attn = TorchPagedAttention(cache, scale=model.config.query_scale, windows=windows)
     meta = build_attention_metadata(computed, new, tables, BLOCK)
     attn.prepare(meta)
     return model.compute_logits(model(token_ids, meta.positions, attn))
@@ -101,7 +107,8 @@ def native_step(ops, model, cache, tables, ctx_lens, query_lens, token_ids, logi
 # qwen3: q/k norms, q/k/v/o biases (head_dim 16); phi3: LongRoPE on 12 of 16 dims
 MODELS = {"gqa_tied": (6, 2, True, False), "mha_untied": (4, 4, False, False), "gqa_bias": (8, 2, True, True),
           "gqa_hd16": (3, 1, True, False), "mha_hd48_bias": (1, 1, False, True),
-          "qwen3_hd16": (4, 2, False, False, "qwen3"), "phi3_partial": (3, 1, True, False, "phi3")}
+          "qwen3_hd16": (4, 2, False, False, "qwen3"), "phi3_partial": (3, 1, True, False, "phi3"),
+          "gemma3_hd16": (4, 2, False, False, "gemma3")}
 
 
 @pytest.mark.parametrize("model_kind", sorted(MODELS))
@@ -125,7 +132,8 @@ def test_native_forward_matches_eager(ops, model_kind, ctx_lens, query_lens):
     torch.testing.assert_close(cache.data, eager_cache.data, atol=1e-5, rtol=1e-5)   # the same K/V written
 
 
-@pytest.mark.parametrize("model_kind", ["gqa_tied", "gqa_bias", "mha_hd48_bias", "qwen3_hd16", "phi3_partial"])
+@pytest.mark.parametrize("model_kind", ["gqa_tied", "gqa_bias", "mha_hd48_bias", "qwen3_hd16", "phi3_partial",
+                                        "gemma3_hd16"])
 @pytest.mark.parametrize("ctx_lens, query_lens, picks", [
     ([0], [37], [36]),                        # a whole prompt, its last token sampled
     ([0, 9, 5], [70, 1, 5], [69, 70, 72, 73, 74, 75]),   # a prefill chunk beside a decode and a verify (k = 3)
@@ -149,7 +157,7 @@ WINDOWS = {"every_layer": (6, 6), "mixed": (None, 9)}
 
 
 @pytest.mark.parametrize("windows", sorted(WINDOWS))
-@pytest.mark.parametrize("model_kind", ["gqa_tied", "gqa_hd16", "mha_hd48_bias", "qwen3_hd16"])
+@pytest.mark.parametrize("model_kind", ["gqa_tied", "gqa_hd16", "mha_hd48_bias", "qwen3_hd16", "gemma3_hd16"])
 @pytest.mark.parametrize("ctx_lens, query_lens, picks", [
     ([7, 20, 33, 12], [1, 1, 1, 1], None),                # decodes, contexts past the window
     ([9, 30], [5, 3], None),                              # verify steps whose windows start in different blocks
