@@ -78,9 +78,12 @@ FOREIGN_PARAMETERS: dict[str, ForeignParameter] = _table(
                      "the scheduler admits while KV blocks last (less llm.watermark) and preempts by recompute"),
     ForeignParameter("max_attention_window_size", TRTLLM, (), "sliding windows come from the checkpoint's config.json"),
     ForeignParameter("sink_token_length", TRTLLM, (), "no attention sinks"),
-    ForeignParameter("encoder_model_path", TRTLLM, (), "decoder-only models only (Llama, Mistral, Qwen2)"),
-    ForeignParameter("encoder_engine_dir", TRTLLM, (), "decoder-only models only (Llama, Mistral, Qwen2)"),
-    ForeignParameter("cross_kv_cache_fraction", TRTLLM, (), "decoder-only models only (Llama, Mistral, Qwen2)"),
+    ForeignParameter("encoder_model_path", TRTLLM, (), "decoder-only models only (Llama, Mistral, Qwen2, Qwen3, "
+                     "Phi-3, Gemma 3)"),
+    ForeignParameter("encoder_engine_dir", TRTLLM, (), "decoder-only models only (Llama, Mistral, Qwen2, Qwen3, "
+                     "Phi-3, Gemma 3)"),
+    ForeignParameter("cross_kv_cache_fraction", TRTLLM, (), "decoder-only models only (Llama, Mistral, Qwen2, Qwen3, "
+                     "Phi-3, Gemma 3)"),
     ForeignParameter("kv_cache_host_memory_bytes", TRTLLM, (), "no host offload of KV blocks"),
     ForeignParameter("kv_cache_onboard_blocks", TRTLLM, (), "no host offload of KV blocks"),
     ForeignParameter("enable_trt_overlap", TRTLLM, (), "a TensorRT option"),
@@ -147,7 +150,8 @@ FOREIGN_PARAMETERS: dict[str, ForeignParameter] = _table(
     ForeignParameter("pipeline_parallel_size", VLLM, (), _ONE_GPU),
     ForeignParameter("data_parallel_size", VLLM, (), _ONE_GPU),
     ForeignParameter("distributed_executor_backend", VLLM, (), _ONE_GPU),
-    ForeignParameter("enable_expert_parallel", VLLM, (), "dense models only (Llama, Mistral, Qwen2)"),
+    ForeignParameter("enable_expert_parallel", VLLM, (), "dense models only (Llama, Mistral, Qwen2, Qwen3, Phi-3, "
+                     "Gemma 3)"),
     ForeignParameter("speculative_config", VLLM, ("llm.speculative_method",), "its fields are parameters of their "
                      "own: llm.num_speculative_tokens, llm.draft_model_path, llm.ngram_min, llm.ngram_max"),
     ForeignParameter("speculative_model", VLLM, ("llm.draft_model_path",), "with llm.speculative_method=draft"),
@@ -166,8 +170,8 @@ FOREIGN_PARAMETERS: dict[str, ForeignParameter] = _table(
     ForeignParameter("lora_modules", VLLM, ("llm.lora_adapters",), "name=folder pairs separated by commas"),
     ForeignParameter("disable_log_requests", VLLM, ("llm.request_log_level",), "off: no per-request log line"),
     ForeignParameter("disable_log_stats", VLLM, (), "the engine's statistics are Prometheus metrics, always exported"),
-    ForeignParameter("trust_remote_code", VLLM, (), "the architectures are built in (Llama, Mistral, Qwen2); no "
-                     "checkpoint code runs"),
+    ForeignParameter("trust_remote_code", VLLM, (), "the architectures are built in (Llama, Mistral, Qwen2, Qwen3, "
+                     "Phi-3, Gemma 3); no checkpoint code runs"),
     ForeignParameter("revision", VLLM, (), "the checkpoint is a local folder"),
     ForeignParameter("download_dir", VLLM, (), "the checkpoint is a local folder"),
     ForeignParameter("load_format", VLLM, (), "safetensors checkpoints only"),
