@@ -22,11 +22,11 @@ from tests.helpers.checkpoints import DEMO_DRAFT, make_random_checkpoint
 VOCAB = 4096
 
 
-def load_proposer(target, draft, fast: bool, coupling: str = "gumbel") -> DraftModelProposer:
+def load_proposer(target, draft, fast: bool, coupling: str = "gumbel", dtype=torch.float32) -> DraftModelProposer:
     config = EngineConfig(model_path=str(target), speculative_method="draft", draft_model_path=str(draft),
                           fast_decode=fast, device="cpu", draft_coupling=coupling)
     return DraftModelProposer.load(draft, target, ModelConfig.from_file(target / "config.json"), config,
-                                   num_blocks=128, device=torch.device("cpu"), dtype=torch.float32,
+                                   num_blocks=128, device=torch.device("cpu"), dtype=dtype,
                                    max_model_len=512, native_step=NativeDecodeStep.build if fast else None)
 
 
@@ -164,11 +164,14 @@ def test_q_is_the_drafts_distribution_under_each_requests_filters(draft_checkpoi
 
 
 def test_a_draft_the_op_cannot_serve_stays_eager(tiny_checkpoint, tmp_path):
+    """A sliding-window draft runs natively (the op honours windows); in bfloat16 (the op computes in float32) the
+    same draft drafts eagerly."""
     draft = make_random_checkpoint(tmp_path / "mistral", layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64,
                                    extra={"architectures": ["MistralForCausalLM"], "model_type": "mistral",
                                           "sliding_window": 16})
-    proposer = load_proposer(tiny_checkpoint, draft, fast=True)
-    assert proposer.forward.native is None and "sliding-window" in proposer.forward.native_reason
+    assert load_proposer(tiny_checkpoint, draft, fast=True).forward.native is not None
+    proposer = load_proposer(tiny_checkpoint, draft, fast=True, dtype=torch.bfloat16)
+    assert proposer.forward.native is None and "float32" in proposer.forward.native_reason
     seq = Sequence(seq_id=0, request_id="0", seq_index=0, prompt_token_ids=list(range(5, 40)),
                    params=SamplingParams(max_tokens=10, temperature=0.0))
     assert len(proposer.propose([seq], [3]).draft_token_ids[0]) == 3
