@@ -33,9 +33,12 @@ def test_summary_says_how_the_draft_model_steps(tiny_checkpoint, tmp_path):
     window = make_random_checkpoint(tmp_path / "w", layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64,
                                     extra={"architectures": ["MistralForCausalLM"], "model_type": "mistral",
                                            "sliding_window": 16})
-    for draft, text in ((tiny_checkpoint, "(draft steps native)"),
-                        (window, "(draft steps eager: off (sliding-window layers run eagerly))")):
+    # a sliding-window draft steps natively too; in bfloat16 (the op computes in float32) a draft steps eagerly
+    for draft, dtype, text in ((tiny_checkpoint, "auto", "(draft steps native)"),
+                               (window, "auto", "(draft steps native)"),
+                               (tiny_checkpoint, "bfloat16",
+                                "(draft steps eager: off (the native step needs float32 weights and KV cache))")):
         s = build_engine_parts(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", num_kv_blocks=100,
                                             speculative_method="draft", draft_model_path=str(draft),
-                                            fast_decode=True)).summary
+                                            fast_decode=True, dtype=dtype)).summary
         assert f"speculation draft k=4 adaptive draft={draft} {text}" in s, s
