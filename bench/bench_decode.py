@@ -79,10 +79,12 @@ def main() -> None:
         for threads in thread_counts:
             for mode in fast_settings:
                 lora = bench_adapters(model, args.lora_adapters, args.lora_rank) if mode == "lora" else None
-                cfg = EngineConfig(model_path=model, fast_decode=mode != "eager", cpu_threads=threads,
-                                   max_num_seqs=64, num_kv_blocks=(max(batches) * (PROMPT + NEW)) // 16 + 64,
-                                   max_model_len=512, speculative_method=args.spec, lora_adapters=lora,
-                                   max_loras=max(args.lora_adapters, 1), max_lora_rank=max(args.lora_rank, 1))
+                cfg = EngineConfig.from_settings(model_path=model, fast_decode=mode != "eager", cpu_threads=threads,
+                                                 max_num_seqs=64,
+                                                 num_kv_blocks=(max(batches) * (PROMPT + NEW)) // 16 + 64,
+                                                 max_model_len=512, speculative_method=args.spec, lora_adapters=lora,
+                                                 max_loras=max(args.lora_adapters, 1),
+                                                 max_lora_rank=max(args.lora_rank, 1))
                 engines[(model, threads, mode)] = LLMEngine(cfg)
     samples: dict[tuple, list[float]] = {}
     for rep in range(args.repeats):

@@ -85,8 +85,8 @@ def hf_comparison(model: str, tok: Tokenizer, quick: bool, fast_decode: bool) ->
 
     pad = tok.token_to_id("<|pad|>") or 0
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
-    engine = LLMEngine(EngineConfig(model_path=model, kv_cache_bytes=512 << 20, max_num_seqs=64,
-                                    fast_decode=fast_decode)).start()
+    engine = LLMEngine(EngineConfig.from_settings(model_path=model, kv_cache_bytes=512 << 20, max_num_seqs=64,
+                                                  fast_decode=fast_decode)).start()
     rows = []
     plan = [(1, 3 if quick else 6), (8, 8 if quick else 16), (32, 32 if quick else 64)]
     print(f"{'conc':>4} {'ours tok/s':>10} {'HF tok/s':>9} {'ratio':>6} {'TTFT p50/p90 ms':>16} "
@@ -109,7 +109,8 @@ def hf_comparison(model: str, tok: Tokenizer, quick: bool, fast_decode: bool) ->
 
 def prefix_ttft(model: str, tok: Tokenizer, kv_bytes: int) -> dict:
     reqs = shared_stem_workload(tok, 5, stem_tokens=896, suffix_tokens=32, max_tokens=4)
-    engine = LLMEngine(EngineConfig(model_path=model, kv_cache_bytes=kv_bytes, max_num_batched_tokens=2048)).start()
+    engine = LLMEngine(EngineConfig.from_settings(model_path=model, kv_cache_bytes=kv_bytes,
+                                                  max_num_batched_tokens=2048)).start()
     ttfts = []
     for r in reqs:
         ttfts.append(run_engine(engine, [r], 1)["ttft_p50_ms"])
@@ -120,7 +121,8 @@ def prefix_ttft(model: str, tok: Tokenizer, kv_bytes: int) -> dict:
 
 def kv_capacity(model: str, tok: Tokenizer, num_blocks: int) -> dict:
     """Peak concurrent sequences at a fixed block budget vs contiguous max-length reservation."""
-    cfg = EngineConfig(model_path=model, num_kv_blocks=num_blocks, max_num_seqs=256, max_num_batched_tokens=4096)
+    cfg = EngineConfig.from_settings(model_path=model, num_kv_blocks=num_blocks, max_num_seqs=256,
+                                     max_num_batched_tokens=4096)
     engine = LLMEngine(cfg)
     reqs = mixed_workload(tok, 96, seed=1)
     for i, r in enumerate(reqs):
@@ -130,8 +132,8 @@ def kv_capacity(model: str, tok: Tokenizer, num_blocks: int) -> dict:
         engine.step()
         peak = max(peak, engine.stats().num_running)
     max_len = engine.scheduler.max_model_len
-    contiguous = num_blocks * cfg.block_size // max_len
-    return {"kv_tokens": num_blocks * cfg.block_size, "paged_peak_seqs": peak, "contiguous_seqs": contiguous,
+    contiguous = num_blocks * cfg.cache.block_size // max_len
+    return {"kv_tokens": num_blocks * cfg.cache.block_size, "paged_peak_seqs": peak, "contiguous_seqs": contiguous,
             "ratio": peak / max(1, contiguous), "preemptions": engine.stats().num_preemptions}
 
 
@@ -164,8 +166,9 @@ def llamacpp_comparison(model: str, tok: Tokenizer, llama: LlamaCpp, threads: li
           f"{'ours/llama.cpp':>14}")
     for rep in range(repeats):
         for t in (threads if rep % 2 == 0 else threads[::-1]):
-            engine = LLMEngine(EngineConfig(model_path=model, kv_cache_bytes=512 << 20, max_num_seqs=64,
-                                            cpu_threads=t, fast_decode=fast_decode)).start()
+            engine = LLMEngine(EngineConfig.from_settings(model_path=model, kv_cache_bytes=512 << 20,
+                                                          max_num_seqs=64, cpu_threads=t,
+                                                          fast_decode=fast_decode)).start()
             try:
                 run_engine(engine, mixed_workload(tok, 1, seed=99, prompt_range=(64, 64), output_range=(8, 8)), 1)
                 if rep % 2 == 0:
@@ -227,7 +230,7 @@ def main() -> None:
     ap.add_argument("--model", default="models/demo-target")
     ap.add_argument("--quick", action="store_true", help="fewer requests (smoke run)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--fast-decode", choices=("on", "off"), default="on", help="EngineConfig.fast_decode (shipped: on)")
+    ap.add_argument("--fast-decode", choices=("on", "off"), default="on", help="llm.fast_decode (shipped: on)")
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
     ap.add_argument("--llamacpp-threads", default="1,2", help="thread counts of the llama.cpp comparison")
     ap.add_argument("--llamacpp-repeats", type=int, default=1,

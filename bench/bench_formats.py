@@ -95,9 +95,10 @@ def weight_bytes(cfg: ModelConfig, mode: str, group: int) -> float:
 
 def ours(model: Path, tok: Tokenizer, mode: str, group: int, threads: int, batches: list[int], gen: int) -> dict:
     """{batch: (decode tok/s, prompt tok/s)} of our engine."""
-    engine = LLMEngine(EngineConfig(model_path=str(model), quantization=mode, quantization_group_size=group,
-                                    kv_cache_bytes=1 << 30, max_num_seqs=64, cpu_threads=threads,
-                                    fast_decode=True)).start()   # the native step, as shipped
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(model), quantization=mode,
+                                                  quantization_group_size=group,
+                                                  kv_cache_bytes=1 << 30, max_num_seqs=64, cpu_threads=threads,
+                                                  fast_decode=True)).start()   # the native step, as shipped
     try:
         warm = mixed_workload(tok, 1, seed=99, prompt_range=(PROMPT - 1, PROMPT - 1), output_range=(8, 8))
         run_engine_level(engine, warm, 1, level_seconds=math.inf, request_timeout=REQUEST_TIMEOUT)

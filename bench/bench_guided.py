@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu-threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-jump-forward", action="store_true", help="skip the guided_jump_forward=true run")
-    ap.add_argument("--fast-decode", choices=("on", "off"), default="on", help="EngineConfig.fast_decode (shipped: on)")
+    ap.add_argument("--fast-decode", choices=("on", "off"), default="on", help="llm.fast_decode (shipped: on)")
     ap.add_argument("--speculative-method", default="none", choices=["none", "ngram", "draft"])
     ap.add_argument("--num-speculative-tokens", type=int, default=4)
     ap.add_argument("--draft-model", default=str(REPO / "models" / "demo-draft"))
@@ -219,9 +219,11 @@ def main(argv: list[str] | None = None) -> int:
             "speculative_method": args.speculative_method, "num_speculative_tokens": args.num_speculative_tokens,
             "speculative_adaptive": False,
             **({"draft_model_path": args.draft_model} if args.speculative_method == "draft" else {})}
-        return LLMEngine(EngineConfig(model_path=args.model, device=args.device, cpu_threads=args.cpu_threads,
-                                      kv_cache_bytes=64 << 20, max_num_seqs=max(64, max(args.concurrency)),
-                                      guided_jump_forward=jump_forward, fast_decode=args.fast_decode == "on", **spec))
+        return LLMEngine(EngineConfig.from_settings(model_path=args.model, device=args.device,
+                                                    cpu_threads=args.cpu_threads, kv_cache_bytes=64 << 20,
+                                                    max_num_seqs=max(64, max(args.concurrency)),
+                                                    guided_jump_forward=jump_forward,
+                                                    fast_decode=args.fast_decode == "on", **spec))
 
     engine = make_engine(False)
     t = time.perf_counter()

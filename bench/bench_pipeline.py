@@ -70,12 +70,12 @@ async def measure(args, url: str, cfg, workloads: dict[int, list], deadline: flo
         if engine is not None:
             runners["engine"] = engine_runner(engine, request_timeout=args.request_timeout)
         # Warm-up (not measured): one short request per side, a prompt outside the workload.
-        warm = make_workload(Path(cfg.model_path), 1, args.seed - 1, args.prompt_range, (8, 8))
+        warm = make_workload(Path(cfg.model.model_path), 1, args.seed - 1, args.prompt_range, (8, 8))
         await run_level(runners, warm, 1, level_seconds=60)
         runners["pipeline"] = _stop_if_died(runners["pipeline"], server)
         print(COMPARISON.header(), flush=True)
         rows = await sweep(workloads, runners, level_seconds=args.level_seconds, deadline=deadline,
-                           annotate=functools.partial(check_outputs, cfg.model_path), show=COMPARISON.print_level)
+                           annotate=functools.partial(check_outputs, cfg.model.model_path), show=COMPARISON.print_level)
         if loop is not None:
             await record_loop_time(loop, engine, server)
         return rows
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     except (LauncherError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    model = Path(cfg.model_path)
+    model = Path(cfg.model.model_path)
     if not (model / "config.json").is_file() or not any(model.glob("*.safetensors")):
         print(f"error: {model} has no checkpoint (config.json + *.safetensors); train the demo model "
               "(tools/train_demo.sh) or pass --model", file=sys.stderr)

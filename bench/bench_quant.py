@@ -142,7 +142,8 @@ def bench_kv(model_path: str, tok: Tokenizer, ids: list[int], heldout: list[int]
              quick: bool) -> dict:
     """Each KV cache mode against ``auto`` (fp32 here) with fp32 weights, in one run."""
     model = load_model(model_path)
-    engines = {kv: LLMEngine(EngineConfig(model_path=model_path, kv_cache_dtype=kv, device="cpu", cpu_threads=1))
+    engines = {kv: LLMEngine(EngineConfig.from_settings(model_path=model_path, kv_cache_dtype=kv, device="cpu",
+                                                        cpu_threads=1))
                for kv in KV_MODES}
     rng = random.Random(11)
     long_prompts = [[0] + ids[s:s + 900] for s in (rng.randrange(0, len(ids) - 1000) for _ in range(4 if quick else 8))]
@@ -158,10 +159,10 @@ def bench_kv(model_path: str, tok: Tokenizer, ids: list[int], heldout: list[int]
         base_ppl = base_ppl or ppl
         blocks = eng.stats().kv_blocks_max
         base_blocks = base_blocks or blocks
-        per_seq = -(-eng.scheduler.max_model_len // eng.config.block_size)
+        per_seq = -(-eng.scheduler.max_model_len // eng.config.cache.block_size)
         row = {"kv_blocks": blocks, "capacity_ratio": blocks / base_blocks,
                "sequences_at_full_context": blocks // per_seq,
-               "kv_bytes_per_token": eng.runner.kv_cache.nbytes // (blocks * eng.config.block_size),
+               "kv_bytes_per_token": eng.runner.kv_cache.nbytes // (blocks * eng.config.cache.block_size),
                "perplexity": ppl, "perplexity_delta_pct": 100 * (ppl / base_ppl - 1),
                **short[kv], "long_first_token_agreement": long[kv]["first_token_agreement"],
                "long_mean_identical_prefix": long[kv]["mean_identical_prefix"],
@@ -260,8 +261,9 @@ def main(argv=None) -> int:
         model = load_model(args.model)
         quantize_model(model, m, args.group)
         models[m] = model
-    engines = {m: LLMEngine(EngineConfig(model_path=args.model, quantization=m, quantization_group_size=args.group,
-                                         device="cpu", cpu_threads=1)) for m in MODES}
+    engines = {m: LLMEngine(EngineConfig.from_settings(model_path=args.model, quantization=m,
+                                                       quantization_group_size=args.group,
+                                                       device="cpu", cpu_threads=1)) for m in MODES}
     agree = greedy_agreement(engines, prompts[:16 if args.quick else 64])
     base_ppl = None
     for m in MODES:
@@ -286,8 +288,9 @@ def main(argv=None) -> int:
     big = Path(args.big)
     if not (big / "model.safetensors").is_file():
         make_random_llama(big)
-    big_engines = {m: LLMEngine(EngineConfig(model_path=str(big), quantization=m, quantization_group_size=args.group,
-                                             device="cpu", cpu_threads=1, kv_cache_bytes=64 << 20)) for m in MODES}
+    big_engines = {m: LLMEngine(EngineConfig.from_settings(model_path=str(big), quantization=m,
+                                                           quantization_group_size=args.group, device="cpu",
+                                                           cpu_threads=1, kv_cache_bytes=64 << 20)) for m in MODES}
     rounds = [{m: decode_rates(e, prompts[0], 32 if args.quick else 64) for m, e in big_engines.items()}
               for _ in range(3)]                    # modes interleaved, three rounds: other jobs hit all alike
     for m in MODES:

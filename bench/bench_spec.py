@@ -207,7 +207,7 @@ def main(argv=None) -> int:
                          "control)")
     ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens (shipped: 8)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--fast-decode", choices=("on", "off"), default="on", help="EngineConfig.fast_decode (shipped: on)")
+    ap.add_argument("--fast-decode", choices=("on", "off"), default="on", help="llm.fast_decode (shipped: on)")
     ap.add_argument("--quick", action="store_true", help="fewer and shorter requests")
     ap.add_argument("--workloads", default="repeat,mixed")
     ap.add_argument("--temperatures", default="0,0.8")
@@ -240,7 +240,8 @@ def main(argv=None) -> int:
     # the repeat workload's continuations come from an engine of their own: generating them in the `none`
     # engine would leave the prompts' prefixes in its prefix cache, a head start on prefill over the others.
     # It is built first: the first engine a process builds runs slower than identical ones built after it
-    writer = LLMEngine(EngineConfig(model_path=args.model, device="cpu", fast_decode=args.fast_decode == "on")).start()
+    writer = LLMEngine(EngineConfig.from_settings(model_path=args.model, device="cpu",
+                                                  fast_decode=args.fast_decode == "on")).start()
     engines = {}
     for m in args.methods.split(","):
         overrides, policy = method_spec(m)
@@ -248,7 +249,7 @@ def main(argv=None) -> int:
                    num_speculative_tokens=args.k, fast_decode=args.fast_decode == "on", **overrides)
         if "draft" in m:
             cfg["draft_model_path"] = args.draft
-        engines[m] = LLMEngine(EngineConfig(**cfg))
+        engines[m] = LLMEngine(EngineConfig.from_settings(**cfg))
         if policy:
             engines[m].speculator.policy = AdaptiveDraftLength(args.k, AdaptiveConfig(**policy))
         if m == "none-stream-draw":

@@ -74,8 +74,9 @@ def engine_decode(folder: Path, weight_bytes: int, out: dict, fast_decode: bool 
     # a fixed KV pool (1 MiB a block here): engines built one after another in this process must not size
     # theirs from the memory an earlier one still holds
     os.environ["TRITON_LLM_FUSED"] = "1" if fused else "0"       # read when the engine is built
-    eng = LLMEngine(EngineConfig(model_path=str(folder), device="cuda", dtype="bfloat16", fast_decode=fast_decode,
-                                 max_num_seqs=64, num_kv_blocks=2048, max_model_len=2048)).start()
+    eng = LLMEngine(EngineConfig.from_settings(model_path=str(folder), device="cuda", dtype="bfloat16",
+                                               fast_decode=fast_decode,
+                                               max_num_seqs=64, num_kv_blocks=2048, max_model_len=2048)).start()
     os.environ.pop("TRITON_LLM_FUSED")
     tag = ("captured" if fast_decode else "eager") + ("" if fused else "_unfused")
     print(f"{tag}: {', '.join(eng.parts.summary.rsplit(', ', 2)[-2:])}", flush=True)
@@ -105,8 +106,9 @@ def profile_batch1(folder: Path) -> None:
     import cProfile
     import pstats
 
-    eng = LLMEngine(EngineConfig(model_path=str(folder), device="cuda", dtype="bfloat16", fast_decode=True,
-                                 max_num_seqs=64, num_kv_blocks=2048, max_model_len=2048))
+    eng = LLMEngine(EngineConfig.from_settings(model_path=str(folder), device="cuda", dtype="bfloat16",
+                                               fast_decode=True,
+                                               max_num_seqs=64, num_kv_blocks=2048, max_model_len=2048))
     eng.generate([[1] + list(range(400, 464))], SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
     prof = cProfile.Profile()
     prof.enable()
@@ -125,7 +127,7 @@ def captured_vs_eager(folder: Path, out: dict) -> None:
           "num_kv_blocks": 2048, "max_model_len": 2048}
     prompts = [[1] + list(range(200 + 7 * i, 260 + 7 * i)) for i in range(8)]
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
-    fast_eng = LLMEngine(EngineConfig(**kw, fast_decode=True))
+    fast_eng = LLMEngine(EngineConfig.from_settings(**kw, fast_decode=True))
     fast = fast_eng.runner.fast_decode
     if fast is None:
         print(f"captured step unavailable: {fast_eng.parts.summary.rsplit(', ', 1)[-1]}", flush=True)
@@ -156,7 +158,7 @@ def captured_vs_eager(folder: Path, out: dict) -> None:
     # both prefill every prompt the same way
     toks = {}
     for fast_on in (False, True):
-        eng = LLMEngine(EngineConfig(**kw, fast_decode=fast_on, enable_prefix_caching=False))
+        eng = LLMEngine(EngineConfig.from_settings(**kw, fast_decode=fast_on, enable_prefix_caching=False))
         toks[fast_on] = [output_token_ids(o) for o in eng.generate(prompts, params)]
         eng.shutdown()
     first = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None) for x, y in zip(toks[True], toks[False])]

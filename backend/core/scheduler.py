@@ -51,9 +51,9 @@ class Scheduler:
         and ``stream_responses_per_s``."""
         if max_model_len < 2:
             raise ValueError(f"max_model_len: must be >= 2, got {max_model_len}")
-        if num_blocks * config.block_size < max_model_len:
+        if num_blocks * config.cache.block_size < max_model_len:
             raise ValueError(
-                f"num_kv_blocks: {num_blocks} blocks of {config.block_size} tokens cannot hold one sequence of "
+                f"num_kv_blocks: {num_blocks} blocks of {config.cache.block_size} tokens cannot hold one sequence of "
                 f"max_model_len={max_model_len} tokens; give the KV cache more memory or lower max_model_len")
         if vocab_size < 1:
             raise ValueError(f"vocab_size: must be >= 1, got {vocab_size}")
@@ -62,17 +62,18 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.block_manager = BlockManager(num_blocks, config.block_size,
-                                          enable_prefix_caching=config.enable_prefix_caching, cache_key=cache_key,
-                                          kv_cache_dtype=config.kv_cache_dtype)
-        self.watermark_blocks = int(config.watermark * num_blocks)
+        self.block_manager = BlockManager(num_blocks, config.cache.block_size,
+                                          enable_prefix_caching=config.cache.enable_prefix_caching, cache_key=cache_key,
+                                          kv_cache_dtype=config.cache.kv_cache_dtype)
+        self.watermark_blocks = int(config.cache.watermark * num_blocks)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []          # admission order (oldest first)
         self._requests: dict[str, RequestState] = {}
         self._seq_ids = itertools.count()
         self._finished_seq_ids: list[int] = []    # ended since the last plan (the runner drops their state)
         self.spec_counters = SpecDecodeCounters()
-        self.pacer = pacer if pacer is not None else StreamPacer(config.stream_interval, config.stream_responses_per_s)
+        self.pacer = pacer if pacer is not None else StreamPacer(config.scheduler.stream_interval,
+                                                                 config.scheduler.stream_responses_per_s)
         self.num_preemptions = 0
         self.num_scheduled_last_step = 0
         self.num_batched_tokens_last_step = 0
@@ -96,13 +97,14 @@ class Scheduler:
         if n + params.max_tokens > self.max_model_len:
             raise ValueError(f"max_tokens: prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds "
                              f"max_model_len ({self.max_model_len})")
-        k_engine = self.config.num_speculative_tokens if self.config.speculative else 0
+        k_engine = self.config.speculative.num_speculative_tokens if self.config.speculative.enabled else 0
         if params.num_speculative_tokens is not None and params.num_speculative_tokens > k_engine:
             raise ValueError(f"num_speculative_tokens: {params.num_speculative_tokens} exceeds the engine's "
                              f"num_speculative_tokens ({k_engine}"
-                             f"{'' if self.config.speculative else ': speculative decoding is off'})")
-        if params.n > self.config.max_num_seqs:
-            raise ValueError(f"n: {params.n} parallel samples exceed max_num_seqs ({self.config.max_num_seqs})")
+                             f"{'' if self.config.speculative.enabled else ': speculative decoding is off'})")
+        if params.n > self.config.scheduler.max_num_seqs:
+            raise ValueError(f"n: {params.n} parallel samples exceed max_num_seqs "
+                             f"({self.config.scheduler.max_num_seqs})")
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> list[Sequence]:
         """Validate (``check_request``) and queue a request; returns its ``n`` sequences (index order)."""
@@ -177,7 +179,7 @@ class Scheduler:
     # ---- one step: plan ---------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         bm, cfg = self.block_manager, self.config
-        budget = cfg.max_num_batched_tokens
+        budget = cfg.scheduler.max_num_batched_tokens
         scheduled: list[ScheduledSequence] = []
         preempted: list[Sequence] = []
 
@@ -205,7 +207,7 @@ class Scheduler:
                 if seq is None:
                     break
                 forks = len(self._requests[seq.request_id].pending_forks) if seq.seq_index == 0 else 0
-                if len(self.running) + reserved + 1 + forks > cfg.max_num_seqs:
+                if len(self.running) + reserved + 1 + forks > cfg.scheduler.max_num_seqs:
                     break
                 computed = bm.get_computed_blocks(seq)
                 num_new = min(seq.num_tokens - computed.num_cached_tokens, budget)
@@ -221,7 +223,7 @@ class Scheduler:
                 scheduled.append(ScheduledSequence(seq, num_new, sample))
                 budget -= num_new
 
-        num_tokens = cfg.max_num_batched_tokens - budget
+        num_tokens = cfg.scheduler.max_num_batched_tokens - budget
         self.num_scheduled_last_step, self.num_batched_tokens_last_step = len(scheduled), num_tokens
         finished, self._finished_seq_ids = self._finished_seq_ids, []
         return SchedulerOutput(scheduled, num_tokens, bm.take_blocks_to_copy(), preempted, finished)

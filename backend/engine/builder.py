@@ -35,8 +35,8 @@ class ServedFormats:
     """The numeric formats that serve requests: named on the load line, ``/metrics``, each request's log line
     and the gateway's GetModelInfo, so a quality change can be traced to a quantization flag."""
 
-    quantization: str = "none"     # weights: EngineConfig.quantization
-    kv_cache_dtype: str = "auto"   # KV storage: EngineConfig.kv_cache_dtype
+    quantization: str = "none"     # weights: EngineConfig.model.quantization
+    kv_cache_dtype: str = "auto"   # KV storage: EngineConfig.cache.kv_cache_dtype
     dtype: str = "float32"         # compute dtype (what ``auto`` KV stores)
 
     def labels(self) -> dict[str, str]:
@@ -115,49 +115,50 @@ def tensor_bytes(module: torch.nn.Module) -> int:
 
 
 def build_engine_parts(config: EngineConfig) -> EngineParts:
-    folder = Path(config.model_path)
-    device = resolve_device(config.device)
-    if device.type == "cpu" and config.cpu_threads:
+    folder = Path(config.model.model_path)
+    device = resolve_device(config.execution.device)
+    if device.type == "cpu" and config.execution.cpu_threads:
         # process-wide; on a small shared CPU fewer threads than cores avoids OpenMP barrier stalls
-        torch.set_num_threads(config.cpu_threads)
+        torch.set_num_threads(config.execution.cpu_threads)
     mcfg = ModelConfig.from_file(folder / "config.json")
     check_composes(config, mcfg)
-    dtype = resolve_dtype(config.dtype, device, mcfg.dtype)
-    check_kv_format_device(kv_format(config.kv_cache_dtype, dtype), device)   # before the weights load
+    dtype = resolve_dtype(config.model.dtype, device, mcfg.dtype)
+    check_kv_format_device(kv_format(config.cache.kv_cache_dtype, dtype), device)   # before the weights load
     max_model_len = served_context(config, mcfg)
     model = load_model(folder, dtype=dtype, device=device, max_positions=max_model_len)
-    quantize_model(model, config.quantization, config.quantization_group_size)
+    quantize_model(model, config.model.quantization, config.model.quantization_group_size)
     model.fused, fused_text = fused_ops(device, dtype, mcfg.head_dim)   # Triton elementwise kernels on CUDA
     blocks = num_kv_blocks(config, mcfg, device, dtype, weight_bytes=tensor_bytes(model))
-    kv_cache = KVCache(mcfg.num_hidden_layers, blocks, config.block_size, mcfg.num_key_value_heads, mcfg.head_dim,
-                       dtype=dtype, device=device, kv_cache_dtype=config.kv_cache_dtype)
+    kv_cache = KVCache(mcfg.num_hidden_layers, blocks, config.cache.block_size, mcfg.num_key_value_heads, mcfg.head_dim,
+                       dtype=dtype, device=device, kv_cache_dtype=config.cache.kv_cache_dtype)
     eos = set(mcfg.eos_token_ids) | generation_eos_ids(folder)
     windows = serving_windows(mcfg.sliding_windows, mcfg.num_hidden_layers, max_model_len)
     structured = StructuredOutputManager(
         lambda: xgrammar_backend(folder, mcfg.vocab_size, eos, device), vocab_size=mcfg.vocab_size,
-        compile_timeout_s=config.guided_compile_timeout_s, max_workers=config.guided_compile_workers, device=device,
-        jump_forward=config.guided_jump_forward)
+        compile_timeout_s=config.structured_output.guided_compile_timeout_s,
+        max_workers=config.structured_output.guided_compile_workers, device=device,
+        jump_forward=config.structured_output.guided_jump_forward)
     is_ready = structured.compiles.is_ready   # a guided request waits for its grammar; a LoRA one for a slot too
     scheduler = Scheduler(config, num_blocks=blocks, max_model_len=max_model_len, vocab_size=mcfg.vocab_size,
                           eos_token_ids=eos, cache_key=checkpoint_identity(folder),
                           sliding_window=uniform_window(windows),
-                          can_admit=is_ready if not config.lora_enabled else   # lora: built below, before any step
+                          can_admit=is_ready if not config.lora.enabled else   # lora: built below, before any step
                           (lambda seq: lora.admission.can_admit(seq) and is_ready(seq)))
     attn = make_attention_backend(kv_cache, scale=mcfg.query_scale, windows=windows)   # Gemma: its query scale
     fast = build_fast_decode(config, model, kv_cache, windows, max_model_len)
-    sampler = Sampler(vocab_size=mcfg.vocab_size, device=device, seed=config.seed, eos_token_ids=sorted(eos),
+    sampler = Sampler(vocab_size=mcfg.vocab_size, device=device, seed=config.model.seed, eos_token_ids=sorted(eos),
                       bitmask_kernels=native_bitmask_kernels(fast, device), draws=DrawKernels.for_device(device),
-                      rule=DrawRule.of(config.speculative_method, config.draft_coupling))
-    lora = LoraRuntime.build(config, mcfg, device, scheduler, dtype) if config.lora_enabled else None
+                      rule=DrawRule.of(config.speculative.speculative_method, config.speculative.draft_coupling))
+    lora = LoraRuntime.build(config, mcfg, device, scheduler, dtype) if config.lora.enabled else None
     runner = ModelRunner(model, kv_cache, attn, sampler, device, fast_decode=fast.step,
                          lora=lora.slots if lora is not None else None)
     speculator = build_speculator(config, folder, mcfg, blocks, device, dtype, max_model_len, grammar=structured)
     summary = load_summary(config, mcfg, model, kv_cache, device, dtype, max_model_len, windows,
                            type(attn).__name__, speculator) + f", fused ops {fused_text}, fast decode {fast.describe()}" \
-        + (f", LoRA adapters {', '.join(lora.names)} (max_loras {config.max_loras}, max_lora_rank "
-           f"{config.max_lora_rank})" if lora is not None else "")
-    threads = (config.cpu_threads or torch.get_num_threads()) if device.type == "cpu" else 1
-    formats = ServedFormats(config.quantization, config.kv_cache_dtype, str(dtype).replace("torch.", ""))
+        + (f", LoRA adapters {', '.join(lora.names)} (max_loras {config.lora.max_loras}, max_lora_rank "
+           f"{config.lora.max_lora_rank})" if lora is not None else "")
+    threads = (config.execution.cpu_threads or torch.get_num_threads()) if device.type == "cpu" else 1
+    formats = ServedFormats(config.model.quantization, config.cache.kv_cache_dtype, str(dtype).replace("torch.", ""))
     return EngineParts(scheduler, runner, speculator, cpu_threads=threads, summary=summary,
                        structured_output=structured, formats=formats, lora=lora)
 
@@ -165,21 +166,21 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
 def check_composes(config: EngineConfig, mcfg: ModelConfig) -> None:
     """Refuse, naming the setting, what this model's family does not compose with (``Architecture``)."""
     arch = mcfg.architecture
-    if config.lora_enabled and not arch.lora:
-        raise ValueError(f"{'lora_adapters' if config.lora_adapters else 'lora_dir'}: LoRA adapters on a "
+    if config.lora.enabled and not arch.lora:
+        raise ValueError(f"{'lora_adapters' if config.lora.lora_adapters else 'lora_dir'}: LoRA adapters on a "
                          f"{arch.hf_class} checkpoint are not supported")
 
 
 def served_context(config: EngineConfig, mcfg: ModelConfig) -> int:
     """``max_model_len``: the model's context, or where transformers' own output depends on how generation was
     chunked (LongRoPE past ``original_max_position_embeddings``: ``ModelConfig.exact_positions``) that length."""
-    if config.max_model_len is not None and mcfg.exact_positions < min(config.max_model_len,
+    if config.model.max_model_len is not None and mcfg.exact_positions < min(config.model.max_model_len,
                                                                       mcfg.max_position_embeddings):
-        raise ValueError(f"max_model_len: {config.max_model_len} exceeds {mcfg.exact_positions}, this LongRoPE "
+        raise ValueError(f"max_model_len: {config.model.max_model_len} exceeds {mcfg.exact_positions}, this LongRoPE "
                          "checkpoint's original_max_position_embeddings; past it transformers switches a whole "
                          "forward to the long factors and keeps the keys cached before with the short ones, which "
                          "the engine does not reproduce")
-    return config.resolve_max_model_len(mcfg.exact_positions)
+    return config.model.resolve_max_model_len(mcfg.exact_positions)
 
 
 def load_summary(config: EngineConfig, mcfg: ModelConfig, model: LlamaForCausalLM, kv: KVCache,
@@ -190,7 +191,7 @@ def load_summary(config: EngineConfig, mcfg: ModelConfig, model: LlamaForCausalL
     pool_tokens = kv.num_blocks * kv.block_size
     per_token = kv.nbytes // pool_tokens
     window = uniform_window(windows)
-    held = min(max_model_len, window + config.max_num_batched_tokens) if window else max_model_len
+    held = min(max_model_len, window + config.scheduler.max_num_batched_tokens) if window else max_model_len
     held_blocks = -(-held // kv.block_size)
     windows_text = "none" if not any(windows) else (
         f"{window} on every layer (a sequence holds <= {held} tokens of KV)" if window else
@@ -198,35 +199,36 @@ def load_summary(config: EngineConfig, mcfg: ModelConfig, model: LlamaForCausalL
     if speculator is None:
         spec = "off"
     else:
-        spec = (f"{config.speculative_method} k={config.num_speculative_tokens}"
-                f"{' adaptive' if config.speculative_adaptive else ''}"
-                + (f" draft={config.draft_model_path} (draft steps {speculator.proposer.forward.describe()})"
-                   if config.speculative_method == "draft" else ""))
+        sc = config.speculative
+        spec = (f"{sc.speculative_method} k={sc.num_speculative_tokens}{' adaptive' if sc.speculative_adaptive else ''}"
+                + (f" draft={sc.draft_model_path} (draft steps {speculator.proposer.forward.describe()})"
+                   if sc.speculative_method == "draft" else ""))
     kv_text = (f"{kv.format.name} (+ an fp16 scale per token and head)" if kv.format.quantized
                else f"auto ({kv.format.label})")
     arch = mcfg.architecture.label
-    return (f"llm engine loaded: checkpoint {config.model_path} ({arch}, {mcfg.num_hidden_layers} layers, "
+    return (f"llm engine loaded: checkpoint {config.model.model_path} ({arch}, {mcfg.num_hidden_layers} layers, "
             f"{params / 1e6:.2f}M parameters) on {device} in {str(dtype).replace('torch.', '')}; "
-            f"weights quantization {config.quantization}; KV cache {kv_text}; "
+            f"weights quantization {config.model.quantization}; KV cache {kv_text}; "
             f"KV pool {kv.num_blocks} blocks x {kv.block_size} = {pool_tokens} tokens "
             f"({kv.nbytes / 2**20:.1f} MiB, {per_token} bytes per token); max_model_len {max_model_len}: "
             f"{kv.num_blocks // held_blocks} sequences at full context; sliding window {windows_text}; "
-            f"max_num_seqs {config.max_num_seqs}, max_num_batched_tokens {config.max_num_batched_tokens}, "
-            f"prefix caching {'on' if config.enable_prefix_caching else 'off'}, stream_interval "
-            f"{config.stream_interval}, attention {attention}, speculation {spec}")
+            f"max_num_seqs {config.scheduler.max_num_seqs}, "
+            f"max_num_batched_tokens {config.scheduler.max_num_batched_tokens}, "
+            f"prefix caching {'on' if config.cache.enable_prefix_caching else 'off'}, stream_interval "
+            f"{config.scheduler.stream_interval}, attention {attention}, speculation {spec}")
 
 
 def build_fast_decode(config: EngineConfig, model: LlamaForCausalLM, kv_cache: KVCache, windows,
                       max_model_len: int) -> FastDecode:
-    """When ``config.fast_decode`` asks for it and it can serve this model: the native decode step on the
+    """When ``config.execution.fast_decode`` asks for it and it can serve this model: the native decode step on the
     CPU, CUDA graphs (captured here) on CUDA."""
-    if not config.fast_decode:
+    if not config.execution.fast_decode:
         return FastDecode(None, "off")
     if kv_cache.device.type == "cuda":
         from backend.engine.cuda_graph_decode import CudaGraphDecodeStep
-        step = CudaGraphDecodeStep.build(model, kv_cache, windows, model.config.query_scale, config.max_num_seqs,
-                                         max_model_len,
-                                         config.num_speculative_tokens if config.speculative else 0)
+        k = config.speculative.num_speculative_tokens if config.speculative.enabled else 0
+        step = CudaGraphDecodeStep.build(model, kv_cache, windows, model.config.query_scale,
+                                         config.scheduler.max_num_seqs, max_model_len, k)
     else:
         from backend.engine.native_decode import NativeDecodeStep
         step = NativeDecodeStep.build(model, kv_cache, windows, scale=None)
@@ -245,18 +247,19 @@ def build_speculator(config: EngineConfig, target_folder: Path, target: ModelCon
                      device: torch.device, dtype: torch.dtype, max_model_len: int,
                      grammar: StructuredOutputManager | None = None) -> Speculator | None:
     """The proposer the config names, inside the adaptive driver; None when speculation is off."""
-    if config.speculative_method == "none":
+    if config.speculative.speculative_method == "none":
         return None
-    if config.speculative_method == "ngram":
-        proposer = NgramProposer(config.ngram_min, config.ngram_max)
+    if config.speculative.speculative_method == "ngram":
+        proposer = NgramProposer(config.speculative.ngram_min, config.speculative.ngram_max)
     else:
         from backend.engine.native_decode import NativeDecodeStep
         from backend.spec_decode.draft_model import DraftModelProposer
-        proposer = DraftModelProposer.load(Path(config.draft_model_path), target_folder, target, config,
+        proposer = DraftModelProposer.load(Path(config.speculative.draft_model_path), target_folder, target, config,
                                            num_blocks=num_blocks, device=device, dtype=dtype,
                                            max_model_len=max_model_len,
-                                           native_step=NativeDecodeStep.build if config.fast_decode else None)
-    return Speculator(proposer, config.num_speculative_tokens, config.speculative_adaptive, grammar=grammar)
+                                           native_step=NativeDecodeStep.build if config.execution.fast_decode else None)
+    return Speculator(proposer, config.speculative.num_speculative_tokens, config.speculative.speculative_adaptive,
+                      grammar=grammar)
 
 
 def xgrammar_backend(folder: Path, vocab_size: int, eos_token_ids: set[int], device: torch.device):

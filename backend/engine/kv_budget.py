@@ -36,28 +36,28 @@ class DraftFootprint:
 
 def draft_footprint(config: EngineConfig, dtype: torch.dtype) -> DraftFootprint:
     """Zero unless the method is ``draft`` with a readable config (a bad path fails in the draft's own load)."""
-    folder = Path(config.draft_model_path or "")
-    if config.speculative_method != "draft" or not (folder / "config.json").is_file():
+    folder = Path(config.speculative.draft_model_path or "")
+    if config.speculative.speculative_method != "draft" or not (folder / "config.json").is_file():
         return DraftFootprint(0, 0)
     dcfg = ModelConfig.from_file(folder / "config.json")
     size = torch.empty((), dtype=dtype).element_size()
     weights = sum(math.prod(shape) for shape in hf_tensor_shapes(dcfg).values()) * size
-    return DraftFootprint(weights, kv_bytes_per_block(dcfg.num_hidden_layers, config.block_size,
+    return DraftFootprint(weights, kv_bytes_per_block(dcfg.num_hidden_layers, config.cache.block_size,
                                                       dcfg.num_key_value_heads, dcfg.head_dim, dtype))
 
 
 def num_kv_blocks(config: EngineConfig, target: ModelConfig, device: torch.device, dtype: torch.dtype,
                   weight_bytes: int = 0) -> int:
     """Blocks of the target's pool (the draft's has as many); ``weight_bytes``: the target's, already loaded."""
-    if config.num_kv_blocks is not None:
-        return config.num_kv_blocks
-    per_block = kv_bytes_per_block(target.num_hidden_layers, config.block_size, target.num_key_value_heads,
-                                   target.head_dim, dtype, config.kv_cache_dtype)
+    if config.cache.num_kv_blocks is not None:
+        return config.cache.num_kv_blocks
+    per_block = kv_bytes_per_block(target.num_hidden_layers, config.cache.block_size, target.num_key_value_heads,
+                                   target.head_dim, dtype, config.cache.kv_cache_dtype)
     draft = draft_footprint(config, dtype)
     both = per_block + draft.kv_bytes_per_block
-    if config.kv_cache_bytes is not None or device.type != "cuda":
+    if config.cache.kv_cache_bytes is not None or device.type != "cuda":
         setting = "kv_cache_bytes"
-        budget = config.kv_cache_bytes if config.kv_cache_bytes is not None else CPU_KV_CACHE_BYTES
+        budget = config.cache.kv_cache_bytes if config.cache.kv_cache_bytes is not None else CPU_KV_CACHE_BYTES
         blocks = budget // per_block
         if blocks < 1:
             raise ValueError(f"kv_cache_bytes: a budget of {budget} bytes holds no KV block ({per_block} bytes "
@@ -65,7 +65,7 @@ def num_kv_blocks(config: EngineConfig, target: ModelConfig, device: torch.devic
         if device.type != "cuda":
             return blocks
     else:
-        setting, util = "gpu_memory_utilization", config.gpu_memory_utilization
+        setting, util = "gpu_memory_utilization", config.cache.gpu_memory_utilization
         total = torch.cuda.mem_get_info(device)[1]
         budget = int(total * util) - weight_bytes - draft.weight_bytes - CUDA_HEADROOM_BYTES
         blocks = budget // both

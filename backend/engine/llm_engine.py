@@ -80,10 +80,10 @@ class LLMEngine:
         self.outputs = OutputRouter(self._cv, self.structured.drop if self.structured is not None else None)
         self._thread: threading.Thread | None = None
         self._loop_clock: LoopClock | None = None           # the loop thread's time (loop_clock.py)
-        self._switch = SwitchInterval(config.python_switch_interval_ms)
+        self._switch = SwitchInterval(config.execution.python_switch_interval_ms)
         self._stopping = False
         self._steps = 0
-        self._seeds = random.Random(config.seed)   # seeds for unseeded sampled requests (under _cv)
+        self._seeds = random.Random(config.model.seed)   # seeds for unseeded sampled requests (under _cv)
         self._idle = False                                  # the last step had nothing to schedule
         if self.structured is not None:
             self.structured.compiles.set_event_callback(self._wake)
@@ -133,7 +133,7 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         loop = self._loop_clock.total() if self._loop_clock is not None else None
-        return engine_stats(self.scheduler.stats(), self.config.block_size, self._steps, loop)
+        return engine_stats(self.scheduler.stats(), self.config.cache.block_size, self._steps, loop)
 
     # ---- the loop (one thread) ---------------------------------------------------
     def start(self) -> "LLMEngine":
@@ -184,7 +184,7 @@ class LLMEngine:
         output = self._sample(plan, forward, pending)
         self.observers.sampled(plan, output)                  # timeline, stream interval
         self.outputs.dispatch(self.scheduler.update_from_output(plan, output))
-        if self.structured is not None and self.config.guided_jump_forward:
+        if self.structured is not None and self.config.structured_output.guided_jump_forward:
             self.outputs.dispatch(jump_forward(plan, self.scheduler, self.structured))
         self._steps += 1
         self.observers.after(plan, output, start)             # thread policy, speculator (the next drafts)
@@ -257,10 +257,10 @@ class LLMEngine:
                 log.exception("engine step failed")
                 self._finish_all(FinishReason.ERROR, f"engine error: {type(e).__name__}: {e}")
             clock.add_busy(time.perf_counter() - t0)
-            if self.config.test_step_delay_s and self._steps != steps:
+            if self.config.execution.test_step_delay_s and self._steps != steps:
                 # test_step_delay_s (a setting for tests only): after a step, outside its timing, wait unless an
                 # abort arrives or the engine stops (neither waits for the delay)
-                end = time.monotonic() + self.config.test_step_delay_s
+                end = time.monotonic() + self.config.execution.test_step_delay_s
                 with self._cv:
                     while not self._stopping and not any(isinstance(m, AbortRequest) for m in self._inbox) \
                             and (left := end - time.monotonic()) > 0:

@@ -1,6 +1,6 @@
 """``LoraRuntime``: an engine's adapters, assembled once: the registry, the resident slots, the admission rule.
 
-The builder makes one when ``EngineConfig.lora_enabled``; the engine checks each request's ``lora_name`` against it
+The builder makes one when ``EngineConfig.lora.enabled``; the engine checks each request's ``lora_name`` against it
 (an unknown adapter fails the request naming it), the scheduler admits through ``admission.can_admit`` and the
 runner gets each plan's ``LoraBatch`` from ``slots``. ``stats`` reports the requests running and waiting per
 adapter (``/metrics``: per-adapter gauges and ``lora_requests_info``).
@@ -52,12 +52,13 @@ class LoraRuntime:
     @classmethod
     def build(cls, config: EngineConfig, cfg: ModelConfig, device: torch.device, scheduler: Scheduler,
               dtype: torch.dtype = torch.float32) -> LoraRuntime:
-        folders = adapter_folders(tuple((n, str(resolve_path(f))) for n, f in config.lora_adapters or ()), config.lora_dir)
-        registry = LoraRegistry(folders, cfg, max_cpu_loras=config.max_cpu_loras or max(len(folders), 1),
-                                max_rank=config.max_lora_rank)
-        weights = StackedLoraWeights(cfg, config.max_loras, config.max_lora_rank, device, dtype)
+        folders = adapter_folders(tuple((n, str(resolve_path(f))) for n, f in config.lora.lora_adapters or ()),
+                                  config.lora.lora_dir)
+        registry = LoraRegistry(folders, cfg, max_cpu_loras=config.lora.max_cpu_loras or max(len(folders), 1),
+                                max_rank=config.lora.max_lora_rank)
+        weights = StackedLoraWeights(cfg, config.lora.max_loras, config.lora.max_lora_rank, device, dtype)
         weights.kernel = cuda_kernel(device, dtype)
-        admission = LoraAdmission(config.max_loras, lambda: scheduler.running, lambda: scheduler.waiting)
+        admission = LoraAdmission(config.lora.max_loras, lambda: scheduler.running, lambda: scheduler.waiting)
         return cls(registry, LoraSlots(registry, weights), admission, scheduler)
 
     @property

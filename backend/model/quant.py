@@ -1,6 +1,6 @@
 """Weight-only quantization of the decoder's linear layers, applied at load or read from a checkpoint.
 
-Modes (``EngineConfig.quantization``; the formats are defined in ``backend/model/quant_pack.py``):
+Modes (``EngineConfig.model.quantization``; the formats: ``backend/model/quant_pack.py``):
 - ``int8``: symmetric per output channel (or per group, from a GPTQ checkpoint), ``q`` in [-127, 127];
 - ``int4``: per group of ``group_size`` input columns, two per byte, symmetric (or with zero points, GPTQ);
 - ``fp8``: float8 e4m3 per output channel, CUDA only.

@@ -2,11 +2,10 @@
 built and started, its metrics, the request telemetry, the load line, the watchdog (``build_llm_serving``)."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 
-from backend.config import EngineConfig
+from backend.config import SETTING_GROUPS, EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.serving.decode_gaps import DecodeGaps
 from backend.serving.llm_serving import LLMServing
@@ -23,7 +22,7 @@ log = logging.getLogger(__name__)
 SERVING_PARAMETERS = {"cancel_poll_interval_s": "0.2", "metrics_interval_s": "1.0", "request_log_level": "info",
                       "engine_stall_timeout_s": "30", "engine_unhealthy_action": "shutdown"}
 # every parameter the llm model reads; any other fails its load (check_known_parameters)
-LLM_PARAMETERS = frozenset(f.name for f in dataclasses.fields(EngineConfig)) | frozenset(SERVING_PARAMETERS)
+LLM_PARAMETERS = frozenset(SETTING_GROUPS) | frozenset(SERVING_PARAMETERS)
 
 
 def split_parameters(params: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -49,7 +48,7 @@ def build_llm_serving(model_config: dict, pb_utils, *, model_version: str = "1")
     engine.start()
     name = model_config.get("name", "llm")
     formats = engine.parts.formats.labels()     # weight / KV / compute formats: /metrics and the log line
-    metrics = EngineMetrics(pb_utils, engine.stats, max_num_seqs=engine.config.max_num_seqs,
+    metrics = EngineMetrics(pb_utils, engine.stats, max_num_seqs=engine.config.scheduler.max_num_seqs,
                             model=name, version=model_version, interval_s=interval, model_info=formats,
                             decode_gaps=gaps.drain, lora=engine.lora).start()
     telemetry, tracer = build_telemetry(pb_utils, max_model_len=engine.scheduler.max_model_len, model=name,
@@ -58,8 +57,8 @@ def build_llm_serving(model_config: dict, pb_utils, *, model_version: str = "1")
     log_load_summary(pb_utils, getattr(engine.parts, "summary", ""))
     llm = LLMServing(engine, pb_utils, cancel_poll_interval_s=poll, metrics=metrics, telemetry=telemetry,
                      tracing=tracer is not None,
-                     model_name=os.path.basename(os.path.normpath(engine.config.model_path)),
-                     queue_cap=(engine.config.max_num_seqs, engine.config.max_queued_requests))
+                     model_name=os.path.basename(os.path.normpath(engine.config.model.model_path)),
+                     queue_cap=(engine.config.scheduler.max_num_seqs, engine.config.scheduler.max_queued_requests))
     llm.watch(positive_float_param(serving, "engine_stall_timeout_s", 30.0), serving["engine_unhealthy_action"])
     return llm
 

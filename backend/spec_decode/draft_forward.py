@@ -2,7 +2,7 @@
 
 A proposal runs a catch-up forward (each sequence's known tokens the draft cache lacks: usually one or
 two, a whole prompt for a new sequence) and then ``k - 1`` one-token forwards. With the fast decode step
-on (``EngineConfig.fast_decode``), they go through the target's native op (``NativeDecodeStep.forward``,
+on (``config.execution.fast_decode``), they go through the target's native op (``NativeDecodeStep.forward``,
 ``backend/native/csrc/decode_forward.cpp``) built over the draft model and the draft's KV cache: the op
 takes each token's position and block-table row, so a catch-up of several tokens per sequence (a new
 sequence's whole prompt too) and a one-token step are the same call, and no attention metadata is built

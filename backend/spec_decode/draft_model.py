@@ -124,14 +124,15 @@ class DraftModelProposer(Proposer):
         check_draft_compatible(dcfg, folder, target, target_folder, max_model_len)
         model = load_model(folder, dtype=dtype, device=device, max_positions=max_model_len)
         model.fused = fused_ops(device, dtype, dcfg.head_dim)[0]      # as the target's (backend/model/fused.py)
-        kv = KVCache(dcfg.num_hidden_layers, num_blocks, config.block_size, dcfg.num_key_value_heads, dcfg.head_dim,
+        kv = KVCache(dcfg.num_hidden_layers, num_blocks, config.cache.block_size, dcfg.num_key_value_heads,
+                     dcfg.head_dim,
                      dtype=dtype, device=device)
         key = hashlib.sha256(json.dumps(dcfg.__dict__, default=str, sort_keys=True).encode()
                              + (tokenizer_identity(folder) or "").encode()).hexdigest()[:32]
-        bm = BlockManager(num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching,
+        bm = BlockManager(num_blocks, config.cache.block_size, enable_prefix_caching=config.cache.enable_prefix_caching,
                           cache_key="draft:" + key)
-        sampler = Sampler(dcfg.vocab_size, device=device, seed=config.seed, draws=DrawKernels.for_device(device),
-                          rule=DrawRule.of(config.speculative_method, config.draft_coupling))
+        sampler = Sampler(dcfg.vocab_size, device=device, seed=config.model.seed, draws=DrawKernels.for_device(device),
+                          rule=DrawRule.of(config.speculative.speculative_method, config.speculative.draft_coupling))
         windows = serving_windows(dcfg.sliding_windows, dcfg.num_hidden_layers, max_model_len)
         forward = DraftForward.build(model, kv, windows, native_step)
         return cls(model, kv, bm, sampler, windows, forward)

@@ -13,13 +13,14 @@ def test_engine_config_follows_llm_config_pbtxt_and_overrides(tmp_path):
     assert overrides["preprocess"] == {"tokenizer_path": str(tmp_path)}
     assert overrides["postprocess"] == {"tokenizer_path": str(tmp_path)}
     cfg, params = server.engine_config(overrides)
-    assert cfg.model_path == str(tmp_path) and cfg.max_num_seqs == 8 and cfg.kv_cache_bytes == 4 << 20
+    assert cfg.model.model_path == str(tmp_path) and cfg.scheduler.max_num_seqs == 8
+    assert cfg.cache.kv_cache_bytes == 4 << 20
     text = (server.MODEL_REPOSITORY / "llm" / "config.pbtxt").read_text()
     file_params = server.pbtxt_parameters(text)
     assert params["block_size"] == file_params["block_size"]
     assert "cancel_poll_interval_s" in file_params and "cancel_poll_interval_s" not in params  # serving-only
     default_cfg, _ = server.engine_config({})
-    assert Path(default_cfg.model_path).is_absolute()  # relative paths resolve against the repository
+    assert Path(default_cfg.model.model_path).is_absolute()  # relative paths resolve against the repository
 
 
 def test_run_with_server_against_a_url_starts_nothing_and_reports_stops(tmp_path, capsys):

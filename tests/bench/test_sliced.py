@@ -162,8 +162,8 @@ def test_real_engines_in_slices_count_every_token_and_free_every_block(demo_targ
     from contracts.sampling_params import SamplingParams
 
     def engine(**kw):
-        return LLMEngine(EngineConfig(model_path=str(demo_target), device="cpu", cpu_threads=1,
-                                      kv_cache_bytes=16 << 20, **kw))
+        return LLMEngine(EngineConfig.from_settings(model_path=str(demo_target), device="cpu", cpu_threads=1,
+                                                    kv_cache_bytes=16 << 20, **kw))
 
     engines = {"none": engine(), "ngram": engine(speculative_method="ngram")}
     prompt = [5, 6, 7, 8, 9, 10, 11, 12] * 4     # something to look up

@@ -73,7 +73,7 @@ def test_the_engine_config_refuses_the_same_way_and_allows_tritons_own_keys():
         EngineConfig.from_parameters({"model_path": "/m", "gpu_device_ids": "0"})
     params = {"model_path": "/m", "EXECUTION_ENV_PATH": "$$TRITON_MODEL_DIRECTORY/env.tar.gz",
               "FORCE_CPU_ONLY_INPUT_TENSORS": "no"}
-    assert EngineConfig.from_parameters(params).model_path == "/m"
+    assert EngineConfig.from_parameters(params).model.model_path == "/m"
     for model, known in KNOWN.items():
         check_known_parameters(model, {k: "x" for k in TRITON_PARAMETERS}, known)
 

@@ -141,7 +141,8 @@ def reference_engine(model_path):
     from backend.config import EngineConfig
     from backend.engine.llm_engine import LLMEngine
 
-    engine = LLMEngine(EngineConfig(model_path=str(model_path), kv_cache_bytes=8 * 2**20, device="cpu")).start()
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(model_path), kv_cache_bytes=8 * 2**20,
+                                                  device="cpu")).start()
     yield engine
     engine.shutdown()
 

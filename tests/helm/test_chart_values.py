@@ -94,7 +94,7 @@ def test_engine_map_covers_every_engine_parameter():
     declared = set(SCHEMA["properties"]["engine"]["properties"])
     assert declared == expected, (
         f"helm/triton-llm/values.schema.json engine properties differ from the llm model's parameters "
-        f"(backend/serving/llm_startup.py LLM_PARAMETERS, less backend/config.py TEST_ONLY_PARAMETERS): "
+        f"(backend/serving/llm_startup.py LLM_PARAMETERS, less backend/config TEST_ONLY_PARAMETERS): "
         f"missing {sorted(expected - declared)}, unknown {sorted(declared - expected)}")
     assert set(TEST_ONLY_PARAMETERS) <= set(LLM_PARAMETERS)
 

@@ -55,11 +55,21 @@ def pbtxt_parameters(model: str) -> dict[str, str]:
     return dict(re.findall(r'key: "(\w+)" value: \{ string_value: "([^"]*)" \}', text))
 
 
+def engine_setting_defaults() -> dict[str, object]:
+    """{setting: default} over EngineConfig's groups (``...`` where a group has no literal default)."""
+    from backend.config import GROUPS
+
+    out: dict[str, object] = {}
+    for cls in GROUPS.values():
+        out.update(dataclass_defaults(cls.__name__)[1])
+    return out
+
+
 def test_engine_key_table_matches_the_schema_and_the_defaults():
     table = rows(section("### `engine` keys", "\n## "))
     assert set(table) == set(SCHEMA["properties"]["engine"]["properties"])
     pbtxt = pbtxt_parameters("llm")
-    _, engine_defaults = dataclass_defaults("EngineConfig")
+    engine_defaults = engine_setting_defaults()
     for key, cell in table.items():
         if key in pbtxt:
             assert cell == f"`{pbtxt[key]}`", f"{key}: docs say {cell}, llm/config.pbtxt has {pbtxt[key]!r}"
@@ -69,6 +79,18 @@ def test_engine_key_table_matches_the_schema_and_the_defaults():
             assert not cell.startswith("`"), f"{key}: no fixed default, yet the docs give {cell}"
     _, serving = dict_literal_keys("SERVING_PARAMETERS")
     assert set(serving) <= set(table)
+
+
+def test_engine_key_table_names_each_keys_group():
+    """The last column: the EngineConfig group holding the key (as code reads it), or serving for the rest."""
+    from backend.config import SETTING_GROUPS
+
+    text = section("### `engine` keys", "\n## ")
+    assert "| key | default | type | group |" in text
+    for line in text.splitlines():
+        if line.startswith("| `"):
+            key, group = line.split("`")[1], line.rstrip(" |").rsplit("| ", 1)[1]
+            assert group == (f"`{SETTING_GROUPS[key]}`" if key in SETTING_GROUPS else "serving"), f"{key}: {group}"
 
 
 def test_docs_are_linked():

@@ -8,8 +8,6 @@ windows, quantized weights) keep the eager path, as in serving.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 
@@ -23,5 +21,5 @@ def _force_fast_decode(monkeypatch):
 
 def forced(build):
     def with_fast_decode(config, *args, **kwargs):
-        return build(dataclasses.replace(config, fast_decode=True), *args, **kwargs)
+        return build(config.with_settings(fast_decode=True), *args, **kwargs)
     return with_fast_decode

@@ -16,7 +16,6 @@ Two adjustments keep the tests' assumptions, which are about the engine and not 
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import pytest
@@ -38,15 +37,15 @@ def _on_device(monkeypatch, _warmed_kinds):
     init = llm_engine.LLMEngine.__init__
 
     def on_device(self, config, parts=None):
-        config = dataclasses.replace(config, device=device, dtype="float32")
-        if config.num_kv_blocks is None and config.kv_cache_bytes is None:
-            config = dataclasses.replace(config, kv_cache_bytes=CPU_KV_CACHE_BYTES)
-        kind = (config.model_path, config.draft_model_path, config.speculative_method, config.fast_decode,
-                config.kv_cache_dtype)
+        config = config.with_settings(device=device, dtype="float32")
+        if config.cache.num_kv_blocks is None and config.cache.kv_cache_bytes is None:
+            config = config.with_settings(kv_cache_bytes=CPU_KV_CACHE_BYTES)
+        kind = (config.model.model_path, config.speculative.draft_model_path, config.speculative.speculative_method,
+                config.execution.fast_decode, config.cache.kv_cache_dtype)
         if parts is None and kind not in _warmed_kinds:
             _warmed_kinds.add(kind)
             warm = object.__new__(llm_engine.LLMEngine)
-            init(warm, dataclasses.replace(config, num_kv_blocks=None, kv_cache_bytes=32 << 20, max_num_seqs=4))
+            init(warm, config.with_settings(num_kv_blocks=None, kv_cache_bytes=32 << 20, max_num_seqs=4))
             prompt = [0] + [11, 12, 13, 14, 15] * 8            # repeats: n-gram drafts, so verify steps run too
             warm.generate([prompt, prompt[:20]], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
             warm.shutdown()

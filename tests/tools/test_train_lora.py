@@ -43,7 +43,8 @@ def test_the_demo_adapter_loads_with_the_engines_loader(demo_target):
 
 
 def test_the_demo_adapter_changes_greedy_output(demo_target, tokenizer):
-    engine = LLMEngine(EngineConfig(model_path=str(demo_target), lora_adapters=(("torch-style", str(DEMO_LORA)),)))
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(demo_target), lora_adapters=(("torch-style",
+                                                                                               str(DEMO_LORA)),)))
     try:
         prompts = [tokenizer.encode(p).ids for p in PROMPTS]
         outs = {name: [output_token_ids(o) for o in engine.generate(prompts, SamplingParams(

@@ -49,8 +49,9 @@ def main() -> None:
         raise ValueError("--tokens must include 1 (the ratios' baseline)")
     torch.manual_seed(0)
     need = max(contexts) + max(tokens)
-    parts = build_engine_parts(EngineConfig(model_path=args.model, device="cpu", cpu_threads=args.threads,
-                                            fast_decode=True, kv_cache_bytes=256 << 20, max_model_len=need + 16))
+    parts = build_engine_parts(EngineConfig.from_settings(model_path=args.model, device="cpu",
+                                                          cpu_threads=args.threads, fast_decode=True,
+                                                          kv_cache_bytes=256 << 20, max_model_len=need + 16))
     step = parts.runner.fast_decode
     if step is None:
         raise SystemExit("the fast decode step cannot serve this model (or the native build failed)")

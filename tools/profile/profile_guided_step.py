@@ -83,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_grad_enabled(False)
     tokenizer = load_tokenizer(args.model)
-    engine = LLMEngine(EngineConfig(model_path=args.model, device="cpu", cpu_threads=1, kv_cache_bytes=64 << 20,
-                                    max_num_seqs=max(64, args.concurrency), fast_decode=args.fast_decode == "on"))
+    engine = LLMEngine(EngineConfig.from_settings(model_path=args.model, device="cpu", cpu_threads=1,
+                                                  kv_cache_bytes=64 << 20, max_num_seqs=max(64, args.concurrency),
+                                                  fast_decode=args.fast_decode == "on"))
     so = engine.structured
     so.compiles.warm_up()
     if args.fill != "default":

@@ -152,8 +152,8 @@ def measure(args, url: str, server) -> int:
     if server is None:
         raise LauncherError("--url is not supported: the processes are found as children of the started server")
     cfg, _ = engine_config(args.overrides)
-    warm = make_workload(Path(cfg.model_path), 2, args.seed - 1, (32, 64), (8, 8))
-    items = make_workload(Path(cfg.model_path), args.requests, args.seed, (32, 256), tuple(args.output_tokens))
+    warm = make_workload(Path(cfg.model.model_path), 2, args.seed - 1, (32, 64), (8, 8))
+    items = make_workload(Path(cfg.model.model_path), args.requests, args.seed, (32, 256), tuple(args.output_tokens))
     asyncio.run(drive(url, warm, 1, args.triton_model))
     pids = server_processes(server.proc.pid)
     missing = [m for m in STUBS if m not in pids]

@@ -107,7 +107,8 @@ def test_scheduler_frees_blocks_behind_the_window(window, expect_peak):
     """A 200-token prompt in chunks of 16, then 100 decodes: with a 32-token window a step's queries need
     the 31 keys before the chunk plus the chunk's 16, so at most 3 blocks are held when a plan is made
     (2 after the update frees the oldest); without a window the sequence grows to cdiv(300, 16) = 19."""
-    cfg = EngineConfig(model_path="m", block_size=16, max_num_batched_tokens=16, enable_prefix_caching=False)
+    cfg = EngineConfig.from_settings(model_path="m", block_size=16, max_num_batched_tokens=16,
+                                     enable_prefix_caching=False)
     sched = Scheduler(cfg, num_blocks=40, max_model_len=512, vocab_size=300, eos_token_ids=[299],
                       sliding_window=window)
     sched.add_request("r", list(range(200)), SamplingParams(max_tokens=100, ignore_eos=True))

@@ -42,7 +42,7 @@ def next_token(kv: int, seq_index: int) -> int:
 class FakeRunner:
     def __init__(self, scheduler: Scheduler):
         self.sch = scheduler
-        self.bs = scheduler.config.block_size
+        self.bs = scheduler.config.cache.block_size
         self.slots: dict[int, int] = {}          # slot (block * bs + offset) -> kv value
 
     def _slot(self, seq, pos: int) -> int:
@@ -129,7 +129,7 @@ class Run:
 
 
 def make_scheduler(num_blocks=64, block_size=4, max_model_len=64, **cfg) -> Scheduler:
-    return Scheduler(EngineConfig(model_path="m", block_size=block_size, **cfg), num_blocks=num_blocks,
+    return Scheduler(EngineConfig.from_settings(model_path="m", block_size=block_size, **cfg), num_blocks=num_blocks,
                      max_model_len=max_model_len, vocab_size=VOCAB, eos_token_ids=[EOS], cache_key="test")
 
 
@@ -173,8 +173,9 @@ def run(sch: Scheduler, requests, spec_k: int = 0, aborts: dict | None = None, m
         res.preemptions += len(plan.preempted)
         res.copies += len(plan.blocks_to_copy)
         # invariants of the plan
-        assert plan.num_batched_tokens == sum(s.num_new_tokens for s in plan.scheduled) <= cfg.max_num_batched_tokens
-        assert len(plan.scheduled) <= cfg.max_num_seqs and len(sch.running) <= cfg.max_num_seqs
+        limits = cfg.scheduler
+        assert plan.num_batched_tokens == sum(s.num_new_tokens for s in plan.scheduled) <= limits.max_num_batched_tokens
+        assert len(plan.scheduled) <= limits.max_num_seqs and len(sch.running) <= limits.max_num_seqs
         assert len({id(s.seq) for s in plan.scheduled}) == len(plan.scheduled)
         assert all(s.num_new_tokens >= 1 for s in plan.scheduled)
         if sch.has_unfinished():
@@ -372,7 +373,8 @@ def test_stream_interval_buffers_and_flushes_on_finish():
 
 def test_the_pacer_given_at_construction_sets_the_interval_of_each_step():
     pacer = StreamPacer(3, 0.0)
-    sch = Scheduler(EngineConfig(model_path="m", block_size=4), num_blocks=64, max_model_len=64, vocab_size=VOCAB,
+    sch = Scheduler(EngineConfig.from_settings(model_path="m", block_size=4), num_blocks=64, max_model_len=64,
+                    vocab_size=VOCAB,
                     eos_token_ids=[EOS], pacer=pacer)
     sch.add_request("s", [3, 4, 5], greedy(max_tokens=9, ignore_eos=True))
     sizes = []
@@ -384,7 +386,8 @@ def test_the_pacer_given_at_construction_sets_the_interval_of_each_step():
 
 def test_can_admit_given_at_construction_holds_only_the_sequences_it_refuses():
     held = {"g"}
-    sch = Scheduler(EngineConfig(model_path="m", block_size=4), num_blocks=64, max_model_len=64, vocab_size=VOCAB,
+    sch = Scheduler(EngineConfig.from_settings(model_path="m", block_size=4), num_blocks=64, max_model_len=64,
+                    vocab_size=VOCAB,
                     eos_token_ids=[EOS], can_admit=lambda seq: seq.request_id not in held)
     sch.add_request("g", [3, 4], greedy(max_tokens=2))
     sch.add_request("p", [5, 6], greedy(max_tokens=2))

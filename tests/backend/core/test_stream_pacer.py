@@ -33,5 +33,6 @@ def test_interval_follows_tokens_per_second_over_the_budget():
 def test_config_checks_the_budget():
     import pytest
     with pytest.raises(ValueError, match="^stream_responses_per_s"):
-        EngineConfig(model_path="/m", stream_responses_per_s=-1)
-    assert EngineConfig.from_parameters({"model_path": "/m", "stream_responses_per_s": "250"}).stream_responses_per_s == 250
+        EngineConfig.from_settings(model_path="/m", stream_responses_per_s=-1)
+    cfg = EngineConfig.from_parameters({"model_path": "/m", "stream_responses_per_s": "250"})
+    assert cfg.scheduler.stream_responses_per_s == 250

@@ -20,7 +20,7 @@ VOCAB, EOS, TOKEN = 64, 1, 7
 
 
 def make_scheduler(budget=16, num_blocks=64, max_model_len=128, **cfg) -> Scheduler:
-    return Scheduler(EngineConfig(model_path="m", block_size=4, max_num_batched_tokens=budget, **cfg),
+    return Scheduler(EngineConfig.from_settings(model_path="m", block_size=4, max_num_batched_tokens=budget, **cfg),
                      num_blocks=num_blocks, max_model_len=max_model_len, vocab_size=VOCAB, eos_token_ids=[EOS])
 
 

@@ -41,8 +41,8 @@ def test_captured_decode_matches_eager_on_cuda(tiny_checkpoint, spec):
     kw = {"model_path": str(tiny_checkpoint), "device": "cuda", "dtype": "float32", "max_num_seqs": 8,
           "gpu_memory_utilization": 0.3, "max_model_len": 512, "speculative_method": spec,
           "num_speculative_tokens": 3}
-    expected = [output_token_ids(o) for o in LLMEngine(EngineConfig(**kw)).generate(prompts, params)]
-    engine = LLMEngine(EngineConfig(**kw, fast_decode=True))
+    expected = [output_token_ids(o) for o in LLMEngine(EngineConfig.from_settings(**kw)).generate(prompts, params)]
+    engine = LLMEngine(EngineConfig.from_settings(**kw, fast_decode=True))
     fast = engine.runner.fast_decode
     assert isinstance(fast, CudaGraphDecodeStep), engine.parts.summary
     assert [output_token_ids(o) for o in engine.generate(prompts, params)] == expected
@@ -91,9 +91,10 @@ def test_verify_steps_as_rows_per_token_match_the_native_step(tiny_checkpoint):
     slot) fed through the model with the captured step's attention give the native verify step's logits."""
     prompts = repeating_prompts(3, 6, stem_len=20, span_range=(4, 12), gap_range=(2, 20))
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), block_size=4, max_num_seqs=8, max_model_len=128,
-                                    speculative_method="ngram", num_speculative_tokens=3, speculative_adaptive=False,
-                                    fast_decode=True, device="cpu"))
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(tiny_checkpoint), block_size=4, max_num_seqs=8,
+                                                  max_model_len=128, speculative_method="ngram",
+                                                  num_speculative_tokens=3, speculative_adaptive=False,
+                                                  fast_decode=True, device="cpu"))
     runner, checked = engine.runner, []
     width = -(-128 // 4)
     execute = runner.execute

@@ -57,10 +57,10 @@ def test_rows_follow_sequences_and_tokens_match_eager(tiny_checkpoint, spec):
     # a pool small enough to preempt, blocks of 4 so that every few tokens cross a block boundary
     kw = {"model_path": str(tiny_checkpoint), "block_size": 4, "num_kv_blocks": 48, "max_num_seqs": 8,
           "watermark": 0.0, "max_model_len": 128, "speculative_method": spec, "num_speculative_tokens": 3}
-    eager = LLMEngine(EngineConfig(**kw))
+    eager = LLMEngine(EngineConfig.from_settings(**kw))
     expected = [output_token_ids(o) for o in eager.generate(prompts, params)]
     log = {"decode_steps": 0, "prefill_steps": 0, "eager_steps": 0, "max_rows": 0}
-    engine = checked_engine(EngineConfig(**kw, fast_decode=True), log)
+    engine = checked_engine(EngineConfig.from_settings(**kw, fast_decode=True), log)
     got = [output_token_ids(o) for o in engine.generate(prompts, params)]
     assert got == expected
     assert log["decode_steps"] > 10 and log["prefill_steps"] > 0 and log["eager_steps"] == 0
@@ -75,7 +75,8 @@ def test_rows_follow_sequences_and_tokens_match_eager(tiny_checkpoint, spec):
 
 def test_aborted_sequences_release_their_rows(tiny_checkpoint):
     log = {"decode_steps": 0, "prefill_steps": 0, "eager_steps": 0, "max_rows": 0}
-    engine = checked_engine(EngineConfig(model_path=str(tiny_checkpoint), block_size=4, fast_decode=True), log)
+    engine = checked_engine(EngineConfig.from_settings(model_path=str(tiny_checkpoint), block_size=4,
+                                                       fast_decode=True), log)
     params = SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True)
     for i in range(4):
         engine.add_request(f"r{i}", [0, 5 + i, 9, 11], params, lambda out: None)

@@ -17,7 +17,8 @@ GREEDY = dict(temperature=0.0, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def engine(tiny_checkpoint):
-    eng = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20, max_model_len=256)).start()
+    eng = LLMEngine(EngineConfig.from_settings(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20,
+                                               max_model_len=256)).start()
     yield eng
     eng.shutdown()
 
@@ -78,8 +79,9 @@ def test_abort_unknown_id_returns_false(engine):
 
 def test_abort_frees_blocks_and_ends_stream_once(tiny_checkpoint):
     # a step delay (a setting for tests only) keeps the request of 200 tokens running for 0.4 s at least on any CPU
-    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20, max_model_len=256,
-                                    test_step_delay_s=0.002)).start()
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20,
+                                                  max_model_len=256,
+                                                  test_step_delay_s=0.002)).start()
     try:
         outs, done = collect(engine, "long", [0] + list(range(10, 60)), SamplingParams(max_tokens=200, **GREEDY))
         deadline = time.time() + 30
@@ -143,7 +145,8 @@ def test_logprobs_are_returned(engine):
 
 
 def test_stream_interval_batches_tokens(tiny_checkpoint):
-    eng = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20, stream_interval=4))
+    eng = LLMEngine(EngineConfig.from_settings(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20,
+                                               stream_interval=4))
     outs = eng.generate([[0, 5, 6]], SamplingParams(max_tokens=10, **GREEDY))[0]
     assert sum(len(o.new_token_ids) for o in outs) == 10
     assert len(outs) <= 4, [len(o.new_token_ids) for o in outs]
@@ -165,7 +168,7 @@ class _ExplodingRunner:
 
 
 def test_failed_step_errors_its_requests_and_the_loop_survives(tiny_checkpoint):
-    eng = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20))
+    eng = LLMEngine(EngineConfig.from_settings(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20))
     eng.runner = _ExplodingRunner(eng.runner)
     eng.start()
     try:
@@ -180,7 +183,7 @@ def test_failed_step_errors_its_requests_and_the_loop_survives(tiny_checkpoint):
 
 
 def test_shutdown_ends_every_stream(tiny_checkpoint):
-    eng = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20)).start()
+    eng = LLMEngine(EngineConfig.from_settings(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20)).start()
     outs, done = collect(eng, "s", [0, 1, 2], SamplingParams(max_tokens=500, **GREEDY))
     time.sleep(0.05)
     eng.shutdown()

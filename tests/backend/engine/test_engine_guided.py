@@ -30,8 +30,8 @@ def tokenizer(demo_target):
 
 @pytest.fixture(scope="module")
 def engine(demo_target):
-    eng = LLMEngine(EngineConfig(model_path=str(demo_target), kv_cache_bytes=32 << 20, device="cpu",
-                                 max_num_seqs=64)).start()
+    eng = LLMEngine(EngineConfig.from_settings(model_path=str(demo_target), kv_cache_bytes=32 << 20, device="cpu",
+                                               max_num_seqs=64)).start()
     yield eng
     eng.shutdown()
 
@@ -137,8 +137,9 @@ def test_mixed_guided_and_unguided_batch(engine, tokenizer, hf_oracle):
 def test_preemption_and_prefix_hits_keep_guided_output_exact(demo_target, tokenizer, hf_oracle):
     """A tiny KV pool preempts guided sequences (recompute keeps the matcher where it is), a shared
     prompt stem hits the prefix cache; outputs equal the oracle and every block is free after."""
-    eng = LLMEngine(EngineConfig(model_path=str(demo_target), num_kv_blocks=16, block_size=16, watermark=0.0,
-                                 max_model_len=256, device="cpu", max_num_seqs=16)).start()
+    eng = LLMEngine(EngineConfig.from_settings(model_path=str(demo_target), num_kv_blocks=16, block_size=16,
+                                               watermark=0.0,
+                                               max_model_len=256, device="cpu", max_num_seqs=16)).start()
     try:
         stem = tokenizer.encode("# configuration records, one per line, as JSON objects\n", add_special_tokens=True)
         jobs = list(zip(ORACLE_GUIDES, hf_oracle)) * 2
@@ -156,8 +157,8 @@ def test_preemption_and_prefix_hits_keep_guided_output_exact(demo_target, tokeni
         assert s.num_preemptions > 0 and s.prefix_cache_hits > 0
         assert s.kv_blocks_used == 0
         # the stem changed the prompts, so compare with the engine's own unpressured run
-        ref = LLMEngine(EngineConfig(model_path=str(demo_target), kv_cache_bytes=32 << 20, device="cpu",
-                                     enable_prefix_caching=False))
+        ref = LLMEngine(EngineConfig.from_settings(model_path=str(demo_target), kv_cache_bytes=32 << 20, device="cpu",
+                                                   enable_prefix_caching=False))
         ref_outs = ref.generate(prompts[:len(ORACLE_GUIDES)], [greedy_params(k, t) for k, t in ORACLE_GUIDES])
         assert [output_token_ids(o) for o in ref_outs] == [v[0] for v in by_guide.values()]
     finally:
@@ -241,8 +242,8 @@ class SlowBackend:
 def test_compile_time_limit_fails_the_request_and_never_stalls_the_loop(demo_target, tokenizer):
     from grammar import XGrammarBackend
 
-    eng = LLMEngine(EngineConfig(model_path=str(demo_target), kv_cache_bytes=8 << 20, device="cpu",
-                                 guided_compile_timeout_s=0.5, guided_compile_workers=1))
+    eng = LLMEngine(EngineConfig.from_settings(model_path=str(demo_target), kv_cache_bytes=8 << 20, device="cpu",
+                                               guided_compile_timeout_s=0.5, guided_compile_workers=1))
     eng.structured.compiles.backend = SlowBackend(XGrammarBackend.from_folder(demo_target, 4096, [1]), delay=2.0)
     eng.start()
     try:
@@ -285,7 +286,7 @@ def test_idle_loop_sleeps_while_grammars_compile(demo_target, tokenizer):
     """With only a compiling request, the loop waits for the compile instead of spinning."""
     from grammar import XGrammarBackend
 
-    eng = LLMEngine(EngineConfig(model_path=str(demo_target), kv_cache_bytes=8 << 20, device="cpu"))
+    eng = LLMEngine(EngineConfig.from_settings(model_path=str(demo_target), kv_cache_bytes=8 << 20, device="cpu"))
     eng.structured.compiles.backend = SlowBackend(XGrammarBackend.from_folder(demo_target, 4096, [1]), delay=0.6)
     plans = []
     schedule = eng.scheduler.schedule
@@ -303,7 +304,7 @@ def test_idle_loop_sleeps_while_grammars_compile(demo_target, tokenizer):
 def test_guided_requests_are_refused_without_a_grammar_layer(demo_target):
     from backend.engine.builder import build_engine_parts
 
-    cfg = EngineConfig(model_path=str(demo_target), kv_cache_bytes=8 << 20, device="cpu")
+    cfg = EngineConfig.from_settings(model_path=str(demo_target), kv_cache_bytes=8 << 20, device="cpu")
     parts = build_engine_parts(cfg)
     parts.structured_output = None
     eng = LLMEngine(cfg, parts)
@@ -312,7 +313,7 @@ def test_guided_requests_are_refused_without_a_grammar_layer(demo_target):
 
 
 def test_unavailable_backend_fails_guided_requests_with_the_reason(demo_target):
-    cfg = EngineConfig(model_path=str(demo_target), kv_cache_bytes=8 << 20, device="cpu")
+    cfg = EngineConfig.from_settings(model_path=str(demo_target), kv_cache_bytes=8 << 20, device="cpu")
     eng = LLMEngine(cfg)
 
     def broken():
@@ -342,8 +343,8 @@ def test_random_mix_leaves_no_state_behind(engine, tokenizer):
 
 @pytest.fixture(scope="module")
 def jf_engine(demo_target):
-    eng = LLMEngine(EngineConfig(model_path=str(demo_target), kv_cache_bytes=32 << 20, device="cpu",
-                                 guided_jump_forward=True)).start()
+    eng = LLMEngine(EngineConfig.from_settings(model_path=str(demo_target), kv_cache_bytes=32 << 20, device="cpu",
+                                               guided_jump_forward=True)).start()
     yield eng
     eng.shutdown()
 
@@ -377,8 +378,9 @@ def test_jump_forward_keeps_outputs_valid_and_saves_forward_passes(jf_engine, to
 
 
 def test_jump_forward_under_preemption_and_with_logprobs(demo_target, tokenizer):
-    eng = LLMEngine(EngineConfig(model_path=str(demo_target), num_kv_blocks=16, block_size=16, watermark=0.0,
-                                 max_model_len=256, device="cpu", guided_jump_forward=True)).start()
+    eng = LLMEngine(EngineConfig.from_settings(model_path=str(demo_target), num_kv_blocks=16, block_size=16,
+                                               watermark=0.0,
+                                               max_model_len=256, device="cpu", guided_jump_forward=True)).start()
     try:
         kind, text = "json_schema", json.dumps(SCHEMAS["nested_object"])
         outs = eng.generate([encode(tokenizer, i) for i in range(12)], greedy_params(kind, text, 64))

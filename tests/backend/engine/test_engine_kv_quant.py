@@ -19,7 +19,8 @@ def identical_prefix(a: list[int], b: list[int]) -> int:
 
 
 def run(folder, prompts, stagger=True, **kw) -> tuple[list[list[int]], object]:
-    engine = LLMEngine(EngineConfig(model_path=str(folder), max_num_seqs=16, kv_cache_bytes=8 << 20, **kw))
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(folder), max_num_seqs=16, kv_cache_bytes=8 << 20,
+                                                  **kw))
     if stagger:
         engine.start()
     try:
@@ -64,8 +65,9 @@ def test_int8_kv_agrees_with_exact_kv_and_frees_every_block(demo_target, referen
 
 
 def test_prefix_cache_key_and_load_line_name_the_kv_dtype(tiny_checkpoint):
-    parts = {kv: build_engine_parts(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", num_kv_blocks=100,
-                                                 kv_cache_dtype=kv)) for kv in ("auto", "int8")}
+    parts = {kv: build_engine_parts(EngineConfig.from_settings(model_path=str(tiny_checkpoint), device="cpu",
+                                                               num_kv_blocks=100,
+                                                               kv_cache_dtype=kv)) for kv in ("auto", "int8")}
     keys = {kv: p.scheduler.block_manager.extra_key for kv, p in parts.items()}
     assert keys["auto"] != keys["int8"]
     s = parts["int8"].summary
@@ -79,13 +81,14 @@ def test_prefix_cache_key_and_load_line_name_the_kv_dtype(tiny_checkpoint):
 
 def test_bad_kv_cache_dtype_is_a_load_error_naming_it(tiny_checkpoint):
     with pytest.raises(ValueError, match="kv_cache_dtype: expected one of"):
-        EngineConfig(model_path=str(tiny_checkpoint), kv_cache_dtype="int4")
+        EngineConfig.from_settings(model_path=str(tiny_checkpoint), kv_cache_dtype="int4")
     with pytest.raises(ValueError, match="kv_cache_dtype: expected one of"):
         EngineConfig.from_parameters({"model_path": str(tiny_checkpoint), "kv_cache_dtype": "float8"})
     assert EngineConfig.from_parameters({"model_path": "m", "kv_cache_dtype": {"string_value": "int8"}}) \
         .kv_cache_dtype == "int8"
     with pytest.raises(ValueError, match="kv_cache_dtype: fp8 needs a CUDA device"):
-        build_engine_parts(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", kv_cache_dtype="fp8"))
+        build_engine_parts(EngineConfig.from_settings(model_path=str(tiny_checkpoint), device="cpu",
+                                                      kv_cache_dtype="fp8"))
 
 
 def test_int8_kv_with_a_sliding_window_frees_blocks_behind_it(tmp_path):
@@ -103,7 +106,8 @@ def test_int8_kv_with_a_sliding_window_frees_blocks_behind_it(tmp_path):
 
 def test_the_fast_decode_step_leaves_a_quantized_cache_to_the_attention_backend(tiny_checkpoint):
     """The native fused decode step reads fp32 K/V itself: with an int8 cache it stays off, saying why."""
-    parts = build_engine_parts(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", num_kv_blocks=100,
-                                            kv_cache_dtype="int8", fast_decode=True))
+    parts = build_engine_parts(EngineConfig.from_settings(model_path=str(tiny_checkpoint), device="cpu",
+                                                          num_kv_blocks=100,
+                                                          kv_cache_dtype="int8", fast_decode=True))
     assert parts.runner.fast_decode is None
     assert "fast decode off (an int8 KV cache (kv_cache_dtype) runs eagerly)" in parts.summary, parts.summary

@@ -85,7 +85,7 @@ def test_greedy_matches_hf_under_concurrency(setup, variant):
         kw["fast_decode"] = True       # decode steps through the native forward (backend/engine/native_decode.py)
     if variant == "no_prefix_cache":
         kw["enable_prefix_caching"] = False
-    engine = LLMEngine(EngineConfig(**kw))
+    engine = LLMEngine(EngineConfig.from_settings(**kw))
     if not variant.endswith("preemption"):
         engine.start()
     try:

@@ -44,7 +44,7 @@ def run(qwen3, jobs, **kw):
     cfg = dict(model_path=str(target), kv_cache_bytes=16 << 20, device="cpu", max_num_seqs=64, fast_decode=True)
     if kw.get("speculative_method") == "draft":
         kw["draft_model_path"] = str(draft)
-    eng = LLMEngine(EngineConfig(**cfg, **kw))
+    eng = LLMEngine(EngineConfig.from_settings(**cfg, **kw))
     audit = DraftAudit(eng) if kw else None
     try:
         outs = eng.generate(prompts, [SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, guide=GuideSpec(k, t))

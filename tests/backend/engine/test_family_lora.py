@@ -63,9 +63,9 @@ VARIANTS = {
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_mixed_batch_matches_peft(oracle, variant):
     family, base, folders, prompts, expected = oracle
-    engine = LLMEngine(EngineConfig(model_path=str(base), device="cpu", max_num_seqs=32,
-                                    lora_adapters=tuple((n, str(f)) for n, f in folders.items()),
-                                    **VARIANTS[variant]))
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(base), device="cpu", max_num_seqs=32,
+                                                  lora_adapters=tuple((n, str(f)) for n, f in folders.items()),
+                                                  **VARIANTS[variant]))
     try:
         assert (engine.runner.fast_decode is not None) == variant.startswith("native")
         got = run_mixed(engine, prompts, [None, *folders])

@@ -42,7 +42,7 @@ def setup(request, tmp_path_factory):
 def test_greedy_matches_hf(setup, variant):
     name, folder, prompts, expected = setup
     kw = dict(model_path=str(folder), max_num_seqs=16, kv_cache_bytes=16 << 20, device="cpu", **VARIANTS[variant])
-    engine = LLMEngine(EngineConfig(**kw))
+    engine = LLMEngine(EngineConfig.from_settings(**kw))
     assert isinstance(engine.runner.fast_decode, NativeDecodeStep) == variant.startswith("native")
     burst = variant.endswith("preemption")          # one burst: the small pool runs out on any machine
     if not burst:
@@ -65,11 +65,12 @@ def test_longrope_context_is_the_original_one(setup):
     name, folder, _, _ = setup
     if name != "phi4_partial":
         pytest.skip("LongRoPE only")
-    engine = LLMEngine(EngineConfig(model_path=str(folder), kv_cache_bytes=4 << 20, device="cpu"))
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(folder), kv_cache_bytes=4 << 20, device="cpu"))
     try:
         assert engine.scheduler.max_model_len == 128
     finally:
         engine.shutdown()
     with pytest.raises(ValueError, match="max_model_len: 256 exceeds 128.*original_max_position_embeddings"):
-        LLMEngine(EngineConfig(model_path=str(folder), kv_cache_bytes=4 << 20, device="cpu", max_model_len=256))
+        LLMEngine(EngineConfig.from_settings(model_path=str(folder), kv_cache_bytes=4 << 20, device="cpu",
+                                             max_model_len=256))
 

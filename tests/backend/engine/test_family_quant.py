@@ -64,8 +64,9 @@ def test_quantized_weights_on_the_native_step(family, mode):
                                    atol=0.04 * float(want.abs().max()) if gemm else 1e-4)
     expected = [dense_greedy(quantized, p, NEW_TOKENS, banned=(1,)) for p in prompts]
     for spec in ({}, dict(speculative_method="ngram", num_speculative_tokens=3)):
-        engine = LLMEngine(EngineConfig(model_path=str(folder), quantization=mode, quantization_group_size=GROUP,
-                                        kv_cache_bytes=8 << 20, device="cpu", fast_decode=True, **spec))
+        engine = LLMEngine(EngineConfig.from_settings(model_path=str(folder), quantization=mode,
+                                                      quantization_group_size=GROUP,
+                                                      kv_cache_bytes=8 << 20, device="cpu", fast_decode=True, **spec))
         try:
             assert engine.runner.fast_decode is not None, f"{name}: the native step should serve {mode} weights"
             got = greedy(engine, prompts)
@@ -81,8 +82,9 @@ def test_int8_kv_agrees_with_the_exact_cache(family):
     runs = {}
     for kv, extra in (("auto", {}), ("int8", {}), ("int8_preempted", dict(num_kv_blocks=12, block_size=16,
                                                                           watermark=0.0, max_model_len=128))):
-        engine = LLMEngine(EngineConfig(model_path=str(folder), device="cpu", kv_cache_dtype=kv.split("_")[0],
-                                        **({"kv_cache_bytes": 8 << 20} if not extra else extra)))
+        engine = LLMEngine(EngineConfig.from_settings(model_path=str(folder), device="cpu",
+                                                      kv_cache_dtype=kv.split("_")[0],
+                                                      **({"kv_cache_bytes": 8 << 20} if not extra else extra)))
         try:
             assert engine.runner.kv_cache.format.quantized == (kv != "auto")
             runs[kv] = greedy(engine, prompts)

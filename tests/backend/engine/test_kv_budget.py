@@ -34,35 +34,39 @@ def fake_gpu(monkeypatch, free: int, total: int) -> None:
 
 
 def test_cpu_pool_is_kv_cache_bytes_or_256_mib(target):
-    cfg = EngineConfig(model_path="/m")
-    assert cfg.kv_cache_bytes is None
+    cfg = EngineConfig.from_settings(model_path="/m")
+    assert cfg.cache.kv_cache_bytes is None
     assert num_kv_blocks(cfg, target, torch.device("cpu"), torch.float32) == CPU_KV_CACHE_BYTES // per_block(target)
-    cfg = EngineConfig(model_path="/m", kv_cache_bytes=per_block(target) * 7 + 5)
+    cfg = EngineConfig.from_settings(model_path="/m", kv_cache_bytes=per_block(target) * 7 + 5)
     assert num_kv_blocks(cfg, target, torch.device("cpu"), torch.float32) == 7
-    assert num_kv_blocks(EngineConfig(model_path="/m", num_kv_blocks=3), target, CUDA, torch.float32) == 3
+    assert num_kv_blocks(EngineConfig.from_settings(model_path="/m", num_kv_blocks=3), target, CUDA, torch.float32) == 3
     with pytest.raises(ValueError, match="kv_cache_bytes"):
-        num_kv_blocks(EngineConfig(model_path="/m", kv_cache_bytes=100), target, torch.device("cpu"), torch.float32)
+        num_kv_blocks(EngineConfig.from_settings(model_path="/m", kv_cache_bytes=100), target, torch.device("cpu"),
+                      torch.float32)
 
 
 def test_draft_footprint_counts_its_weights_and_kv(target):
     dcfg = ModelConfig.from_file(DEMO_DRAFT / "config.json")
-    cfg = EngineConfig(model_path=str(DEMO_TARGET), speculative_method="draft", draft_model_path=str(DEMO_DRAFT))
+    cfg = EngineConfig.from_settings(model_path=str(DEMO_TARGET), speculative_method="draft",
+                                     draft_model_path=str(DEMO_DRAFT))
     fp = draft_footprint(cfg, torch.bfloat16)
     assert fp.weight_bytes == 2 * sum(math.prod(s) for s in hf_tensor_shapes(dcfg).values())
     assert fp.kv_bytes_per_block == per_block(dcfg, torch.bfloat16)
-    assert draft_footprint(EngineConfig(model_path="/m"), torch.bfloat16).weight_bytes == 0
-    assert draft_footprint(EngineConfig(model_path="/m", speculative_method="ngram"), torch.bfloat16).kv_bytes_per_block == 0
+    assert draft_footprint(EngineConfig.from_settings(model_path="/m"), torch.bfloat16).weight_bytes == 0
+    assert draft_footprint(EngineConfig.from_settings(model_path="/m", speculative_method="ngram"),
+                           torch.bfloat16).kv_bytes_per_block == 0
 
 
 def test_cuda_pool_is_this_engines_share_less_weights_and_the_draft(monkeypatch, target):
     total, weights = 100 * GIB, 3 * GIB
     fake_gpu(monkeypatch, total - weights - 5 * GIB, total)     # 5 GiB held by another process
-    plain = EngineConfig(model_path="/m", gpu_memory_utilization=0.8)
+    plain = EngineConfig.from_settings(model_path="/m", gpu_memory_utilization=0.8)
     budget = int(total * 0.8) - weights - CUDA_HEADROOM_BYTES
     pb = per_block(target, torch.bfloat16)
     assert num_kv_blocks(plain, target, CUDA, torch.bfloat16, weights) == budget // pb
-    spec = EngineConfig(model_path=str(DEMO_TARGET), gpu_memory_utilization=0.8, speculative_method="draft",
-                        draft_model_path=str(DEMO_DRAFT))
+    spec = EngineConfig.from_settings(model_path=str(DEMO_TARGET), gpu_memory_utilization=0.8,
+                                      speculative_method="draft",
+                                      draft_model_path=str(DEMO_DRAFT))
     fp = draft_footprint(spec, torch.bfloat16)
     blocks = num_kv_blocks(spec, target, CUDA, torch.bfloat16, weights)
     assert blocks == (budget - fp.weight_bytes) // (pb + fp.kv_bytes_per_block)
@@ -74,18 +78,21 @@ def test_cuda_refusals_name_the_setting(monkeypatch, target):
     weights = 2 * GIB
     fake_gpu(monkeypatch, 50 * GIB, 100 * GIB)     # another engine holds half the card: 0.85 does not fit
     with pytest.raises(ValueError, match="gpu_memory_utilization: the KV pool needs"):
-        num_kv_blocks(EngineConfig(model_path="/m"), target, CUDA, torch.bfloat16, weights)
-    assert num_kv_blocks(EngineConfig(model_path="/m", gpu_memory_utilization=0.4), target, CUDA, torch.bfloat16,
+        num_kv_blocks(EngineConfig.from_settings(model_path="/m"), target, CUDA, torch.bfloat16, weights)
+    assert num_kv_blocks(EngineConfig.from_settings(model_path="/m", gpu_memory_utilization=0.4), target, CUDA,
+                         torch.bfloat16,
                          weights) > 0
     with pytest.raises(ValueError, match="gpu_memory_utilization: 0.01 of"):       # weights alone exceed it
-        num_kv_blocks(EngineConfig(model_path="/m", gpu_memory_utilization=0.01), target, CUDA, torch.bfloat16,
+        num_kv_blocks(EngineConfig.from_settings(model_path="/m", gpu_memory_utilization=0.01), target, CUDA,
+                      torch.bfloat16,
                       weights)
     # an explicit budget is used on CUDA too, and refused when it does not fit in free memory
     fake_gpu(monkeypatch, 4 * GIB, 100 * GIB)
     pb = per_block(target, torch.bfloat16)
-    assert num_kv_blocks(EngineConfig(model_path="/m", kv_cache_bytes=GIB), target, CUDA, torch.bfloat16) == GIB // pb
+    assert num_kv_blocks(EngineConfig.from_settings(model_path="/m", kv_cache_bytes=GIB), target, CUDA,
+                         torch.bfloat16) == GIB // pb
     with pytest.raises(ValueError, match="kv_cache_bytes: the KV pool needs"):
-        num_kv_blocks(EngineConfig(model_path="/m", kv_cache_bytes=8 * GIB), target, CUDA, torch.bfloat16)
+        num_kv_blocks(EngineConfig.from_settings(model_path="/m", kv_cache_bytes=8 * GIB), target, CUDA, torch.bfloat16)
 
 
 def test_module_has_no_device_state():

@@ -39,7 +39,7 @@ def make_engine(demo_target, **kw) -> LLMEngine:
     cfg = dict(model_path=str(demo_target), device="cpu", fast_decode=True, kv_cache_bytes=32 << 20,
                max_num_seqs=32, speculative_adaptive=False, cpu_threads=1)
     cfg.update(kw)
-    return LLMEngine(EngineConfig(**cfg))
+    return LLMEngine(EngineConfig.from_settings(**cfg))
 
 
 def run(eng: LLMEngine, prompts, plist) -> list[list[int]]:

@@ -83,7 +83,8 @@ def test_waiting_for_the_gil_counts_as_blocked():
 
 
 def test_engine_reports_its_loop_thread(tiny_checkpoint):
-    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20, max_model_len=256))
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20,
+                                                  max_model_len=256))
     assert engine.stats().loop is None                          # no loop thread yet
     engine.start()
     try:
@@ -99,8 +100,9 @@ def test_engine_reports_its_loop_thread(tiny_checkpoint):
 
 def test_engine_sets_the_switch_interval_while_its_loop_runs(tiny_checkpoint):
     before = sys.getswitchinterval()
-    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20, max_model_len=256,
-                                    python_switch_interval_ms=0.25))
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20,
+                                                  max_model_len=256,
+                                                  python_switch_interval_ms=0.25))
     assert sys.getswitchinterval() == before                    # building does not touch it
     engine.start()
     try:
@@ -112,8 +114,9 @@ def test_engine_sets_the_switch_interval_while_its_loop_runs(tiny_checkpoint):
 
 def test_engine_leaves_a_switch_interval_changed_meanwhile(tiny_checkpoint):
     before = sys.getswitchinterval()
-    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20, max_model_len=256,
-                                    python_switch_interval_ms=0.25)).start()
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20,
+                                                  max_model_len=256,
+                                                  python_switch_interval_ms=0.25)).start()
     try:
         sys.setswitchinterval(0.002)                            # someone else's choice, after start()
         engine.shutdown()

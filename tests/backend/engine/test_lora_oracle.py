@@ -49,8 +49,9 @@ def test_each_adapter_changes_the_output(oracle):
 
 
 def engine_for(folders, base, **kw) -> LLMEngine:
-    return LLMEngine(EngineConfig(model_path=str(base), lora_adapters=tuple((n, str(f)) for n, f in folders.items()),
-                                  **kw))
+    return LLMEngine(EngineConfig.from_settings(model_path=str(base), lora_adapters=tuple((n, str(f)) for n,
+                                                                                          f in folders.items()),
+                                                **kw))
 
 
 def run_mixed(engine: LLMEngine, prompts, names) -> dict:

@@ -88,7 +88,7 @@ def test_stop_from_inside_a_callback_does_not_deadlock():
 
 
 def test_engine_callbacks_run_off_the_loop_in_order(tiny_checkpoint):
-    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), block_size=4)).start()
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(tiny_checkpoint), block_size=4)).start()
     threads, outs = set(), {f"r{i}": [] for i in range(4)}
     release = threading.Event()
     finished = threading.Semaphore(0)
@@ -120,7 +120,7 @@ def test_engine_callbacks_run_off_the_loop_in_order(tiny_checkpoint):
 
 
 def test_shutdown_delivers_every_final_output(tiny_checkpoint):
-    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), block_size=4)).start()
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(tiny_checkpoint), block_size=4)).start()
     finals = []
     params = SamplingParams(max_tokens=500, temperature=0.0, ignore_eos=True)
     for i in range(3):

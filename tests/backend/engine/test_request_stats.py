@@ -12,7 +12,8 @@ PROMPT = [0, 21, 22, 23, 24]
 
 @pytest.fixture(scope="module")
 def engine(tiny_checkpoint):
-    eng = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20, max_model_len=256)).start()
+    eng = LLMEngine(EngineConfig.from_settings(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20,
+                                               max_model_len=256)).start()
     yield eng
     eng.shutdown()
 

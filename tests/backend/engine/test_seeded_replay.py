@@ -45,7 +45,8 @@ class LogitsRecorder:
         self.rows: dict[tuple[str, str, int], set[str]] = {}
 
     def attach(self, engine: LLMEngine) -> None:
-        rule = f"{engine.runner.sampler.rule.value}/{engine.config.quantization}"   # distributions differ across these
+        # distributions differ across these
+        rule = f"{engine.runner.sampler.rule.value}/{engine.config.model.quantization}"
         sample = engine.runner.sample
 
         def recorded(plan, forward, grammar_bitmask=None, draft_probs=None):
@@ -89,7 +90,7 @@ def engine(demo_target, recorder, **kw) -> LLMEngine:
     cfg = dict(model_path=str(demo_target), device="cpu", fast_decode=True, kv_cache_bytes=32 << 20,
                max_num_seqs=32, speculative_adaptive=False, cpu_threads=1)
     cfg.update(kw)
-    eng = LLMEngine(EngineConfig(**cfg))
+    eng = LLMEngine(EngineConfig.from_settings(**cfg))
     recorder.attach(eng)
     return eng
 

@@ -91,7 +91,7 @@ def test_sliding_window_greedy_matches_hf(setup, variant):
     kw = dict(model_path=str(folder), max_num_seqs=16, kv_cache_bytes=16 << 20, device="cpu", **VARIANTS[variant])
     if variant.endswith("draft"):
         kw["draft_model_path"] = str(folder)       # the target as its own draft: windowed draft attention too
-    engine = LLMEngine(EngineConfig(**kw))
+    engine = LLMEngine(EngineConfig.from_settings(**kw))
     assert isinstance(engine.runner.fast_decode, NativeDecodeStep) == variant.startswith("native")
     if variant == "native_draft":
         assert engine.speculator.proposer.forward.native is not None, "the draft's steps should run natively too"
@@ -117,8 +117,9 @@ def test_blocks_behind_the_window_are_freed_while_running(setup, fast_decode):
     name, folder, prompts, _ = setup
     if name != "mistral":
         pytest.skip("Qwen2 here keeps a full-attention layer, so no block ever falls out of every window")
-    engine = LLMEngine(EngineConfig(model_path=str(folder), kv_cache_bytes=16 << 20, device="cpu", block_size=16,
-                                    max_num_batched_tokens=16, fast_decode=fast_decode))
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(folder), kv_cache_bytes=16 << 20, device="cpu",
+                                                  block_size=16,
+                                                  max_num_batched_tokens=16, fast_decode=fast_decode))
     assert isinstance(engine.runner.fast_decode, NativeDecodeStep) == fast_decode
     prompt = prompts[0] * 4                         # well past the window
     engine.add_request("long", prompt, SamplingParams(max_tokens=60, ignore_eos=True, temperature=0.0),

@@ -1,4 +1,4 @@
-"""``test_step_delay_s`` (a setting for tests only, backend/config.py ``TEST_ONLY_PARAMETERS``): the loop sleeps
+"""``test_step_delay_s`` (a setting for tests only, backend/config ``TEST_ONLY_PARAMETERS``): the loop sleeps
 after each step, outside the step's own timing, so a request of N tokens without speculation takes at least
 N - 1 delays on any CPU; an abort or a shutdown does not wait for the sleep; an aborted request's final stats
 count the steps that ended while its abort waited in the inbox, and when its last step ended."""
@@ -21,8 +21,8 @@ PROMPT = [0] + list(range(10, 40))
 
 
 def engine_with(checkpoint, delay: float) -> LLMEngine:
-    return LLMEngine(EngineConfig(model_path=str(checkpoint), kv_cache_bytes=8 << 20, max_model_len=256,
-                                  test_step_delay_s=delay)).start()
+    return LLMEngine(EngineConfig.from_settings(model_path=str(checkpoint), kv_cache_bytes=8 << 20, max_model_len=256,
+                                                test_step_delay_s=delay)).start()
 
 
 def submit(engine, rid, params):
@@ -107,4 +107,4 @@ def test_an_abort_lets_at_most_the_step_in_flight_run(tiny_checkpoint):
 @pytest.mark.parametrize("bad", [-1.0, 10.5])
 def test_the_engine_refuses_a_delay_out_of_range(tiny_checkpoint, bad):
     with pytest.raises(ValueError, match="^test_step_delay_s"):
-        EngineConfig(model_path=str(tiny_checkpoint), test_step_delay_s=bad)
+        EngineConfig.from_settings(model_path=str(tiny_checkpoint), test_step_delay_s=bad)

@@ -32,7 +32,8 @@ class Recorder(StepObserver):
 
 
 def test_hooks_run_in_order_once_per_step(tiny_checkpoint):
-    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20, max_model_len=256))
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(tiny_checkpoint), kv_cache_bytes=8 << 20,
+                                                  max_model_len=256))
     rec = Recorder(engine)
     engine.observers.observers.append(rec)
     engine.generate([[3, 4, 5, 6]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))

@@ -43,12 +43,13 @@ def test_folders_from_pairs_and_a_scanned_dir(tmp_path, cfg):
 def test_a_bad_adapter_fails_the_engine_load_naming_its_field(tmp_path, cfg):
     write(tmp_path / "dora", dict(BASE, use_dora=True), lora_tensors(cfg, 4))
     with pytest.raises(LoraConfigError, match="use_dora"):
-        LLMEngine(EngineConfig(model_path=str(DEMO_TARGET), lora_adapters=(("dora", str(tmp_path / "dora")),)))
+        LLMEngine(EngineConfig.from_settings(model_path=str(DEMO_TARGET), lora_adapters=(("dora",
+                                                                                          str(tmp_path / "dora")),)))
     with pytest.raises(ValueError, match="lora_adapters: LoRA over a quantized base"):
-        EngineConfig(model_path=str(DEMO_TARGET), lora_adapters=(("x", "y"),), quantization="int8")
+        EngineConfig.from_settings(model_path=str(DEMO_TARGET), lora_adapters=(("x", "y"),), quantization="int8")
     with pytest.raises(ValueError, match="max_cpu_loras"):
-        EngineConfig(model_path=str(DEMO_TARGET), lora_dir="x", max_loras=4, max_cpu_loras=2)
-    engine = LLMEngine(EngineConfig(model_path=str(DEMO_TARGET)))
+        EngineConfig.from_settings(model_path=str(DEMO_TARGET), lora_dir="x", max_loras=4, max_cpu_loras=2)
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(DEMO_TARGET)))
     with pytest.raises(ValueError, match="lora_name: 'a': this engine serves no LoRA adapters"):
         engine.add_request("r", [0, 5, 6], SamplingParams(lora_name="a"), lambda out: None)
     engine.shutdown()
@@ -57,7 +58,7 @@ def test_a_bad_adapter_fails_the_engine_load_naming_its_field(tmp_path, cfg):
 def test_parameters_parse(tmp_path):
     cfg = EngineConfig.from_parameters({"model_path": "m", "lora_adapters": "a=/x, b=rel/y", "max_loras": "2",
                                         "max_cpu_loras": "none", "lora_dir": "none"})
-    assert cfg.lora_adapters == (("a", "/x"), ("b", "rel/y")) and cfg.max_loras == 2 and cfg.lora_enabled
+    assert cfg.lora.lora_adapters == (("a", "/x"), ("b", "rel/y")) and cfg.lora.max_loras == 2 and cfg.lora.enabled
     with pytest.raises(ValueError, match="lora_adapters: expected name=folder"):
         EngineConfig.from_parameters({"model_path": "m", "lora_adapters": "a"})
-    assert not EngineConfig(model_path="m").lora_enabled
+    assert not EngineConfig.from_settings(model_path="m").lora.enabled

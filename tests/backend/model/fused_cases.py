@@ -87,8 +87,8 @@ def test_greedy_tokens_through_the_engine_with_and_without_fused_ops(tiny_checkp
     outs = {}
     for flag in ("1", "0"):
         monkeypatch.setenv("TRITON_LLM_FUSED", flag)
-        eng = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", max_num_seqs=4,
-                                     speculative_method="ngram", num_speculative_tokens=2))
+        eng = LLMEngine(EngineConfig.from_settings(model_path=str(tiny_checkpoint), device="cpu", max_num_seqs=4,
+                                                   speculative_method="ngram", num_speculative_tokens=2))
         assert ("fused ops on" in eng.parts.summary) == (flag == "1"), eng.parts.summary
         assert (eng.runner.model.fused is not None) == (flag == "1")
         outs[flag] = [output_token_ids(o) for o in eng.generate(prompts, params)]

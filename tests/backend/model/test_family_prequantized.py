@@ -52,7 +52,8 @@ def test_prequantized_is_served_as_its_dequantized_weights(family, tmp_path, fmt
     expected = [dense_greedy(quantized, p, NEW_TOKENS, banned=(1,)) for p in prompts]
     params = SamplingParams(max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, temperature=0.0)
     for fast in (False, True):
-        engine = LLMEngine(EngineConfig(model_path=str(ckpt), kv_cache_bytes=8 << 20, device="cpu", fast_decode=fast))
+        engine = LLMEngine(EngineConfig.from_settings(model_path=str(ckpt), kv_cache_bytes=8 << 20, device="cpu",
+                                                      fast_decode=fast))
         try:
             assert (engine.runner.fast_decode is not None) == fast
             got = [output_token_ids(o) for o in engine.generate(prompts, [params] * len(prompts))]

@@ -51,7 +51,7 @@ def test_bad_settings_name_the_parameter(tiny_checkpoint):
     with pytest.raises(ValueError, match="^quantization: fp8 needs a CUDA device"):
         quantize_model(load_model(tiny_checkpoint), "fp8")
     with pytest.raises(ValueError, match="^quantization"):
-        EngineConfig(model_path="/m", quantization="int3")
+        EngineConfig.from_settings(model_path="/m", quantization="int3")
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
@@ -73,8 +73,9 @@ def test_engine_greedy_equals_dense_decoding_of_the_quantized_model(tiny_checkpo
     gemm = quantized.lm_head.native_op == "quant_gemm"
     assert torch.allclose(dense_logits(quantized, prompt), dense_logits(reference, prompt), atol=5e-2 if gemm else 1e-4)
     expected = dense_greedy(quantized, prompt, 12, banned=(1,))
-    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), quantization=mode, quantization_group_size=32,
-                                    kv_cache_bytes=8 << 20, device="cpu"))
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(tiny_checkpoint), quantization=mode,
+                                                  quantization_group_size=32,
+                                                  kv_cache_bytes=8 << 20, device="cpu"))
     outs, = engine.generate([prompt], SamplingParams(max_tokens=12, min_tokens=12, temperature=0.0))
     assert output_token_ids(outs) == expected
     assert engine.stats().kv_blocks_used == 0

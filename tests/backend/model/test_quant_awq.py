@@ -41,11 +41,12 @@ def test_loaded_weights_are_awqs_dequantization_and_the_engine_serves_them(tiny_
     for (parent_q, attr), (parent_r, _) in zip(linear_targets(model).values(), linear_targets(reference).values()):
         getattr(parent_r, attr).weight.copy_(getattr(parent_q, attr).dequantized())
     expected = dense_greedy(reference, PROMPT, 8, banned=(1,))
-    engine = LLMEngine(EngineConfig(model_path=str(ckpt), kv_cache_bytes=8 << 20, device="cpu"))
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(ckpt), kv_cache_bytes=8 << 20, device="cpu"))
     outs, = engine.generate([PROMPT], SamplingParams(max_tokens=8, min_tokens=8, temperature=0.0))
     assert output_token_ids(outs) == expected
     with pytest.raises(ValueError, match=r"^quantization: 'int8' conflicts with the pre-quantized checkpoint \(AWQ"):
-        LLMEngine(EngineConfig(model_path=str(ckpt), quantization="int8", kv_cache_bytes=8 << 20, device="cpu"))
+        LLMEngine(EngineConfig.from_settings(model_path=str(ckpt), quantization="int8", kv_cache_bytes=8 << 20,
+                                             device="cpu"))
 
 
 @pytest.mark.parametrize("changes,message", [

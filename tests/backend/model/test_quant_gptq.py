@@ -80,11 +80,13 @@ def test_engine_serves_a_gptq_checkpoint_as_dense_decoding_of_its_weights(tiny_c
         getattr(parent_r, attr).weight.copy_(getattr(parent_q, attr).dequantized())
     expected = dense_greedy(reference, PROMPT, 10, banned=(1,))
     for mode in ("none", "int4"):                        # the checkpoint's own format, or nothing asked
-        engine = LLMEngine(EngineConfig(model_path=str(ckpt), quantization=mode, kv_cache_bytes=8 << 20, device="cpu"))
+        engine = LLMEngine(EngineConfig.from_settings(model_path=str(ckpt), quantization=mode, kv_cache_bytes=8 << 20,
+                                                      device="cpu"))
         outs, = engine.generate([PROMPT], SamplingParams(max_tokens=10, min_tokens=10, temperature=0.0))
         assert output_token_ids(outs) == expected
     with pytest.raises(ValueError, match=r"^quantization: 'int8' conflicts with the pre-quantized checkpoint \(GPTQ"):
-        LLMEngine(EngineConfig(model_path=str(ckpt), quantization="int8", kv_cache_bytes=8 << 20, device="cpu"))
+        LLMEngine(EngineConfig.from_settings(model_path=str(ckpt), quantization="int8", kv_cache_bytes=8 << 20,
+                                             device="cpu"))
 
 
 def edit_config(ckpt, **changes):

@@ -13,7 +13,8 @@ from tests.helpers.triton_fakes import make_pb_utils
 
 
 def engine_with_gaps(checkpoint, **kw) -> tuple[LLMEngine, DecodeGaps]:
-    engine = LLMEngine(EngineConfig(model_path=str(checkpoint), kv_cache_bytes=8 << 20, max_model_len=256, **kw))
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(checkpoint), kv_cache_bytes=8 << 20,
+                                                  max_model_len=256, **kw))
     gaps = DecodeGaps()
     engine.observers.observers.append(gaps)
     return engine, gaps

@@ -83,7 +83,8 @@ def test_unhealthy_engine_fails_in_flight_and_refuses_new_requests():
 
 @pytest.fixture
 def live(tiny_checkpoint):
-    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", kv_cache_bytes=8 << 20)).start()
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(tiny_checkpoint), device="cpu",
+                                                  kv_cache_bytes=8 << 20)).start()
     serving = LLMServing(engine, make_pb_utils(), cancel_poll_interval_s=0.01)
     yield engine, serving
     serving.shutdown()

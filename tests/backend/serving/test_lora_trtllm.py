@@ -24,8 +24,8 @@ def served(demo_target, tmp_path_factory):
     folder = make_adapter(demo_target, tmp_path_factory.mktemp("lora") / "qv8", rank=8, alpha=8,
                           targets=("q_proj", "v_proj", "down_proj"), scale=0.12, seed=5)
     fp16_exact(folder)   # and scaling 1: FP16 tensors carry the weights exactly
-    engine = LLMEngine(EngineConfig(model_path=str(demo_target), lora_adapters=(("qv8", str(folder)),),
-                                    fast_decode=True)).start()
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(demo_target), lora_adapters=(("qv8", str(folder)),),
+                                                  fast_decode=True)).start()
     serving = LLMServing(engine, make_pb_utils(), cancel_poll_interval_s=0.01)
     yield engine, serving
     serving.shutdown()

@@ -123,8 +123,9 @@ def test_router_gauges_equal_the_engines_own_counts(tiny_checkpoint):
     from backend.engine.llm_engine import LLMEngine
     from contracts.sampling_params import SamplingParams
 
-    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), kv_cache_bytes=1 << 20, max_model_len=128,
-                                    max_num_seqs=2, block_size=16))
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(tiny_checkpoint), kv_cache_bytes=1 << 20,
+                                                  max_model_len=128,
+                                                  max_num_seqs=2, block_size=16))
     pb = make_pb_utils()
     m = EngineMetrics(pb, engine.stats, max_num_seqs=2)
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)

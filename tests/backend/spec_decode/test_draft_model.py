@@ -12,8 +12,8 @@ from tests.helpers.checkpoints import make_random_checkpoint
 
 
 def config(target, draft) -> EngineConfig:
-    return EngineConfig(model_path=str(target), speculative_method="draft", draft_model_path=str(draft),
-                        kv_cache_bytes=8 << 20, device="cpu")
+    return EngineConfig.from_settings(model_path=str(target), speculative_method="draft", draft_model_path=str(draft),
+                                      kv_cache_bytes=8 << 20, device="cpu")
 
 
 def test_missing_draft_folder(tiny_checkpoint, tmp_path):

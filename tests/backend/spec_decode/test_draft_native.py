@@ -23,8 +23,8 @@ VOCAB = 4096
 
 
 def load_proposer(target, draft, fast: bool, coupling: str = "gumbel", dtype=torch.float32) -> DraftModelProposer:
-    config = EngineConfig(model_path=str(target), speculative_method="draft", draft_model_path=str(draft),
-                          fast_decode=fast, device="cpu", draft_coupling=coupling)
+    config = EngineConfig.from_settings(model_path=str(target), speculative_method="draft", draft_model_path=str(draft),
+                                        fast_decode=fast, device="cpu", draft_coupling=coupling)
     return DraftModelProposer.load(draft, target, ModelConfig.from_file(target / "config.json"), config,
                                    num_blocks=128, device=torch.device("cpu"), dtype=dtype,
                                    max_model_len=512, native_step=NativeDecodeStep.build if fast else None)
@@ -194,7 +194,7 @@ def test_engine_with_native_draft_steps_is_lossless_and_returns_every_block(demo
     rng = random.Random(9)
     prompts = [[0] + [rng.randrange(3, VOCAB) for _ in range(rng.randint(8, 60))] for _ in range(8)]
     params = [SamplingParams(max_tokens=rng.randint(5, 30), temperature=0.0, ignore_eos=True) for _ in prompts]
-    ref = LLMEngine(EngineConfig(**kw))
+    ref = LLMEngine(EngineConfig.from_settings(**kw))
     try:
         expected = [output_token_ids(o) for o in ref.generate(prompts, params)]
     finally:
@@ -204,8 +204,8 @@ def test_engine_with_native_draft_steps_is_lossless_and_returns_every_block(demo
                                stop_token_ids=(stop,))
     expected[0] = expected[0][:expected[0].index(stop) + 1]
     sampled = [SamplingParams(max_tokens=20, temperature=0.8, seed=i, ignore_eos=True) for i in range(3)]
-    engine = LLMEngine(EngineConfig(**kw, speculative_method="draft", draft_model_path=str(DEMO_DRAFT),
-                                    num_speculative_tokens=4, speculative_adaptive=False))
+    engine = LLMEngine(EngineConfig.from_settings(**kw, speculative_method="draft", draft_model_path=str(DEMO_DRAFT),
+                                                  num_speculative_tokens=4, speculative_adaptive=False))
     assert engine.speculator.proposer.forward.native is not None
     calls = counting_native_calls(engine.speculator.proposer)
     try:

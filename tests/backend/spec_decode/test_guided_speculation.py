@@ -35,7 +35,7 @@ def make_engine(demo_target, method="none", k=4, adaptive=False, **kw) -> LLMEng
     if method == "draft":
         cfg["draft_model_path"] = str(DEMO_DRAFT)
     cfg.update(kw)
-    return LLMEngine(EngineConfig(**cfg))
+    return LLMEngine(EngineConfig.from_settings(**cfg))
 
 
 @pytest.fixture(scope="module")

@@ -58,7 +58,7 @@ def engine_config(folder, draft, method, k, adaptive, variant) -> EngineConfig:
         kw["enable_prefix_caching"] = False
     if variant == "fast_decode":
         kw["fast_decode"] = True   # verify steps through the native forward
-    return EngineConfig(**kw)
+    return EngineConfig.from_settings(**kw)
 
 
 def draft_blocks_used(engine: LLMEngine) -> int:

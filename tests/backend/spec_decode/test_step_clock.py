@@ -16,8 +16,9 @@ from tests.helpers.oracle import repeating_prompts
 
 @pytest.mark.parametrize("cpu_threads", [1, 2])
 def test_step_seconds_and_clock_follow_the_threads_of_the_step(tiny_checkpoint, cpu_threads):
-    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", kv_cache_bytes=16 << 20,
-                                    speculative_method="ngram", cpu_threads=cpu_threads))
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(tiny_checkpoint), device="cpu",
+                                                  kv_cache_bytes=16 << 20,
+                                                  speculative_method="ngram", cpu_threads=cpu_threads))
     spec = engine.speculator
     seen = []
     after_step = spec.after_step
@@ -46,8 +47,9 @@ def burn_cpu(seconds: float) -> None:
 
 def test_step_seconds_cover_emitting_outputs(tiny_checkpoint):
     """Work done after the sample (here: emitting outputs made 5 ms slower) is part of what a step costs."""
-    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", kv_cache_bytes=16 << 20,
-                                    speculative_method="ngram", cpu_threads=1))
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(tiny_checkpoint), device="cpu",
+                                                  kv_cache_bytes=16 << 20,
+                                                  speculative_method="ngram", cpu_threads=1))
     seen = []
     after_step, dispatch = engine.speculator.after_step, engine.outputs.dispatch
 
@@ -74,8 +76,9 @@ def test_a_lookup_is_no_cost_of_drafting(tiny_checkpoint, temperature):
     A first generation pays the process's one-time costs (a first verify of each shape), and the garbage
     collector is off while the measured one runs, so neither lands inside a step's clock: one estimate may rest
     on a single step."""
-    engine = LLMEngine(EngineConfig(model_path=str(tiny_checkpoint), device="cpu", kv_cache_bytes=16 << 20,
-                                    speculative_method="ngram", cpu_threads=1))
+    engine = LLMEngine(EngineConfig.from_settings(model_path=str(tiny_checkpoint), device="cpu",
+                                                  kv_cache_bytes=16 << 20,
+                                                  speculative_method="ngram", cpu_threads=1))
     spec = engine.speculator
     prompts = repeating_prompts(1, 1, stem_len=8, span_range=(4, 8), gap_range=(0, 4))   # batch 1
     params = SamplingParams(max_tokens=64, temperature=temperature, seed=7)

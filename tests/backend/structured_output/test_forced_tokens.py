@@ -11,7 +11,7 @@ from contracts.sampling_params import SamplingParams
 
 
 def scheduler(**cfg):
-    return Scheduler(EngineConfig(model_path="/m", block_size=4, **cfg), num_blocks=32, max_model_len=64,
+    return Scheduler(EngineConfig.from_settings(model_path="/m", block_size=4, **cfg), num_blocks=32, max_model_len=64,
                      vocab_size=64, eos_token_ids=[1])
 
 
