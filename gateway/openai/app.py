@@ -4,35 +4,25 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streamed as SSE
 ``GET /v1/models`` (and ``/v1/models/{model}``), ``GET /health`` (the process is up),
 ``GET /health/ready`` (Triton's ensemble is ready: 200, else 503), ``GET /metrics`` (Triton's
 Prometheus metrics, fetched from ``metrics_url``, so a router that scrapes the pool's target port
-reads the engine's gauges) and FastAPI's ``/openapi.json``. Every generation passes ``admission.admit``; a non-streamed request whose
-client disconnects is cancelled as a streamed one is. Bodies over ``max_body_bytes`` (``--max-request-bytes``,
-the gRPC port's message limit too) get 413.
+reads the engine's gauges) and FastAPI's ``/openapi.json``. Both generation routes take one path
+(generate.py). Routes are module-level functions over the app's state (``service``, ``metrics_url``, ``http``).
+Bodies over ``max_body_bytes`` (``--max-request-bytes``, the gRPC port's message limit too) get 413.
 """
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import functools
-import logging
+from typing import Annotated
 
 import httpx
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from gateway.service import LLMService
 
-from . import guides, params, prompt
-from .admission import Admitted, admit, check_auth, served_names
-from .chat import ChatCompletion
-from .completions import Completion
-from .errors import APIError, bad_request, install
-from .logprobs import Splitter, token_strings
-from .runner import Runner
+from .admission import check_auth, served_names
+from .errors import APIError, install
+from .generate import ChatEndpoint, CompletionEndpoint, generate, refuse
 from .schemas import ChatCompletionRequest, CompletionRequest, ErrorResponse
-from .span import ServerSpans, request_attributes
-from .sse import respond
-
-log = logging.getLogger("gateway")
+from .span import ServerSpans
 
 MAX_BODY_BYTES = 16 * 2**20
 METRICS_TIMEOUT_S = 5.0
@@ -73,35 +63,6 @@ class BodyLimit:
         return await self.app(scope, replay, send)
 
 
-async def _until_disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _whole(request: Request, admitted: Admitted, work) -> JSONResponse:
-    """Run ``work`` (a coroutine giving the body); cancel it if the client disconnects first."""
-    task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(_until_disconnected(request))
-    try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            task.cancel()
-            log.info("request %s: the client disconnected; cancelled", admitted.request_id)
-            with contextlib.suppress(asyncio.CancelledError, APIError):
-                await task
-            return JSONResponse({}, status_code=499)
-        return JSONResponse(task.result())
-    finally:
-        watch.cancel()
-        admitted.release()
-
-
-def _refuse(body) -> None:
-    refused = body.refused()
-    if refused is not None:
-        raise bad_request(*refused)
-
-
 def _errors(*statuses: int) -> dict:
     return {status: {"model": ErrorResponse} for status in statuses}
 
@@ -126,17 +87,63 @@ def _without_422(app: FastAPI):
     return openapi
 
 
-async def _splitter(service: LLMService, wanted: bool) -> Splitter | None:
-    """The token-text splitter of logprobs.py, with the served model's tokenizer (when logprobs are asked)."""
-    if not wanted:
-        return None
-    path = (await service.upstream.facts()).tokenizer_path
+def service_of(request: Request) -> LLMService:
+    return request.app.state.service
+
+
+Service = Annotated[LLMService, Depends(service_of)]
+
+
+async def authorized(request: Request, service: Service) -> None:
+    """A dependency, so that a missing key is a 401 before the body is validated (as OpenAI answers)."""
+    check_auth(service, request)
+
+
+async def chat_completions(body: ChatCompletionRequest, request: Request, service: Service):
+    refuse(body)
+    return await generate(service, request, ChatEndpoint(body))
+
+
+async def completions(body: CompletionRequest, request: Request, service: Service):
+    refuse(body)
+    return await generate(service, request, CompletionEndpoint(body))
+
+
+def model_object(name: str) -> dict:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "triton-llm"}
+
+
+async def models(service: Service):
+    return {"object": "list", "data": [model_object(n) for n in await served_names(service)]}
+
+
+async def model(model: str, service: Service):
+    if model not in await served_names(service):
+        raise APIError(404, f"The model {model!r} does not exist", param="model", code="model_not_found")
+    return model_object(model)
+
+
+async def health():
+    return {"status": "ok"}
+
+
+async def ready(service: Service):
+    upstream = service.upstream
+    if upstream.ready:
+        return {"status": "ready"}
+    return APIError(503, f"Triton's {upstream.model!r} model is not ready", code="model_not_ready",
+                    headers={"Retry-After": "1"}).response()
+
+
+async def metrics(request: Request):     # Triton's Prometheus metrics, fetched from metrics_url
+    state = request.app.state
     try:
-        tok = await asyncio.to_thread(service.tokenizer, path) if path is not None else None
-    except Exception as e:      # TokenizerError names the file: logprobs without token texts then
-        log.warning("logprobs: cannot load the tokenizer at %s: %s", path, e)
-        tok = None
-    return functools.partial(token_strings, tok)
+        r = await state.http.get(state.metrics_url)
+    except httpx.HTTPError as e:
+        raise APIError(503, f"Triton's metrics at {state.metrics_url} are unavailable: {type(e).__name__}",
+                       code="metrics_unavailable") from None
+    return Response(r.content, status_code=r.status_code,
+                    media_type=r.headers.get("content-type", "text/plain; version=0.0.4"))
 
 
 def create_app(service: LLMService, metrics_url: str, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
@@ -148,101 +155,16 @@ def create_app(service: LLMService, metrics_url: str, max_body_bytes: int = MAX_
     app.add_middleware(BodyLimit, limit=max_body_bytes)
     if service.tracing is not None:     # added last: the outermost, so a refused body has its span too
         app.add_middleware(ServerSpans, tracing=service.tracing)
-    upstream = service.upstream
-    http = httpx.AsyncClient(timeout=METRICS_TIMEOUT_S)
-    app.router.on_shutdown.append(http.aclose)
-
-    async def authorized(request: Request) -> None:
-        """A dependency, so that a missing key is a 401 before the body is validated (as OpenAI answers)."""
-        check_auth(service, request)
+    app.state.service, app.state.metrics_url = service, metrics_url
+    app.state.http = httpx.AsyncClient(timeout=METRICS_TIMEOUT_S)
+    app.router.on_shutdown.append(app.state.http.aclose)
     guarded = [Depends(authorized)]
-
-    @app.post("/v1/chat/completions", dependencies=guarded, responses={**SSE, **GENERATION_ERRORS})
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
-        _refuse(body)
-        plan = guides.plan(body)
-        admitted = await admit(service, request, body.model)
-        try:
-            if body.user:
-                log.info("request %s: user %s", admitted.request_id, body.user)
-            facts = await upstream.facts()
-            req = params.chat_request(body, prompt.prompt_messages(body), facts.max_context_tokens, plan.guide)
-            params.select_adapter(req, body.model, facts.lora_adapters)
-            request_attributes(admitted.span, [req], admitted.request_id, body.model, upstream.model)
-            runner = admitted.runner = Runner(upstream, service.closer, [req], admitted.request_id, body.n,
-                                              params.param_of(plan.param), admitted.metadata,
-                                              service.stream_buffer_bytes)
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            chat = ChatCompletion(runner, plan, model=body.model, completion_id="chatcmpl-" + admitted.request_id,
-                                  n=body.n, logprobs=body.logprobs, include_usage=include_usage and body.stream,
-                                  split=await _splitter(service, body.logprobs))
-        except BaseException:
-            admitted.release()
-            raise
-        if body.stream:
-            return await respond(chat.chunks(), admitted.release)
-        return await _whole(request, admitted, chat.whole())
-
-    @app.post("/v1/completions", dependencies=guarded, responses={**SSE, **GENERATION_ERRORS})
-    async def completions(body: CompletionRequest, request: Request):
-        _refuse(body)
-        admitted = await admit(service, request, body.model)
-        try:
-            if body.user:
-                log.info("request %s: user %s", admitted.request_id, body.user)
-            prompts = body.prompts()
-            facts = await upstream.facts()
-            reqs = [params.completion_request(body, p) for p in prompts]
-            for req in reqs:
-                params.select_adapter(req, body.model, facts.lora_adapters)
-            request_attributes(admitted.span, reqs, admitted.request_id, body.model, upstream.model)
-            runner = admitted.runner = Runner(upstream, service.closer, reqs, admitted.request_id, body.n,
-                                              params.PARAM_OF, admitted.metadata, service.stream_buffer_bytes)
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            completion = Completion(runner, model=body.model, completion_id="cmpl-" + admitted.request_id,
-                                    prompts=prompts, n=body.n, echo=body.echo, logprobs=body.logprobs is not None,
-                                    include_usage=include_usage and body.stream,
-                                    split=await _splitter(service, body.logprobs is not None),
-                                    top=bool(body.logprobs))
-        except BaseException:
-            admitted.release()
-            raise
-        if body.stream:
-            return await respond(completion.chunks(), admitted.release)
-        return await _whole(request, admitted, completion.whole())
-
-    def model_object(name: str) -> dict:
-        return {"id": name, "object": "model", "created": 0, "owned_by": "triton-llm"}
-
-    @app.get("/v1/models", dependencies=guarded, responses=_errors(401, 503))
-    async def models():
-        return {"object": "list", "data": [model_object(n) for n in await served_names(service)]}
-
-    @app.get("/v1/models/{model}", dependencies=guarded, responses=_errors(401, 404, 503))
-    async def model(model: str):
-        if model not in await served_names(service):
-            raise APIError(404, f"The model {model!r} does not exist", param="model", code="model_not_found")
-        return model_object(model)
-
-    @app.get("/health")
-    async def health():
-        return {"status": "ok"}
-
-    @app.get("/health/ready", responses=_errors(503))
-    async def ready():
-        if upstream.ready:
-            return {"status": "ready"}
-        return APIError(503, f"Triton's {upstream.model!r} model is not ready", code="model_not_ready",
-                        headers={"Retry-After": "1"}).response()
-
-    @app.get("/metrics", responses=_errors(503), response_class=Response)
-    async def metrics():
-        try:
-            r = await http.get(metrics_url)
-        except httpx.HTTPError as e:
-            raise APIError(503, f"Triton's metrics at {metrics_url} are unavailable: {type(e).__name__}",
-                           code="metrics_unavailable") from None
-        return Response(r.content, status_code=r.status_code,
-                        media_type=r.headers.get("content-type", "text/plain; version=0.0.4"))
-
+    generation = {"methods": ["POST"], "dependencies": guarded, "responses": {**SSE, **GENERATION_ERRORS}}
+    app.add_api_route("/v1/chat/completions", chat_completions, **generation)
+    app.add_api_route("/v1/completions", completions, **generation)
+    app.add_api_route("/v1/models", models, dependencies=guarded, responses=_errors(401, 503))
+    app.add_api_route("/v1/models/{model}", model, dependencies=guarded, responses=_errors(401, 404, 503))
+    app.add_api_route("/health", health)
+    app.add_api_route("/health/ready", ready, responses=_errors(503))
+    app.add_api_route("/metrics", metrics, responses=_errors(503), response_class=Response)
     return app
