@@ -72,6 +72,25 @@ def check_greedy_matches(engine: LLMEngine, prompts, expected, new_tokens: int, 
         assert sum(o.request_finished for o in outs) == 1
 
 
+def check_variant_matches(engine: LLMEngine, prompts, expected, new_tokens: int, what: str, *, burst: bool,
+                          speculative: bool) -> None:
+    """``check_greedy_matches`` on the running loop with staggered arrivals, or (``burst``: a small pool that
+    must preempt on any machine) as one burst stepped here; then every block free, drafts accepted when
+    ``speculative``, a preemption in a burst. The engine is shut down."""
+    if not burst:
+        engine.start()
+    try:
+        check_greedy_matches(engine, prompts, expected, new_tokens, what, stagger=not burst)
+        stats = engine.stats()
+        assert stats.kv_blocks_used == 0, "blocks leaked"
+        if speculative:
+            assert stats.spec.num_accepted_tokens > 0, "speculation should have accepted drafts"
+        if burst:
+            assert stats.num_preemptions > 0
+    finally:
+        engine.shutdown()
+
+
 @pytest.mark.parametrize("variant", ["plain", "chunked_prefill", "preemption", "no_prefix_cache",
                                      "fast_decode_preemption"])
 def test_greedy_matches_hf_under_concurrency(setup, variant):

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.native_decode import NativeDecodeStep
-from tests.backend.engine.test_engine_oracle import check_greedy_matches
+from tests.backend.engine.test_engine_oracle import check_variant_matches
 from tests.helpers.families import FAMILIES, make_family_checkpoint
 from tests.helpers.oracle import hf_greedy, repeating_prompts
 
@@ -45,18 +45,8 @@ def test_greedy_matches_hf(setup, variant):
     engine = LLMEngine(EngineConfig.from_settings(**kw))
     assert isinstance(engine.runner.fast_decode, NativeDecodeStep) == variant.startswith("native")
     burst = variant.endswith("preemption")          # one burst: the small pool runs out on any machine
-    if not burst:
-        engine.start()
-    try:
-        check_greedy_matches(engine, prompts, expected, NEW_TOKENS, f"{name}/{variant}: ", stagger=not burst)
-        stats = engine.stats()
-        assert stats.kv_blocks_used == 0, "blocks leaked"
-        if "ngram" in variant:
-            assert stats.spec.num_accepted_tokens > 0, "speculation should have accepted drafts"
-        if burst:
-            assert stats.num_preemptions > 0
-    finally:
-        engine.shutdown()
+    check_variant_matches(engine, prompts, expected, NEW_TOKENS, f"{name}/{variant}: ", burst=burst,
+                          speculative="ngram" in variant)
 
 
 def test_longrope_context_is_the_original_one(setup):

@@ -15,7 +15,7 @@ from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.native_decode import NativeDecodeStep
 from contracts.sampling_params import SamplingParams
-from tests.backend.engine.test_engine_oracle import check_greedy_matches
+from tests.backend.engine.test_engine_oracle import check_variant_matches
 from tests.helpers.checkpoints import make_random_checkpoint
 from tests.helpers.oracle import hf_greedy, repeating_prompts
 
@@ -96,18 +96,8 @@ def test_sliding_window_greedy_matches_hf(setup, variant):
     if variant == "native_draft":
         assert engine.speculator.proposer.forward.native is not None, "the draft's steps should run natively too"
     burst = variant.endswith("preemption")          # one burst: the small pool runs out on any machine
-    if not burst:
-        engine.start()
-    try:
-        check_greedy_matches(engine, prompts, expected, NEW_TOKENS, f"{name}/{variant}: ", stagger=not burst)
-        stats = engine.stats()
-        assert stats.kv_blocks_used == 0, "blocks leaked"
-        if variant.endswith(("ngram", "draft")):
-            assert stats.spec.num_accepted_tokens > 0, "speculation should have accepted drafts"
-        if burst:
-            assert stats.num_preemptions > 0
-    finally:
-        engine.shutdown()
+    check_variant_matches(engine, prompts, expected, NEW_TOKENS, f"{name}/{variant}: ", burst=burst,
+                          speculative=variant.endswith(("ngram", "draft")))
 
 
 @pytest.mark.parametrize("fast_decode", [False, True])
@@ -118,8 +108,7 @@ def test_blocks_behind_the_window_are_freed_while_running(setup, fast_decode):
     if name != "mistral":
         pytest.skip("Qwen2 here keeps a full-attention layer, so no block ever falls out of every window")
     engine = LLMEngine(EngineConfig.from_settings(model_path=str(folder), kv_cache_bytes=16 << 20, device="cpu",
-                                                  block_size=16,
-                                                  max_num_batched_tokens=16, fast_decode=fast_decode))
+                                                  block_size=16, max_num_batched_tokens=16, fast_decode=fast_decode))
     assert isinstance(engine.runner.fast_decode, NativeDecodeStep) == fast_decode
     prompt = prompts[0] * 4                         # well past the window
     engine.add_request("long", prompt, SamplingParams(max_tokens=60, ignore_eos=True, temperature=0.0),

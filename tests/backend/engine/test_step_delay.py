@@ -4,7 +4,6 @@ N - 1 delays on any CPU; an abort or a shutdown does not wait for the sleep; an 
 count the steps that ended while its abort waited in the inbox, and when its last step ended."""
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -13,6 +12,7 @@ from backend.config import EngineConfig
 from backend.core.outputs import FinishReason
 from backend.engine.llm_engine import LLMEngine, output_token_ids
 from contracts.sampling_params import SamplingParams
+from tests.backend.engine.test_engine_api import collect
 
 DELAY_S = 0.05
 LONG_DELAY_S = 5.0      # longer than anything below waits: an abort or a shutdown that waited for it would show
@@ -26,14 +26,7 @@ def engine_with(checkpoint, delay: float) -> LLMEngine:
 
 
 def submit(engine, rid, params):
-    outs, done = [], threading.Event()
-
-    def cb(o):
-        outs.append(o)
-        if o.request_finished:
-            done.set()
-    engine.add_request(rid, PROMPT, params, cb)
-    return outs, done
+    return collect(engine, rid, PROMPT, params)
 
 
 def first_token(outs, timeout: float = 30.0) -> None:
