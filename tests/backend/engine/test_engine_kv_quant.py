@@ -85,7 +85,7 @@ def test_bad_kv_cache_dtype_is_a_load_error_naming_it(tiny_checkpoint):
     with pytest.raises(ValueError, match="kv_cache_dtype: expected one of"):
         EngineConfig.from_parameters({"model_path": str(tiny_checkpoint), "kv_cache_dtype": "float8"})
     assert EngineConfig.from_parameters({"model_path": "m", "kv_cache_dtype": {"string_value": "int8"}}) \
-        .kv_cache_dtype == "int8"
+        .cache.kv_cache_dtype == "int8"
     with pytest.raises(ValueError, match="kv_cache_dtype: fp8 needs a CUDA device"):
         build_engine_parts(EngineConfig.from_settings(model_path=str(tiny_checkpoint), device="cpu",
                                                       kv_cache_dtype="fp8"))
