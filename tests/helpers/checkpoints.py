@@ -52,10 +52,12 @@ def demo_vocab_size() -> int:
     return max(list(tok["model"]["vocab"].values()) + [t["id"] for t in tok["added_tokens"]]) + 1
 
 
-def make_hf_checkpoint(folder: Path, config_class: str, *, seed: int = 0, **fields) -> Path:
+def make_hf_checkpoint(folder: Path, config_class: str, *, seed: int = 0,
+                       norm_ranges: dict[str, tuple[float, float]] | None = None, **fields) -> Path:
     """A random-weight checkpoint written by transformers itself (``config_class``, e.g. ``"Qwen3Config"``, with
     ``fields``; ``save_pretrained``) sharing the demo tokenizer: matrices drawn N(0, 0.08), norm weights and
-    biases near 1 and 0, so greedy outputs vary."""
+    biases near 1 and 0, so greedy outputs vary; ``norm_ranges``: the uniform range of the norm weights whose name
+    holds a key instead."""
     import transformers
 
     cfg = getattr(transformers, config_class)(vocab_size=demo_vocab_size(), bos_token_id=0, eos_token_id=1,
@@ -69,7 +71,7 @@ def make_hf_checkpoint(folder: Path, config_class: str, *, seed: int = 0, **fiel
             elif name.endswith(".bias"):
                 p.normal_(0, 0.1)
             else:
-                p.uniform_(0.8, 1.2)
+                p.uniform_(*next((r for k, r in (norm_ranges or {}).items() if k in name), (0.8, 1.2)))
     model.save_pretrained(str(folder))
     for f in TOKENIZER_FILES:
         shutil.copy(DEMO_TARGET / f, folder / f)

@@ -1,9 +1,9 @@
-"""Guided decoding composed with draft-model and n-gram speculation on a Qwen3 target: a random Qwen3 written by
-transformers' Qwen3Config and, as its draft, the one-layer Qwen3 drawn from the same seed (the same tokenizer and
-tied embeddings). Every shared guide (JSON schemas, regexes, EBNF grammars, structural tags, free JSON), greedy, on
-the native step: the output with speculation equals the output without, token for token; the drafts a guided
-sequence verifies are grammar-valid; each output that ends is valid for its guide; every target and draft block is
-free afterwards."""
+"""Guided decoding composed with draft-model and n-gram speculation on a Qwen3 target and on a Gemma 3 one (a sliding
+layer, soft-capped logits): each a random checkpoint written by transformers' own config class and, as its draft, the
+one-layer model of its family drawn from the same seed (the same tokenizer and tied embeddings). Every shared guide
+(JSON schemas, regexes, EBNF grammars, structural tags, free JSON), greedy, on the native step: the output with
+speculation equals the output without, token for token; the drafts a guided sequence verifies are grammar-valid; each
+output that ends is valid for its guide; every target and draft block is free afterwards."""
 from __future__ import annotations
 
 import pytest
@@ -20,26 +20,27 @@ from tests.helpers.families import make_family_checkpoint
 MAX_TOKENS = 48
 
 
-@pytest.fixture(scope="module")
-def qwen3(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen3")
-    target = make_family_checkpoint(root / "target", "qwen3", tie_word_embeddings=True)
-    draft = make_family_checkpoint(root / "draft", "qwen3", tie_word_embeddings=True, num_hidden_layers=1)
+@pytest.fixture(scope="module", params=["gemma3", "qwen3"])
+def pair(request, tmp_path_factory):
+    """(target, draft) of one family."""
+    family, root = request.param, tmp_path_factory.mktemp(request.param)
+    target = make_family_checkpoint(root / "target", family, tie_word_embeddings=True)
+    draft = make_family_checkpoint(root / "draft", family, tie_word_embeddings=True, num_hidden_layers=1)
     return target, draft
 
 
 @pytest.fixture(scope="module")
-def jobs(qwen3):
+def jobs(pair):
     from preprocess.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(qwen3[0])
+    tok = load_tokenizer(pair[0])
     guides = [(kind, text) for _, kind, text in all_guides()]
     prompts = [tok.encode(PROMPTS[i % len(PROMPTS)], add_special_tokens=True) for i in range(len(guides))]
     return tok, guides, prompts
 
 
-def run(qwen3, jobs, **kw):
-    target, draft = qwen3
+def run(pair, jobs, **kw):
+    target, draft = pair
     tok, guides, prompts = jobs
     cfg = dict(model_path=str(target), kv_cache_bytes=16 << 20, device="cpu", max_num_seqs=64, fast_decode=True)
     if kw.get("speculative_method") == "draft":
@@ -64,10 +65,10 @@ def run(qwen3, jobs, **kw):
 
 
 @pytest.fixture(scope="module")
-def plain(qwen3, jobs):
+def plain(pair, jobs):
     """Without speculation; each output that stops is valid for its guide."""
     tok, guides, _ = jobs
-    outs = run(qwen3, jobs)
+    outs = run(pair, jobs)
     stops = 0
     for (kind, text), o in zip(guides, outs):
         if o[-1].finish_reason is FinishReason.STOP:
@@ -79,8 +80,8 @@ def plain(qwen3, jobs):
 
 
 @pytest.mark.parametrize("method, k, adaptive", [("draft", 3, False), ("draft", 4, True), ("ngram", 3, False)])
-def test_greedy_guided_output_is_the_same_with_speculation(qwen3, jobs, plain, method, k, adaptive):
+def test_greedy_guided_output_is_the_same_with_speculation(pair, jobs, plain, method, k, adaptive):
     _, guides, _ = jobs
-    outs = run(qwen3, jobs, speculative_method=method, num_speculative_tokens=k, speculative_adaptive=adaptive)
+    outs = run(pair, jobs, speculative_method=method, num_speculative_tokens=k, speculative_adaptive=adaptive)
     for (kind, text), got, expected in zip(guides, outs, plain):
         assert output_token_ids(got) == expected, (method, kind, text[:40])

@@ -1,8 +1,8 @@
 """LoRA oracle for the families beside Llama: random PEFT adapters (written by ``peft`` on each family's own target
-modules: Qwen3's split q/k/v/o/gate/up/down, Phi-3's fused ``qkv_proj`` / ``gate_up_proj``) on random Qwen3 and
-Phi-4-mini-layout checkpoints; the engine's greedy output under each adapter, and under none, in one mixed batch,
-equals transformers with PEFT applying the same adapter, token for token: eagerly, and on the native step with
-n-gram speculation under preemption. A Phi-3 adapter naming split modules is refused naming them."""
+modules: Qwen3's and Gemma 3's split q/k/v/o/gate/up/down, Phi-3's fused ``qkv_proj`` / ``gate_up_proj``) on random
+Qwen3, Phi-4-mini-layout and Gemma 3 checkpoints; the engine's greedy output under each adapter, and under none, in one
+mixed batch, equals transformers with PEFT applying the same adapter, token for token: eagerly, and on the native step
+with n-gram speculation under preemption. A Phi-3 adapter naming split modules is refused naming them."""
 from __future__ import annotations
 
 import json

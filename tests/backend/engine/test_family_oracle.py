@@ -29,7 +29,7 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
+@pytest.fixture(scope="module", params=sorted(set(FAMILIES) - {"gemma3"}))   # Gemma 3's: test_gemma3_oracle.py
 def setup(request, tmp_path_factory):
     folder = make_family_checkpoint(tmp_path_factory.mktemp(request.param) / "ckpt", request.param)
     hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()

@@ -1,10 +1,11 @@
-"""int8 / int4 weights (``quantization``) and the int8 KV cache (``kv_cache_dtype``) on a random Qwen3 (q/k norms)
-and a random Phi-4-mini-layout checkpoint (fused checkpoint projections, LongRoPE on 12 of 16 dims), written by
-transformers' own config classes. Quantized weights: our quantized model's logits are within the activations'
-rounding of the float model holding the dequantized weights, and the engine on the native step (the quantized
-GEMM inside the op, q/k norms and partial RoPE there) decodes exactly what the quantized model computes densely,
-for ten prompts at once, with n-gram speculation too. int8 KV (the eager path: the native step reads fp32 K/V):
-greedy output agrees with the exact cache's under concurrency and preemption, and every block comes back."""
+"""int8 / int4 weights (``quantization``) and the int8 KV cache (``kv_cache_dtype``) on a random Qwen3 (q/k norms), a
+random Phi-4-mini-layout checkpoint (fused checkpoint projections, LongRoPE on 12 of 16 dims) and a random Gemma 3 (a
+sliding layer, sandwich norms, GeGLU-tanh, soft-capped logits), written by transformers' own config classes. Quantized
+weights: our quantized model's logits are within the activations' rounding of the float model holding the dequantized
+weights, and the engine on the native step (the quantized GEMM inside the op, q/k norms, partial RoPE and Gemma 3's
+blocks there) decodes exactly what the quantized model computes densely, for ten prompts at once, with n-gram
+speculation too. int8 KV (the eager path: the native step reads fp32 K/V): greedy output agrees with the exact cache's
+under concurrency and preemption, and every block comes back."""
 from __future__ import annotations
 
 import pytest
@@ -21,6 +22,9 @@ from tests.helpers.oracle import dense_greedy, dense_logits, repeating_prompts
 
 NEW_TOKENS = 16
 GROUP = 32   # divides every projection's inputs (64 and 128)
+# the native GEMM rounds activations to int8 per block of 32: a few % of the logits' range (Gemma 3's post-attention
+# and post-feedforward norms rescale each sublayer's output, its rounding error with it: 3.6% of the range here)
+ROUNDING = {"gemma3": 0.06}
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -58,10 +62,10 @@ def test_quantized_weights_on_the_native_step(family, mode):
     assert isinstance(quantized.layers[0].self_attn.qkv_proj, QuantLinear)
     reference = dequantized_reference(folder, quantized)
     gemm = quantized.lm_head.native_op == "quant_gemm"
-    for p in prompts[:3]:   # the native GEMM rounds activations to int8 per block of 32: a few % of the logits' range
+    for p in prompts[:3]:
         want = dense_logits(reference, p)
         torch.testing.assert_close(dense_logits(quantized, p), want, rtol=0,
-                                   atol=0.04 * float(want.abs().max()) if gemm else 1e-4)
+                                   atol=ROUNDING.get(name, 0.04) * float(want.abs().max()) if gemm else 1e-4)
     expected = [dense_greedy(quantized, p, NEW_TOKENS, banned=(1,)) for p in prompts]
     for spec in ({}, dict(speculative_method="ngram", num_speculative_tokens=3)):
         engine = LLMEngine(EngineConfig.from_settings(model_path=str(folder), quantization=mode,

@@ -1,9 +1,10 @@
 """GPTQ and AWQ checkpoints of the families beside Llama: a Qwen3 (q/k norms and q/k/v/o biases, which stay in full
-precision beside the packed projections) and a Phi-4-mini-layout Phi-3 (its fused ``qkv_proj`` and ``gate_up_proj``
-quantized as one module each, as GPTQ and AutoAWQ quantize them), written by tools/make_gptq_checkpoint.py from random
-checkpoints made by transformers' own config classes. Loaded with every projection within a step of the float weight
-(the exact mapping is family-independent: test_quant_gptq.py, test_quant_awq.py) and the norms and biases as they
-were; served by the engine, eagerly and on the native step, as dense decoding of the loaded model."""
+precision beside the packed projections), a Phi-4-mini-layout Phi-3 (its fused ``qkv_proj`` and ``gate_up_proj``
+quantized as one module each, as GPTQ and AutoAWQ quantize them) and a Gemma 3 (its four norms a layer, ``1 + w`` q/k
+norms and q/k/v/o biases unquantized; a sliding layer, soft-capped logits), written by tools/make_gptq_checkpoint.py
+from random checkpoints made by transformers' own config classes. Loaded with every projection within a step of the
+float weight (the exact mapping is family-independent: test_quant_gptq.py, test_quant_awq.py) and the norms and biases
+as they were; served by the engine, eagerly and on the native step, as dense decoding of the loaded model."""
 from __future__ import annotations
 
 import pytest
@@ -21,7 +22,9 @@ from tools.make_gptq_checkpoint import make
 NEW_TOKENS = 10
 FORMATS = {"gptq4_asym": dict(bits=4, group=32, sym=False), "gptq8": dict(bits=8, group=32),
            "awq": dict(group=32, awq=True)}
-CHECKPOINTS = {"qwen3": dict(attention_bias=True), "phi4_partial": {}}
+CHECKPOINTS = {"qwen3": dict(attention_bias=True), "phi4_partial": {}, "gemma3": dict(attention_bias=True)}
+NORMS = {"gemma3": ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                    "post_feedforward_layernorm")}
 
 
 @pytest.fixture(scope="module", params=sorted(CHECKPOINTS))
@@ -41,9 +44,9 @@ def test_prequantized_is_served_as_its_dequantized_weights(family, tmp_path, fmt
         assert isinstance(layer, QuantLinear) and layer.mode == ("int8" if fmt == "gptq8" else "int4")
         assert (layer.dequantized() - weight).abs().max() <= layer.scale.max(), attr
     for ours, theirs in zip(quantized.layers, floats.layers):
-        for norm in ("input_layernorm", "post_attention_layernorm"):
+        for norm in NORMS.get(name, ("input_layernorm", "post_attention_layernorm")):
             assert torch.equal(getattr(ours, norm).weight, getattr(theirs, norm).weight)
-        if name == "qwen3":
+        if name in ("qwen3", "gemma3"):
             for norm in ("q_norm", "k_norm"):
                 assert torch.equal(getattr(ours.self_attn, norm).weight, getattr(theirs.self_attn, norm).weight)
             for proj in ("qkv_proj", "o_proj"):
