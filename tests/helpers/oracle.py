@@ -63,3 +63,23 @@ def assert_same_tokens(got: list[int], expected: list[int], what: str) -> None:
     """Token-for-token equality, naming the first output position that differs."""
     first = next((j for j, (a, b) in enumerate(zip(got, expected)) if a != b), None)
     assert got == expected, f"{what} differs from HF at output position {first}"
+
+
+def random_prompts(n: int, seed: int, min_len: int = 5, max_len: int = 60) -> list[list[int]]:
+    """``n`` prompts of BOS (id 0) and random ids of the demo vocabulary, ``min_len``..``max_len`` tokens after it."""
+    rng = random.Random(seed)
+    return [[0] + [rng.randrange(7, 4000) for _ in range(rng.randint(min_len, max_len))] for _ in range(n)]
+
+
+def assert_logits_match_hf(model, hf_model, prompts: list[list[int]], atol: float = 1e-4) -> None:
+    """Our dense forward's logits equal ``hf_model``'s on every prompt (fp32)."""
+    for ids in prompts:
+        with torch.no_grad():
+            ref = hf_model(torch.tensor([ids])).logits[0]
+        torch.testing.assert_close(dense_logits(model, ids), ref, rtol=0, atol=atol)
+
+
+def assert_greedy_matches_hf(model, hf_model, prompts: list[list[int]], new_tokens: int = 16) -> None:
+    """Our dense greedy continuation (EOS id 1 banned, as ``hf_greedy``) equals transformers' ``generate``."""
+    for ids in prompts:
+        assert dense_greedy(model, ids, new_tokens, banned=(1,)) == hf_greedy(hf_model, ids, new_tokens)

@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 from backend.config import EngineConfig
 from backend.core.outputs import FinishReason
 from backend.engine.llm_engine import LLMEngine, output_token_ids
+from backend.engine.native_decode import NativeDecodeStep
 from contracts.sampling_params import SamplingParams
 from tests.helpers.oracle import assert_same_tokens, hf_greedy
 
@@ -89,6 +90,16 @@ def check_variant_matches(engine: LLMEngine, prompts, expected, new_tokens: int,
             assert stats.num_preemptions > 0
     finally:
         engine.shutdown()
+
+
+def check_family_variant(folder, variant: str, settings: dict, prompts, expected, new_tokens: int, what: str) -> None:
+    """An engine on ``folder`` with a variant's ``settings`` (``native*``: the native step; ``*preemption``: one
+    burst on a small pool; ``*ngram*``: drafts accepted) through ``check_variant_matches``."""
+    kw = dict(model_path=str(folder), max_num_seqs=16, kv_cache_bytes=16 << 20, device="cpu", **settings)
+    engine = LLMEngine(EngineConfig.from_settings(**kw))
+    assert isinstance(engine.runner.fast_decode, NativeDecodeStep) == variant.startswith("native")
+    check_variant_matches(engine, prompts, expected, new_tokens, what, burst=variant.endswith("preemption"),
+                          speculative="ngram" in variant)
 
 
 @pytest.mark.parametrize("variant", ["plain", "chunked_prefill", "preemption", "no_prefix_cache",

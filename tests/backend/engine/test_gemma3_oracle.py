@@ -9,10 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from backend.config import EngineConfig
-from backend.engine.llm_engine import LLMEngine
-from backend.engine.native_decode import NativeDecodeStep
-from tests.backend.engine.test_engine_oracle import check_variant_matches
+from tests.backend.engine.test_engine_oracle import check_family_variant
 from tests.helpers.checkpoints import make_hf_checkpoint
 from tests.helpers.oracle import hf_greedy, repeating_prompts
 
@@ -55,9 +52,4 @@ def setup(request, tmp_path_factory):
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_greedy_matches_hf(setup, variant):
     name, folder, prompts, expected = setup
-    kw = dict(model_path=str(folder), max_num_seqs=16, kv_cache_bytes=16 << 20, device="cpu", **VARIANTS[variant])
-    engine = LLMEngine(EngineConfig.from_settings(**kw))
-    assert isinstance(engine.runner.fast_decode, NativeDecodeStep) == variant.startswith("native")
-    burst = variant.endswith("preemption")          # one burst: the small pool runs out on any machine
-    check_variant_matches(engine, prompts, expected, NEW_TOKENS, f"gemma3 {name}/{variant}: ", burst=burst,
-                          speculative="ngram" in variant)
+    check_family_variant(folder, variant, VARIANTS[variant], prompts, expected, NEW_TOKENS, f"gemma3 {name}/{variant}: ")

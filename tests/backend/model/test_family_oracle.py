@@ -5,7 +5,6 @@ biases (Llama's attention_bias), fused qkv_proj / gate_up_proj in the checkpoint
 (Phi-3, Phi-4-mini)."""
 from __future__ import annotations
 
-import random
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from backend.model.loader import load_model
 from tests.helpers.checkpoints import make_hf_checkpoint
 from tests.helpers.families import SMALL, longrope
-from tests.helpers.oracle import dense_greedy, dense_logits, hf_greedy
+from tests.helpers.oracle import assert_greedy_matches_hf, assert_logits_match_hf, random_prompts
 
 # name: (config class, fields)
 FAMILIES = {
@@ -42,22 +41,17 @@ def family(request, tmp_path_factory):
 
 
 def prompts(n: int = 4, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[0] + [rng.randrange(7, 4000) for _ in range(rng.randint(5, 60))] for _ in range(n)]
+    return random_prompts(n, seed, min_len=5)
 
 
 def test_logits_match_transformers(family):
     name, folder, hf = family
     ours = load_model(folder)
     assert ours.config.family == name.split("_")[0].replace("phi4", "phi3")
-    for ids in prompts():
-        with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0]
-        torch.testing.assert_close(dense_logits(ours, ids), ref, rtol=0, atol=1e-4)
+    assert_logits_match_hf(ours, hf, prompts())
 
 
 def test_greedy_matches_transformers_generate(family):
     _, folder, hf = family
     ours = load_model(folder)
-    for ids in prompts(3, seed=1):
-        assert dense_greedy(ours, ids, 16, banned=(1,)) == hf_greedy(hf, ids, 16)
+    assert_greedy_matches_hf(ours, hf, prompts(3, seed=1))

@@ -7,7 +7,6 @@ own RoPE base (rope_local_base_freq), linear RoPE scaling on the full layers, fi
 biases, tied and untied heads. Fields we do not implement are refused by name."""
 from __future__ import annotations
 
-import random
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from transformers import AutoModelForCausalLM
 from backend.model.config import CheckpointError, ModelConfig
 from backend.model.loader import load_model
 from tests.helpers.checkpoints import make_hf_checkpoint
-from tests.helpers.oracle import dense_greedy, dense_logits, hf_greedy
+from tests.helpers.oracle import assert_greedy_matches_hf, assert_logits_match_hf, dense_logits, random_prompts
 
 WINDOW = 8
 GEMMA_SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
@@ -45,8 +44,7 @@ def gemma(request, tmp_path_factory):
 
 
 def prompts(n: int = 4, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[0] + [rng.randrange(7, 4000) for _ in range(rng.randint(12, 60))] for _ in range(n)]
+    return random_prompts(n, seed, min_len=12)
 
 
 def test_logits_match_transformers(gemma):
@@ -57,17 +55,13 @@ def test_logits_match_transformers(gemma):
     assert cfg.family == "gemma3" and cfg.sliding_windows and cfg.local_rope_theta is not None
     if name == "gemma3_softcap_linear":
         assert cfg.final_logit_softcapping == 3.0 and cfg.rope_type == "linear" and cfg.o_proj_bias
-    for ids in prompts():
-        with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0]
-        torch.testing.assert_close(dense_logits(ours, ids), ref, rtol=0, atol=1e-4)
+    assert_logits_match_hf(ours, hf, prompts())
 
 
 def test_greedy_matches_transformers_generate(gemma):
     _, folder, hf = gemma
     ours = load_model(folder)
-    for ids in prompts(3, seed=1):
-        assert dense_greedy(ours, ids, 16, banned=(1,)) == hf_greedy(hf, ids, 16)
+    assert_greedy_matches_hf(ours, hf, prompts(3, seed=1))
 
 
 def test_each_block_matters(gemma):
