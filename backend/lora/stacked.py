@@ -17,8 +17,6 @@ from backend.lora.adapter import LoraAdapter
 from backend.lora.layout import PROJECTIONS, projection_layout
 from backend.model.config import ModelConfig
 
-QKV, O, GATE_UP, DOWN = range(4)
-
 
 class StackedLoraWeights:
     def __init__(self, cfg: ModelConfig, num_slots: int, max_rank: int, device: torch.device | str = "cpu",

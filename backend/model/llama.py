@@ -17,9 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from backend.attention.base import AttentionBackend
-from backend.lora.delta import LoraBatch
-from backend.lora.stacked import DOWN, GATE_UP, O, QKV
 from backend.model.config import ModelConfig
+from backend.model.projection_delta import DOWN, GATE_UP, O, QKV, ProjectionDelta
 from backend.model.rope import apply_rope, rope_cos_sin, rope_parameters
 
 
@@ -106,7 +105,7 @@ class Attention(nn.Module):
         self.q_norm = make_norm(cfg, self.head_dim) if qk_norm else None
         self.k_norm = make_norm(cfg, self.head_dim) if qk_norm else None
 
-    def forward(self, x, cos, sin, attn: AttentionBackend, rope=apply_rope, lora: LoraBatch | None = None):
+    def forward(self, x, cos, sin, attn: AttentionBackend, rope=apply_rope, lora: ProjectionDelta | None = None):
         # x: [num_tokens, hidden]; cos/sin: [num_tokens, 1, rotary_dim]; rope: apply_rope or a fused kernel;
         # lora: the step's adapters (a delta after each projection), or None
         n = x.shape[0]
@@ -141,7 +140,7 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
-    def forward(self, x, silu_mul=None, lora: LoraBatch | None = None):
+    def forward(self, x, silu_mul=None, lora: ProjectionDelta | None = None):
         # x: [num_tokens, hidden]; silu_mul: None (torch) or a fused SiLU kernel of [num_tokens, 2 * intermediate]
         gate_up = linear(x, self.gate_up_proj)
         if lora is not None:
@@ -190,7 +189,7 @@ class DecoderLayer(nn.Module):
         """The norms of the attention's and the MLP's outputs (sandwich), else (None, None)."""
         return (self.post_attention_layernorm, self.post_feedforward_layernorm) if self.sandwich else (None, None)
 
-    def forward(self, x, cos, sin, attn, lora: LoraBatch | None = None):
+    def forward(self, x, cos, sin, attn, lora: ProjectionDelta | None = None):
         a = self.self_attn(self.input_layernorm(x), cos, sin, attn, lora=lora)
         if self.sandwich:
             a = self.post_attention_layernorm(a)
@@ -249,7 +248,7 @@ class LlamaForCausalLM(nn.Module):
         input_ids: torch.Tensor,  # [num_tokens]
         positions: torch.Tensor,  # [num_tokens]
         attn: AttentionBackend,
-        lora: LoraBatch | None = None,   # the step's adapters per token (backend/lora/delta.py), or None
+        lora: ProjectionDelta | None = None,   # the step's adapters (a LoraBatch, backend/lora/delta.py), or None
     ) -> torch.Tensor:            # [num_tokens, hidden] final-normed hidden states
         ropes = [(cos_t[positions].unsqueeze(1), sin_t[positions].unsqueeze(1))   # [num_tokens, 1, rotary_dim]
                  for cos_t, sin_t in self.all_rope_tables()]
@@ -260,7 +259,7 @@ class LlamaForCausalLM(nn.Module):
             x = layer(x, *ropes[table], attn, lora)
         return self.norm(x)
 
-    def _forward_fused(self, x, cos, sin, attn: AttentionBackend, lora: LoraBatch | None = None) -> torch.Tensor:
+    def _forward_fused(self, x, cos, sin, attn: AttentionBackend, lora: ProjectionDelta | None = None) -> torch.Tensor:
         """The layers with the residual carried beside the hidden state: each RMSNorm takes the residual add
         before it (``add_rms_norm``), RoPE and SiLU-mul are one kernel each. Same maths as ``forward``."""
         ops = self.fused

@@ -67,12 +67,6 @@ def test_no_import_cycles():
     assert not found, f"import cycles: {found}"
 
 
-# Package pairs that still import each other, each to be removed from here when its cycle is fixed (the test then
-# fails until it is): backend.model's decoder imports the LoRA delta and weights (backend/model/llama.py), and
-# backend.lora reads ModelConfig; issue "Shapes the next features fit" (boundaries), the model layer's part.
-KNOWN_PACKAGE_CYCLES = [["backend.lora", "backend.model"]]
-
-
 def package_cycles() -> list[list[str]]:
     """Groups of packages (layer-table prefixes) that import each other, directly or through others."""
     table = layer_table()
@@ -86,10 +80,7 @@ def package_cycles() -> list[list[str]]:
 
 def test_no_two_packages_import_each_other():
     found = package_cycles()
-    new = [c for c in found if c not in KNOWN_PACKAGE_CYCLES]
-    assert not new, f"packages that import each other: {new}"
-    fixed = [c for c in KNOWN_PACKAGE_CYCLES if c not in found]
-    assert not fixed, f"no longer a cycle, remove it from KNOWN_PACKAGE_CYCLES: {fixed}"
+    assert not found, f"packages that import each other: {found}"
 
 
 def test_nothing_outside_tests_imports_tests():

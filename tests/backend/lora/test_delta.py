@@ -8,7 +8,8 @@ import torch
 from backend.lora.adapter import LoraAdapter, LoraPart
 from backend.lora.adapter_config import LoraAdapterConfig
 from backend.lora.delta import LoraBatch, lora_delta_reference
-from backend.lora.stacked import QKV, StackedLoraWeights
+from backend.lora.stacked import StackedLoraWeights
+from backend.model.projection_delta import QKV
 from backend.model.config import ModelConfig
 from tests.helpers.checkpoints import DEMO_TARGET
 
