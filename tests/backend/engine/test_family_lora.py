@@ -78,15 +78,16 @@ def test_mixed_batch_matches_peft(oracle, variant):
         engine.shutdown()
 
 
-def test_split_targets_on_a_fused_family_are_refused_by_name(oracle, tmp_path):
-    family, base, folders, _, _ = oracle
-    if family != "phi4_partial":
-        pytest.skip("Phi-3's checkpoint fuses q/k/v and gate/up")
+def test_split_targets_on_a_fused_family_are_refused_by_name(tmp_path):
+    from tools.make_lora_adapter import make_adapter
+
+    base = make_family_checkpoint(tmp_path / "ckpt", "phi4_partial")     # Phi-3's layout: q/k/v and gate/up fused
+    fused = make_adapter(base, tmp_path / "fused", **adapters_for("phi4_partial")["all8"])
     folder = tmp_path / "split"
     folder.mkdir()
-    config = json.loads((folders["all8"] / "adapter_config.json").read_text())
+    config = json.loads((fused / "adapter_config.json").read_text())
     (folder / "adapter_config.json").write_text(json.dumps(dict(config, target_modules=["q_proj", "v_proj"])))
-    (folder / "adapter_model.safetensors").write_bytes((folders["all8"] / "adapter_model.safetensors").read_bytes())
+    (folder / "adapter_model.safetensors").write_bytes((fused / "adapter_model.safetensors").read_bytes())
     with pytest.raises(LoraConfigError, match=r"target_modules \['q_proj', 'v_proj'\] are not projections of the "
                                               r"Phi3ForCausalLM base \(its PEFT targets: qkv_proj, o_proj"):
         load_adapter(folder, "split", ModelConfig.from_file(base / "config.json"))

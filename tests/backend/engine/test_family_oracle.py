@@ -43,12 +43,10 @@ def test_greedy_matches_hf(setup, variant):
     check_family_variant(folder, variant, VARIANTS[variant], prompts, expected, NEW_TOKENS, f"{name}/{variant}: ")
 
 
-def test_longrope_context_is_the_original_one(setup):
+def test_longrope_context_is_the_original_one(tmp_path):
     """LongRoPE is served up to original_max_position_embeddings (transformers' own output past it depends on
     how generation was chunked): the default context, and a longer max_model_len is refused by name."""
-    name, folder, _, _ = setup
-    if name != "phi4_partial":
-        pytest.skip("LongRoPE only")
+    folder = make_family_checkpoint(tmp_path / "ckpt", "phi4_partial")    # partial rotary with LongRoPE
     engine = LLMEngine(EngineConfig.from_settings(model_path=str(folder), kv_cache_bytes=4 << 20, device="cpu"))
     try:
         assert engine.scheduler.max_model_len == 128
